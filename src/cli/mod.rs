@@ -1,0 +1,326 @@
+//! The `sbxfs` command line. Each query subcommand runs the core on a local path; output is
+//! ripgrep-like for people (colour on a terminal) or one JSON object per line with `--json`.
+//! Exit codes like grep: 0 found, 1 nothing found, 2 error.
+
+mod output;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::search::grep::GrepOptions;
+use crate::search::scan::ScanRequest;
+use crate::search::walk::WalkOptions;
+use crate::search::{self, SearchError};
+use output::Printer;
+
+/// Default `scan` budget: a screenful of context for an agent, small enough to cross a slow link
+/// in one round trip.
+pub const DEFAULT_SCAN_MAX_BYTES: u64 = 64 * 1024;
+/// Default number of `fuzzy` results: more than any picker shows.
+pub const DEFAULT_FUZZY_LIMIT: usize = 100;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "sbxfs",
+    version,
+    about = "Mount a sandbox's workspace; search it where it lives"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Search file contents for a regular expression (or a literal with -F).
+    Grep(GrepArgs),
+    /// List files and directories matching a glob pattern.
+    Glob(GlobArgs),
+    /// Rank files by a fuzzy query (fzf v1, path scheme).
+    Fuzzy(FuzzyArgs),
+    /// Print a window of a file's lines.
+    Scan(ScanArgs),
+    /// Replace a string in a file, atomically.
+    Edit(EditArgs),
+}
+
+#[derive(Args, Debug)]
+struct WalkArgs {
+    /// Search hidden files and directories.
+    #[arg(long)]
+    hidden: bool,
+    /// Don't respect .gitignore/.ignore/.rgignore files.
+    #[arg(long)]
+    no_ignore: bool,
+    /// Include (G) or exclude (!G) files by glob; repeatable.
+    #[arg(short = 'g', long = "glob", value_name = "G")]
+    globs: Vec<String>,
+    /// Skip files larger than this many bytes.
+    #[arg(long, value_name = "BYTES")]
+    max_filesize: Option<u64>,
+}
+
+impl WalkArgs {
+    fn options(&self) -> WalkOptions {
+        WalkOptions {
+            hidden: self.hidden,
+            no_ignore: self.no_ignore,
+            globs: self.globs.clone(),
+            max_filesize: self.max_filesize,
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+struct GrepArgs {
+    pattern: String,
+    /// Files or directories to search (default: the current directory).
+    paths: Vec<PathBuf>,
+    #[arg(short = 'i', long)]
+    ignore_case: bool,
+    /// Treat the pattern as a literal string.
+    #[arg(short = 'F', long)]
+    fixed_strings: bool,
+    /// Lines of context before and after each match.
+    #[arg(short = 'C', long, value_name = "N")]
+    context: Option<usize>,
+    #[arg(short = 'B', long, value_name = "N")]
+    before_context: Option<usize>,
+    #[arg(short = 'A', long, value_name = "N")]
+    after_context: Option<usize>,
+    /// Line numbers are always shown; accepted for ripgrep/grep habits.
+    #[arg(short = 'n', long = "line-number")]
+    _line_number: bool,
+    /// Search binary files (containing NUL bytes) as text.
+    #[arg(short = 'a', long = "text")]
+    text: bool,
+    #[arg(long, value_name = "N")]
+    max_results: Option<u64>,
+    #[arg(long, value_name = "BYTES")]
+    max_bytes: Option<u64>,
+    #[command(flatten)]
+    walk: WalkArgs,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct GlobArgs {
+    pattern: String,
+    #[arg(default_value = ".")]
+    dir: PathBuf,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct FuzzyArgs {
+    query: String,
+    #[arg(default_value = ".")]
+    dir: PathBuf,
+    #[arg(long, default_value_t = DEFAULT_FUZZY_LIMIT)]
+    limit: usize,
+    #[command(flatten)]
+    walk: WalkArgs,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct ScanArgs {
+    file: PathBuf,
+    /// First line (1-based).
+    #[arg(long, default_value_t = 1)]
+    start: u64,
+    /// Last line, inclusive (default: to the end, as far as --max-bytes allows).
+    #[arg(long)]
+    end: Option<u64>,
+    #[arg(long, default_value_t = DEFAULT_SCAN_MAX_BYTES)]
+    max_bytes: u64,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct EditArgs {
+    file: PathBuf,
+    #[arg(long, required_unless_present = "old_file", allow_hyphen_values = true)]
+    old: Option<OsString>,
+    #[arg(long, required_unless_present = "new_file", allow_hyphen_values = true)]
+    new: Option<OsString>,
+    /// Read the text to replace from a file.
+    #[arg(long, conflicts_with = "old")]
+    old_file: Option<PathBuf>,
+    /// Read the replacement text from a file.
+    #[arg(long, conflicts_with = "new")]
+    new_file: Option<PathBuf>,
+    /// Replace every occurrence.
+    #[arg(long)]
+    all: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+/// Run the command line; returns the process exit code.
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Grep(a) => run_grep(a),
+        Command::Glob(a) => run_glob(a),
+        Command::Fuzzy(a) => run_fuzzy(a),
+        Command::Scan(a) => run_scan(a),
+        Command::Edit(a) => run_edit(a),
+    }
+}
+
+const FOUND: i32 = 0;
+const NOTHING: i32 = 1;
+const ERROR: i32 = 2;
+
+fn found(any: bool) -> i32 {
+    if any {
+        FOUND
+    } else {
+        NOTHING
+    }
+}
+
+fn run_grep(a: GrepArgs) -> i32 {
+    let mut p = Printer::new(a.json);
+    let context = a.context.unwrap_or(0);
+    let opts = GrepOptions {
+        pattern: a.pattern,
+        fixed_strings: a.fixed_strings,
+        case_insensitive: a.ignore_case,
+        before_context: a.before_context.unwrap_or(context),
+        after_context: a.after_context.unwrap_or(context),
+        binary: a.text,
+        walk: a.walk.options(),
+        max_results: a.max_results,
+        max_bytes: a.max_bytes,
+    };
+    let paths = if a.paths.is_empty() {
+        vec![PathBuf::from(".")]
+    } else {
+        a.paths
+    };
+    // With several paths, results are prefixed by the path given, as ripgrep prints them.
+    let prefixed = paths.len() > 1;
+    let mut total = search::grep::GrepSummary::default();
+    let mut failed = false;
+    for root in &paths {
+        let prefix = prefixed.then(|| root.display().to_string());
+        let mut remaining = opts.clone();
+        remaining.max_results = opts.max_results.map(|m| m.saturating_sub(total.matches));
+        remaining.max_bytes = opts.max_bytes.map(|m| m.saturating_sub(total.bytes));
+        let result = search::grep::grep(root, &remaining, &mut |mut m| {
+            if let Some(pre) = &prefix {
+                m.path = output::join_display(pre, &m.path, root.is_dir());
+            }
+            p.grep_match(&m)
+        });
+        match result {
+            Ok(s) => {
+                for e in &s.errors {
+                    eprintln!("sbxfs grep: {e}");
+                }
+                total.matches += s.matches;
+                total.files_searched += s.files_searched;
+                total.files_matched += s.files_matched;
+                total.bytes += s.bytes;
+                total.errors.extend(s.errors);
+                if s.truncated {
+                    total.truncated = true;
+                    break;
+                }
+            }
+            Err(e) => {
+                p.error(&e);
+                failed = true;
+            }
+        }
+    }
+    p.grep_summary(&total);
+    if failed {
+        ERROR
+    } else {
+        found(total.matches > 0)
+    }
+}
+
+fn run_glob(a: GlobArgs) -> i32 {
+    let mut p = Printer::new(a.json);
+    match search::glob::glob(&a.dir, &a.pattern) {
+        Ok(paths) => {
+            for path in &paths {
+                p.glob_path(path);
+            }
+            found(!paths.is_empty())
+        }
+        Err(e) => p.error(&e),
+    }
+}
+
+fn run_fuzzy(a: FuzzyArgs) -> i32 {
+    let mut p = Printer::new(a.json);
+    match search::fuzzy::fuzzy(&a.dir, &a.query, &a.walk.options(), Some(a.limit)) {
+        Ok(matches) => {
+            for m in &matches {
+                p.fuzzy_match(m);
+            }
+            found(!matches.is_empty())
+        }
+        Err(e) => p.error(&e),
+    }
+}
+
+fn run_scan(a: ScanArgs) -> i32 {
+    let mut p = Printer::new(a.json);
+    let req = ScanRequest {
+        start_line: a.start,
+        end_line: a.end,
+        max_bytes: a.max_bytes,
+    };
+    match search::scan::scan_file(&a.file, req) {
+        Ok(r) => {
+            p.scan_result(&r);
+            found(!r.lines.is_empty())
+        }
+        Err(e) => p.error(&e),
+    }
+}
+
+fn text_arg(
+    inline: Option<OsString>,
+    file: Option<PathBuf>,
+    what: &str,
+) -> Result<String, SearchError> {
+    let bytes = match (inline, file) {
+        (Some(s), _) => s.into_encoded_bytes(),
+        (None, Some(f)) => std::fs::read(&f)
+            .map_err(|e| SearchError::InvalidArgs(format!("{what} file {}: {e}", f.display())))?,
+        (None, None) => return Err(SearchError::InvalidArgs(format!("{what} is missing"))),
+    };
+    String::from_utf8(bytes)
+        .map_err(|_| SearchError::InvalidArgs(format!("{what} is not valid UTF-8")))
+}
+
+fn run_edit(a: EditArgs) -> i32 {
+    let mut p = Printer::new(a.json);
+    let texts = text_arg(a.old, a.old_file, "--old")
+        .and_then(|old| Ok((old, text_arg(a.new, a.new_file, "--new")?)));
+    let result = texts.and_then(|(old, new)| search::edit::edit_file(&a.file, &old, &new, a.all));
+    match result {
+        Ok(count) => {
+            p.edit_count(count);
+            FOUND
+        }
+        Err(SearchError::StringNotFound) => {
+            p.error(&SearchError::StringNotFound);
+            NOTHING
+        }
+        Err(e) => p.error(&e),
+    }
+}

@@ -1,0 +1,207 @@
+//! How results are printed: one JSON object per line (`--json`), or ripgrep-like text with
+//! colour when stdout is a terminal. A closed pipe (`sbxfs grep … | head`) stops the search.
+
+use std::io::{self, BufWriter, IsTerminal, Write};
+
+use serde_json::json;
+
+use crate::search::fuzzy::FuzzyMatch;
+use crate::search::grep::{GrepMatch, GrepSummary};
+use crate::search::scan::ScanResult;
+use crate::search::SearchError;
+
+const PATH_COLOUR: &str = "\x1b[35m";
+const LINE_COLOUR: &str = "\x1b[32m";
+const MATCH_COLOUR: &str = "\x1b[1;31m";
+const RESET: &str = "\x1b[0m";
+
+pub struct Printer {
+    json: bool,
+    colour: bool,
+    out: BufWriter<io::Stdout>,
+    /// The reader went away: stop producing.
+    closed: bool,
+}
+
+/// Join a root given on the command line and a path relative to it, for display.
+pub fn join_display(root: &str, rel: &str, root_is_dir: bool) -> String {
+    if !root_is_dir {
+        return root.to_string();
+    }
+    if root.ends_with('/') {
+        format!("{root}{rel}")
+    } else {
+        format!("{root}/{rel}")
+    }
+}
+
+impl Printer {
+    pub fn new(json: bool) -> Self {
+        let stdout = io::stdout();
+        let colour = !json && stdout.is_terminal() && std::env::var_os("NO_COLOR").is_none();
+        Printer {
+            json,
+            colour,
+            out: BufWriter::new(stdout),
+            closed: false,
+        }
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> bool {
+        if !self.closed && self.out.write_all(bytes).is_err() {
+            self.closed = true;
+        }
+        !self.closed
+    }
+
+    fn json_line(&mut self, v: &serde_json::Value) -> bool {
+        let mut line = v.to_string();
+        line.push('\n');
+        self.write(line.as_bytes())
+    }
+
+    fn paint(&self, colour: &str, s: &str) -> String {
+        if self.colour {
+            format!("{colour}{s}{RESET}")
+        } else {
+            s.to_string()
+        }
+    }
+
+    /// Print one match; `false` when output is closed and the search should stop.
+    pub fn grep_match(&mut self, m: &GrepMatch) -> bool {
+        if self.json {
+            return self.json_line(&serde_json::to_value(m).expect("match serialises"));
+        }
+        let mut s = String::new();
+        let path = self.paint(PATH_COLOUR, &m.path);
+        let first_before = m.line - m.before.len() as u64;
+        for (i, t) in m.before.iter().enumerate() {
+            s.push_str(&format!("{path}-{}-{t}\n", first_before + i as u64));
+        }
+        s.push_str(&format!(
+            "{path}:{}:{}:{}\n",
+            self.paint(LINE_COLOUR, &m.line.to_string()),
+            m.column,
+            self.highlight(m)
+        ));
+        for (i, t) in m.after.iter().enumerate() {
+            s.push_str(&format!("{path}-{}-{t}\n", m.line + 1 + i as u64));
+        }
+        self.write(s.as_bytes())
+    }
+
+    fn highlight(&self, m: &GrepMatch) -> String {
+        if !self.colour || m.text_base64.is_some() {
+            return m.text.clone();
+        }
+        let mut out = String::new();
+        let mut at = 0usize;
+        for [start, end] in &m.submatches {
+            let (start, end) = (*start as usize, *end as usize);
+            if start < at
+                || end > m.text.len()
+                || !m.text.is_char_boundary(start)
+                || !m.text.is_char_boundary(end)
+            {
+                continue;
+            }
+            out.push_str(&m.text[at..start]);
+            out.push_str(&self.paint(MATCH_COLOUR, &m.text[start..end]));
+            at = end;
+        }
+        out.push_str(&m.text[at..]);
+        out
+    }
+
+    pub fn grep_summary(&mut self, s: &GrepSummary) {
+        if self.json {
+            self.json_line(&json!({"summary": s, "truncated": s.truncated}));
+        } else if s.truncated {
+            eprintln!(
+                "sbxfs grep: stopped at a limit after {} matches (truncated)",
+                s.matches
+            );
+        }
+        self.flush();
+    }
+
+    pub fn glob_path(&mut self, path: &str) -> bool {
+        if self.json {
+            return self.json_line(&json!({ "path": path }));
+        }
+        self.write(format!("{path}\n").as_bytes())
+    }
+
+    pub fn fuzzy_match(&mut self, m: &FuzzyMatch) -> bool {
+        if self.json {
+            return self.json_line(&serde_json::to_value(m).expect("match serialises"));
+        }
+        let text: String = if self.colour {
+            m.path
+                .chars()
+                .enumerate()
+                .map(|(i, c)| {
+                    if m.positions.contains(&i) {
+                        self.paint(MATCH_COLOUR, &c.to_string())
+                    } else {
+                        c.to_string()
+                    }
+                })
+                .collect()
+        } else {
+            m.path.clone()
+        };
+        self.write(format!("{text}\n").as_bytes())
+    }
+
+    pub fn scan_result(&mut self, r: &ScanResult) {
+        if self.json {
+            self.json_line(&serde_json::to_value(r).expect("scan serialises"));
+        } else {
+            for line in &r.lines {
+                if !self.write(line) || !self.write(b"\n") {
+                    break;
+                }
+            }
+            if r.lines.is_empty() && r.start_line <= r.total_lines {
+                eprintln!(
+                    "sbxfs scan: line {} is {} bytes, more than --max-bytes allows",
+                    r.start_line, r.first_line_bytes
+                );
+            }
+        }
+        self.flush();
+    }
+
+    pub fn edit_count(&mut self, count: usize) {
+        if self.json {
+            self.json_line(&json!({ "count": count }));
+        } else {
+            let s = if count == 1 { "" } else { "s" };
+            self.write(format!("replaced {count} occurrence{s}\n").as_bytes());
+        }
+        self.flush();
+    }
+
+    /// Report an error; returns the error exit code.
+    pub fn error(&mut self, e: &SearchError) -> i32 {
+        if self.json {
+            let mut v = json!({ "error": e.token(), "message": e.to_string() });
+            if let SearchError::MultipleOccurrences(n) = e {
+                v["count"] = json!(n);
+            }
+            self.json_line(&v);
+        } else {
+            eprintln!("sbxfs: {e}");
+        }
+        self.flush();
+        2
+    }
+
+    pub fn flush(&mut self) {
+        if !self.closed && self.out.flush().is_err() {
+            self.closed = true;
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! The search and edit core: `scan`, `glob`, `grep`, `fuzzy` and `edit`.
+//!
+//! Pure algorithms over a local directory tree, with no FUSE or network dependency: the agent
+//! runs them next to the data, the CLI runs them on local paths, and the shared vectors in
+//! `tests/vectors/` pin what every implementation (this one, `scripts/scan.sh`,
+//! `scripts/edit.py`, the test references) must answer.
+
+pub mod edit;
+pub mod fuzzy;
+pub mod glob;
+pub mod grep;
+pub mod scan;
+pub mod walk;
+
+use std::io;
+use std::path::Path;
+
+/// Every way a query can fail. [`SearchError::token`] is the one place that names each for
+/// programs (JSON output, the agent protocol, `scripts/edit.py`'s result line).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SearchError {
+    #[error("{0}: no such file or directory")]
+    NotFound(String),
+    #[error("{0}: is a directory")]
+    IsADirectory(String),
+    #[error("invalid arguments: {0}")]
+    InvalidArgs(String),
+    #[error("unsupported pattern: {0}")]
+    Unsupported(String),
+    #[error("limit exceeded: {0}")]
+    LimitExceeded(String),
+    #[error("invalid regular expression: {0}")]
+    Regex(String),
+    #[error("the string to replace was not found")]
+    StringNotFound,
+    #[error("the string to replace occurs {0} times; pass replace-all or add context")]
+    MultipleOccurrences(usize),
+    #[error("{0}: cannot read: {1}")]
+    ReadFailed(String, String),
+    #[error("{0}: cannot write: {1}")]
+    WriteFailed(String, String),
+    #[error("{0}: {1}")]
+    Io(String, String),
+}
+
+impl SearchError {
+    /// The stable machine-readable name of this error.
+    pub fn token(&self) -> &'static str {
+        match self {
+            SearchError::NotFound(_) => "not_found",
+            SearchError::IsADirectory(_) => "is_a_directory",
+            SearchError::InvalidArgs(_) => "invalid_args",
+            SearchError::Unsupported(_) => "unsupported",
+            SearchError::LimitExceeded(_) => "limit_exceeded",
+            SearchError::Regex(_) => "invalid_regex",
+            SearchError::StringNotFound => "string_not_found",
+            SearchError::MultipleOccurrences(_) => "multiple_occurrences",
+            SearchError::ReadFailed(..) => "read_failed",
+            SearchError::WriteFailed(..) => "write_failed",
+            SearchError::Io(..) => "io_error",
+        }
+    }
+
+    pub(crate) fn from_io(path: &Path, e: io::Error) -> Self {
+        let p = path.display().to_string();
+        match e.kind() {
+            io::ErrorKind::NotFound => SearchError::NotFound(p),
+            io::ErrorKind::IsADirectory => SearchError::IsADirectory(p),
+            _ => SearchError::Io(p, e.to_string()),
+        }
+    }
+}
