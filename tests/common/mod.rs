@@ -1,0 +1,104 @@
+//! Helpers shared by the integration tests: the vector corpus, trees on disk, external tools.
+#![allow(dead_code)]
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn load_vectors(name: &str) -> Value {
+    let path = repo_root().join("tests/vectors").join(name);
+    let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The bytes a file spec describes (the same rules as tests/reference/vector_files.py).
+pub fn file_bytes(spec: &Value) -> Vec<u8> {
+    let mut data = if let Some(hex) = spec.get("hex").and_then(Value::as_str) {
+        (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+            .collect()
+    } else if let Some(prefix) = spec.get("line_prefix").and_then(Value::as_str) {
+        let width = spec.get("width").and_then(Value::as_u64).unwrap_or(1) as usize;
+        let count = spec["count"].as_u64().expect("count");
+        let mut d = Vec::new();
+        for i in 1..=count {
+            d.extend_from_slice(format!("{prefix}{i:0width$}\n").as_bytes());
+        }
+        d
+    } else {
+        spec.get("text")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .as_bytes()
+            .to_vec()
+    };
+    let repeat = spec.get("repeat").and_then(Value::as_u64).unwrap_or(1) as usize;
+    data = data.repeat(repeat);
+    if spec.get("no_final_newline").and_then(Value::as_bool) == Some(true)
+        && data.last() == Some(&b'\n')
+    {
+        data.pop();
+    }
+    data
+}
+
+/// Create one entry of a tree: a file spec, `{"dir": true}` or `{"symlink": "target"}`.
+pub fn write_entry(path: &Path, spec: &Value) {
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent).unwrap();
+    }
+    if spec.get("dir").and_then(Value::as_bool) == Some(true) {
+        fs::create_dir_all(path).unwrap();
+    } else if let Some(target) = spec.get("symlink").and_then(Value::as_str) {
+        std::os::unix::fs::symlink(target, path).unwrap();
+    } else {
+        fs::write(path, file_bytes(spec)).unwrap();
+        if let Some(mode) = spec.get("mode").and_then(Value::as_str) {
+            let mode = u32::from_str_radix(mode, 8).unwrap();
+            fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+        }
+    }
+}
+
+/// Create a tree `{ "relative/path": spec, ... }` under `dir`.
+pub fn write_tree(dir: &Path, tree: &Value) {
+    for (rel, spec) in tree.as_object().expect("tree is an object") {
+        write_entry(&dir.join(rel), spec);
+    }
+}
+
+/// Find an external tool the test needs. Missing tools fail the test (CI installs them all);
+/// set SBXFS_ALLOW_MISSING_TOOLS=1 to skip instead on a machine without them.
+pub fn require_tool(name: &str) -> Option<PathBuf> {
+    for dir in std::env::var("PATH").unwrap_or_default().split(':') {
+        let p = Path::new(dir).join(name);
+        if p.is_file() {
+            return Some(p);
+        }
+    }
+    if std::env::var_os("SBXFS_ALLOW_MISSING_TOOLS").is_some() {
+        eprintln!("skipping: {name} is not installed");
+        return None;
+    }
+    panic!("{name} is not installed (bash .ci/run installs every tool the tests need)");
+}
+
+/// Run a command, returning stdout; panics with stderr on a spawn failure.
+pub fn run(cmd: &mut Command) -> (i32, Vec<u8>, Vec<u8>) {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    (out.status.code().unwrap_or(-1), out.stdout, out.stderr)
+}
+
+pub fn sbxfs_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_sbxfs"))
+}
