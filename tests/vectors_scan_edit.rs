@@ -89,7 +89,11 @@ fn scan_vectors_rust_core_whole_and_chunked() {
         let got = scan_file(&c.path, c.req)
             .map(|r| scan_value(&r))
             .map_err(|e| e.token().to_string());
-        assert_eq!(got, c.expect, "scan vector {:?} (rust, positional reads)", c.name);
+        assert_eq!(
+            got, c.expect,
+            "scan vector {:?} (rust, positional reads)",
+            c.name
+        );
         if let Ok(expect) = &c.expect {
             let data = fs::read(&c.path).unwrap();
             // Fed whole, one byte at a time, and in chunks of 7: the state machine must not care.
@@ -182,8 +186,16 @@ fn scan_vectors_shell_script_under_every_awk() {
     ) else {
         return;
     };
-    runs.push(("dash+mawk".into(), tool_dir(&[("awk", &mawk)]), dash.clone()));
-    runs.push(("dash+gawk".into(), tool_dir(&[("awk", &gawk)]), dash.clone()));
+    runs.push((
+        "dash+mawk".into(),
+        tool_dir(&[("awk", &mawk)]),
+        dash.clone(),
+    ));
+    runs.push((
+        "dash+gawk".into(),
+        tool_dir(&[("awk", &gawk)]),
+        dash.clone(),
+    ));
     let applets = ["sh", "awk", "head", "wc", "dd", "od", "tr"];
     let links: Vec<(&str, &Path)> = applets.iter().map(|a| (*a, busybox.as_path())).collect();
     let bb = tool_dir(&links);
@@ -211,9 +223,17 @@ fn scan_vectors_shell_script_under_every_awk() {
                 c.name,
                 String::from_utf8_lossy(&err)
             );
-            assert_eq!(parse_scan_sh(&out), c.expect, "scan vector {:?} ({label})", c.name);
+            assert_eq!(
+                parse_scan_sh(&out),
+                c.expect,
+                "scan vector {:?} ({label})",
+                c.name
+            );
         }
-        println!("scan vectors: {} passed (scripts/scan.sh, {label})", cases.len());
+        println!(
+            "scan vectors: {} passed (scripts/scan.sh, {label})",
+            cases.len()
+        );
     }
 }
 
@@ -243,22 +263,45 @@ fn check_edit_impl(label: &str, mut edit: impl FnMut(&Path, &Value) -> Value) ->
         let before = fs::read(&target).ok();
         let got = edit(&path, c);
         if let Some(tok) = c.get("expect_error").and_then(Value::as_str) {
-            assert_eq!(got["error"], json!(tok), "edit vector {name:?} ({label}): {got}");
+            assert_eq!(
+                got["error"],
+                json!(tok),
+                "edit vector {name:?} ({label}): {got}"
+            );
             if let Some(n) = c.get("expect_count") {
                 assert_eq!(&got["count"], n, "edit vector {name:?} ({label})");
             }
-            assert_eq!(fs::read(&target).ok(), before, "edit vector {name:?} ({label}): file changed");
+            assert_eq!(
+                fs::read(&target).ok(),
+                before,
+                "edit vector {name:?} ({label}): file changed"
+            );
         } else {
             let e = &c["expect"];
-            assert_eq!(got, json!({"count": e["count"]}), "edit vector {name:?} ({label})");
+            assert_eq!(
+                got,
+                json!({"count": e["count"]}),
+                "edit vector {name:?} ({label})"
+            );
             let content = fs::read_to_string(&target).unwrap();
-            assert_eq!(content, e["content"].as_str().unwrap(), "edit vector {name:?} ({label})");
+            assert_eq!(
+                content,
+                e["content"].as_str().unwrap(),
+                "edit vector {name:?} ({label})"
+            );
             if let Some(mode) = e.get("mode").and_then(Value::as_str) {
                 let m = fs::metadata(&target).unwrap().permissions().mode() & 0o7777;
-                assert_eq!(format!("{m:o}"), mode, "edit vector {name:?} ({label}): mode");
+                assert_eq!(
+                    format!("{m:o}"),
+                    mode,
+                    "edit vector {name:?} ({label}): mode"
+                );
             }
             if path != target {
-                assert!(fs::symlink_metadata(&path).unwrap().file_type().is_symlink());
+                assert!(fs::symlink_metadata(&path)
+                    .unwrap()
+                    .file_type()
+                    .is_symlink());
             }
         }
         let names: Vec<String> = fs::read_dir(dir.path())
@@ -313,7 +356,12 @@ fn edit_vectors_python_script() {
             b64(flag.as_bytes()),
         ]));
         let out = String::from_utf8(out).unwrap();
-        assert_eq!(code, 0, "edit.py failed: {out} {}", String::from_utf8_lossy(&err));
+        assert_eq!(
+            code,
+            0,
+            "edit.py failed: {out} {}",
+            String::from_utf8_lossy(&err)
+        );
         let line = out.strip_prefix("__RESULT__").expect("one __RESULT__ line");
         assert_eq!(out.lines().count(), 1, "only one output line: {out:?}");
         let mut v: Value = serde_json::from_str(line.trim_end()).unwrap();
@@ -359,10 +407,18 @@ fn edit_vectors_python_reference() {
         if let Some(tok) = c.get("expect_error").and_then(Value::as_str) {
             assert_eq!(got["error"], json!(tok), "edit vector {name:?} (reference)");
         } else {
-            assert_eq!(got["count"], c["expect"]["count"], "edit vector {name:?} (reference)");
-            assert_eq!(got["content"], c["expect"]["content"], "edit vector {name:?} (reference)");
+            assert_eq!(
+                got["count"], c["expect"]["count"],
+                "edit vector {name:?} (reference)"
+            );
+            assert_eq!(
+                got["content"], c["expect"]["content"],
+                "edit vector {name:?} (reference)"
+            );
         }
         checked += 1;
     }
-    println!("edit vectors: {checked} passed (python reference; file-system cases are the scripts' job)");
+    println!(
+        "edit vectors: {checked} passed (python reference; file-system cases are the scripts' job)"
+    );
 }

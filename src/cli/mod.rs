@@ -242,7 +242,10 @@ fn run_grep(a: GrepArgs) -> i32 {
             }
         }
     }
-    p.grep_summary(&total);
+    // A lone failing path is just an error; with several, the others' summary still counts.
+    if !(failed && paths.len() == 1) {
+        p.grep_summary(&total);
+    }
     if failed {
         ERROR
     } else {

@@ -96,12 +96,13 @@ pub fn build_matcher(opts: &GrepOptions) -> Result<RegexMatcher, SearchError> {
         .line_terminator(Some(b'\n'))
         .size_limit(REGEX_SIZE_LIMIT)
         .dfa_size_limit(DFA_SIZE_LIMIT);
-    let built = if opts.fixed_strings {
-        b.build_literals(&[opts.pattern.as_str()])
+    let pattern = if opts.fixed_strings {
+        regex::escape(&opts.pattern)
     } else {
-        b.build(&opts.pattern)
+        opts.pattern.clone()
     };
-    built.map_err(|e| SearchError::Regex(e.to_string()))
+    b.build(&pattern)
+        .map_err(|e| SearchError::Regex(e.to_string()))
 }
 
 /// Search `root` (a file or a directory), sending each match to `sink` until it returns `false`.

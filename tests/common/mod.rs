@@ -8,6 +8,9 @@ use std::process::Command;
 
 use serde_json::Value;
 
+use sbxfs::search::grep::GrepOptions;
+use sbxfs::search::walk::WalkOptions;
+
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -101,4 +104,31 @@ pub fn run(cmd: &mut Command) -> (i32, Vec<u8>, Vec<u8>) {
 
 pub fn sbxfs_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_sbxfs"))
+}
+
+/// Grep options as the vectors spell them (the same names as the CLI flags).
+pub fn grep_options(o: &Value) -> GrepOptions {
+    let u = |k: &str| o.get(k).and_then(Value::as_u64);
+    let b = |k: &str| o.get(k).and_then(Value::as_bool).unwrap_or(false);
+    let context = u("context").unwrap_or(0) as usize;
+    GrepOptions {
+        pattern: o["pattern"].as_str().unwrap().to_string(),
+        fixed_strings: b("fixed_strings"),
+        case_insensitive: b("ignore_case"),
+        before_context: u("before_context").map_or(context, |n| n as usize),
+        after_context: u("after_context").map_or(context, |n| n as usize),
+        binary: b("text"),
+        walk: WalkOptions {
+            hidden: b("hidden"),
+            no_ignore: b("no_ignore"),
+            globs: o
+                .get("globs")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().map(|g| g.as_str().unwrap().to_string()).collect())
+                .unwrap_or_default(),
+            max_filesize: u("max_filesize"),
+        },
+        max_results: u("max_results"),
+        max_bytes: u("max_bytes"),
+    }
 }
