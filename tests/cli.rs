@@ -1,0 +1,264 @@
+//! The `sbxfs` query commands end to end on local paths: output formats, JSON shapes, exit
+//! codes (0 found, 1 nothing, 2 error), and input handling.
+
+mod common;
+
+use std::fs;
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+
+use common::*;
+
+fn sbxfs(dir: &Path, args: &[&str]) -> (i32, String, String) {
+    let (code, out, err) = run(Command::new(sbxfs_bin()).current_dir(dir).args(args));
+    (
+        code,
+        String::from_utf8(out).unwrap(),
+        String::from_utf8(err).unwrap(),
+    )
+}
+
+fn json_lines(s: &str) -> Vec<Value> {
+    s.lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn workspace() -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    let w = d.path();
+    fs::create_dir_all(w.join("src")).unwrap();
+    fs::write(
+        w.join("src/main.rs"),
+        "fn main() {\n    // TODO one\n    work();\n}\n",
+    )
+    .unwrap();
+    fs::write(w.join("src/lib.rs"), "pub fn work() {}\n// TODO two\n").unwrap();
+    fs::write(w.join("notes.txt"), "alpha\nbeta\ngamma\n").unwrap();
+    d
+}
+
+#[test]
+fn grep_prints_path_line_column_text_and_context() {
+    let w = workspace();
+    let (code, out, _) = sbxfs(w.path(), &["grep", "TODO", "-C", "1"]);
+    assert_eq!(code, 0);
+    assert_eq!(
+        out,
+        "src/lib.rs-1-pub fn work() {}\nsrc/lib.rs:2:4:// TODO two\n\
+         src/main.rs-1-fn main() {\nsrc/main.rs:2:8:    // TODO one\nsrc/main.rs-3-    work();\n"
+    );
+}
+
+#[test]
+fn grep_json_has_the_documented_fields_and_a_summary() {
+    let w = workspace();
+    let (code, out, _) = sbxfs(w.path(), &["grep", "--json", "-i", "todo", "src"]);
+    assert_eq!(code, 0);
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 3);
+    let m = &lines[0];
+    for field in [
+        "path",
+        "line",
+        "column",
+        "text",
+        "before",
+        "after",
+        "submatches",
+    ] {
+        assert!(m.get(field).is_some(), "missing {field} in {m}");
+    }
+    // Paths are relative to the directory searched.
+    assert_eq!(m["path"], "lib.rs");
+    assert_eq!(lines[2]["truncated"], false);
+    assert_eq!(lines[2]["summary"]["matches"], 2);
+}
+
+#[test]
+fn grep_exit_codes_follow_grep() {
+    let w = workspace();
+    assert_eq!(sbxfs(w.path(), &["grep", "absent-word"]).0, 1);
+    let (code, _, err) = sbxfs(w.path(), &["grep", "(unclosed"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("unclosed group"), "{err}");
+    assert_eq!(sbxfs(w.path(), &["grep", "x", "missing-dir"]).0, 2);
+}
+
+#[test]
+fn grep_with_several_paths_prefixes_each_result() {
+    let w = workspace();
+    let (code, out, _) = sbxfs(w.path(), &["grep", "beta|TODO two", "src", "notes.txt"]);
+    assert_eq!(code, 0);
+    assert_eq!(out, "src/lib.rs:2:4:// TODO two\nnotes.txt:2:1:beta\n");
+}
+
+#[test]
+fn grep_max_results_reports_truncation() {
+    let w = workspace();
+    let (code, out, _) = sbxfs(w.path(), &["grep", "--json", "--max-results", "1", "TODO"]);
+    assert_eq!(code, 0);
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[1]["truncated"], true);
+}
+
+#[test]
+fn grep_stops_quietly_when_the_reader_goes_away() {
+    let w = workspace();
+    let big: String = (0..200_000).map(|i| format!("match {i}\n")).collect();
+    fs::write(w.path().join("big.txt"), big).unwrap();
+    let mut child = Command::new(sbxfs_bin())
+        .current_dir(w.path())
+        .args(["grep", "match"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 16];
+    child
+        .stdout
+        .as_mut()
+        .unwrap()
+        .read_exact(&mut first)
+        .unwrap();
+    drop(child.stdout.take());
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    child.stderr.unwrap().read_to_string(&mut err).unwrap();
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(status.code().is_some(), "ended by a signal: {status:?}");
+}
+
+#[test]
+fn glob_and_fuzzy_json_shapes() {
+    let w = workspace();
+    let (code, out, _) = sbxfs(w.path(), &["glob", "--json", "**/*.rs"]);
+    assert_eq!(code, 0);
+    assert_eq!(
+        json_lines(&out),
+        vec![
+            serde_json::json!({"path": "src/lib.rs"}),
+            serde_json::json!({"path": "src/main.rs"})
+        ]
+    );
+    assert_eq!(sbxfs(w.path(), &["glob", "*.none"]).0, 1);
+    let (code, _, err) = sbxfs(w.path(), &["glob", "+(a|b)"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("extended glob"), "{err}");
+
+    let (code, out, _) = sbxfs(w.path(), &["fuzzy", "--json", "srcmain"]);
+    assert_eq!(code, 0);
+    let m = &json_lines(&out)[0];
+    assert_eq!(m["path"], "src/main.rs");
+    assert!(m["score"].as_i64().unwrap() > 0);
+    assert_eq!(m["positions"].as_array().unwrap().len(), 7);
+    assert_eq!(sbxfs(w.path(), &["fuzzy", "qqqq"]).0, 1);
+}
+
+#[test]
+fn scan_prints_the_window_or_its_json() {
+    let w = workspace();
+    let (code, out, _) = sbxfs(
+        w.path(),
+        &["scan", "notes.txt", "--start", "2", "--end", "3"],
+    );
+    assert_eq!(code, 0);
+    assert_eq!(out, "beta\ngamma\n");
+    let (_, out, _) = sbxfs(w.path(), &["scan", "notes.txt", "--start", "2", "--json"]);
+    let v: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(
+        v,
+        serde_json::json!({"lines": ["beta", "gamma"], "start_line": 2, "end_line": 3,
+            "total_lines": 3, "total_bytes": 17, "first_line_bytes": 4})
+    );
+    let (code, _, err) = sbxfs(
+        w.path(),
+        &["scan", "notes.txt", "--start", "1", "--max-bytes", "2"],
+    );
+    assert_eq!(code, 1);
+    assert!(err.contains("line 1 is 5 bytes"), "{err}");
+    let (code, out, _) = sbxfs(w.path(), &["scan", "gone.txt", "--start", "1", "--json"]);
+    assert_eq!(code, 2);
+    assert_eq!(json_lines(&out)[0]["error"], "not_found");
+}
+
+#[test]
+fn edit_replaces_multiline_text_from_files_and_reports_errors() {
+    let w = workspace();
+    let p = w.path();
+    fs::write(p.join("old.txt"), "fn main() {\n    // TODO one\n").unwrap();
+    fs::write(p.join("new.txt"), "fn main() {\n    // DONE\n").unwrap();
+    let (code, out, _) = sbxfs(
+        p,
+        &[
+            "edit",
+            "src/main.rs",
+            "--old-file",
+            "old.txt",
+            "--new-file",
+            "new.txt",
+            "--json",
+        ],
+    );
+    assert_eq!((code, out.trim()), (0, r#"{"count":1}"#));
+    assert_eq!(
+        fs::read_to_string(p.join("src/main.rs")).unwrap(),
+        "fn main() {\n    // DONE\n    work();\n}\n"
+    );
+    let (code, out, _) = sbxfs(
+        p,
+        &["edit", "notes.txt", "--old", "a", "--new", "A", "--json"],
+    );
+    assert_eq!(code, 2);
+    let v = &json_lines(&out)[0];
+    assert_eq!(
+        (v["error"].as_str(), v["count"].as_u64()),
+        (Some("multiple_occurrences"), Some(5))
+    );
+    let (code, _, _) = sbxfs(
+        p,
+        &["edit", "notes.txt", "--old", "a", "--new", "A", "--all"],
+    );
+    assert_eq!(code, 0);
+    assert_eq!(
+        fs::read_to_string(p.join("notes.txt")).unwrap(),
+        "AlphA\nbetA\ngAmmA\n"
+    );
+    let (code, out, _) = sbxfs(
+        p,
+        &["edit", "notes.txt", "--old", "zzz", "--new", "", "--json"],
+    );
+    assert_eq!(code, 1);
+    assert_eq!(json_lines(&out)[0]["error"], "string_not_found");
+    // A leading hyphen is text, not a flag.
+    fs::write(p.join("flags.txt"), "-x\n").unwrap();
+    assert_eq!(
+        sbxfs(p, &["edit", "flags.txt", "--old", "-x", "--new", "--y"]).0,
+        0
+    );
+    assert_eq!(fs::read_to_string(p.join("flags.txt")).unwrap(), "--y\n");
+}
+
+#[test]
+fn scan_is_bounded_by_the_size_seen_at_start() {
+    let w = workspace();
+    let path = w.path().join("grow.txt");
+    fs::write(&path, "one\ntwo\n").unwrap();
+    let file = fs::File::open(&path).unwrap();
+    let size = file.metadata().unwrap().len();
+    // The file grows after the scan started: the bytes past the starting size are not seen.
+    fs::write(&path, "one\ntwo\nthree\nfour\n").unwrap();
+    let req = sbxfs::search::scan::ScanRequest {
+        start_line: 1,
+        end_line: None,
+        max_bytes: 1000,
+    };
+    let r = sbxfs::search::scan::scan_reader_at(&file, size, req).unwrap();
+    assert_eq!(r.total_lines, 2);
+    assert_eq!(r.total_bytes, 8);
+    assert_eq!(r.lines, vec![b"one".to_vec(), b"two".to_vec()]);
+}
