@@ -100,6 +100,9 @@ struct GrepArgs {
     max_results: Option<u64>,
     #[arg(long, value_name = "BYTES")]
     max_bytes: Option<u64>,
+    /// Files searched at once (0: one per core).
+    #[arg(short = 'j', long, default_value_t = 0)]
+    threads: usize,
     #[command(flatten)]
     walk: WalkArgs,
     #[arg(long)]
@@ -200,6 +203,7 @@ fn run_grep(a: GrepArgs) -> i32 {
         walk: a.walk.options(),
         max_results: a.max_results,
         max_bytes: a.max_bytes,
+        threads: a.threads,
     };
     let paths = if a.paths.is_empty() {
         vec![PathBuf::from(".")]

@@ -13,8 +13,10 @@
 //! context), so a ring of the last N emitted lines holds a match's before-context, and matches
 //! waiting for their after-context collect the lines that follow.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Mutex};
 
 use base64::Engine;
 use grep_matcher::Matcher;
@@ -22,7 +24,7 @@ use grep_regex::{RegexMatcher, RegexMatcherBuilder};
 use grep_searcher::{BinaryDetection, Searcher, SearcherBuilder, Sink, SinkContext, SinkMatch};
 use serde::Serialize;
 
-use super::walk::{walk_files, WalkOptions};
+use super::walk::{walk_files, WalkOptions, WalkedFile};
 use super::SearchError;
 
 /// Longest pattern accepted: a pattern is typed or generated, not a document.
@@ -50,6 +52,8 @@ pub struct GrepOptions {
     pub max_results: Option<u64>,
     /// Stop before the matches' text (lines and context) would exceed this many bytes.
     pub max_bytes: Option<u64>,
+    /// Files searched at once; 0 picks one per core (at most [`MAX_AUTO_THREADS`]).
+    pub threads: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -106,6 +110,11 @@ pub fn build_matcher(opts: &GrepOptions) -> Result<RegexMatcher, SearchError> {
 }
 
 /// Search `root` (a file or a directory), sending each match to `sink` until it returns `false`.
+///
+/// Files are searched in parallel (`threads` workers) but matches reach `sink` in walk order:
+/// a reorder buffer holds finished batches of files until every earlier one is done, and at
+/// most [`BATCHES_IN_FLIGHT`] batches are walked ahead of the one being emitted, so memory stays
+/// bounded whatever the tree.
 pub fn grep(
     root: &Path,
     opts: &GrepOptions,
@@ -117,7 +126,117 @@ pub fn grep(
         )));
     }
     let matcher = build_matcher(opts)?;
-    let mut searcher = SearcherBuilder::new()
+    std::fs::metadata(root).map_err(|e| SearchError::from_io(root, e))?;
+    let threads = match opts.threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_AUTO_THREADS)),
+        n => n,
+    };
+    let stop = AtomicBool::new(false);
+    let (work_tx, work_rx) = mpsc::sync_channel::<(usize, Vec<WalkedFile>)>(BATCHES_IN_FLIGHT);
+    let work_rx = Mutex::new(work_rx);
+    // A counting semaphore: one slot per batch walked but not yet emitted.
+    let (slot_tx, slot_rx) = mpsc::sync_channel::<()>(BATCHES_IN_FLIGHT);
+    let (done_tx, done_rx) = mpsc::channel::<Done>();
+    let mut emitter = Emitter {
+        opts,
+        sink,
+        summary: GrepSummary::default(),
+        stopped: false,
+    };
+    std::thread::scope(|scope| {
+        let walk_done = done_tx.clone();
+        let (stop, opts) = (&stop, &opts);
+        scope.spawn(move || {
+            let mut batches = 0;
+            let mut batch = Vec::with_capacity(FILES_PER_BATCH);
+            let mut errors = Vec::new();
+            let send = |batch: Vec<WalkedFile>, batches: &mut usize| {
+                if stop.load(Ordering::Relaxed)
+                    || slot_tx.send(()).is_err()
+                    || work_tx.send((*batches, batch)).is_err()
+                {
+                    return false;
+                }
+                *batches += 1;
+                true
+            };
+            let walked = walk_files(
+                root,
+                &opts.walk,
+                |file| {
+                    batch.push(file);
+                    batch.len() < FILES_PER_BATCH
+                        || send(std::mem::take(&mut batch), &mut batches)
+                },
+                |e| errors.push(e),
+            );
+            if !batch.is_empty() {
+                send(batch, &mut batches);
+            }
+            if let Err(e) = walked {
+                errors.push(e.to_string());
+            }
+            drop(work_tx);
+            let _ = walk_done.send(Done::Walk { batches, errors });
+        });
+        for _ in 0..threads {
+            let (done_tx, work_rx, matcher) = (done_tx.clone(), &work_rx, &matcher);
+            scope.spawn(move || {
+                let mut searcher = new_searcher(opts);
+                loop {
+                    let job = work_rx.lock().expect("work queue lock").recv();
+                    let Ok((index, files)) = job else { break };
+                    let results = files
+                        .into_iter()
+                        .map(|file| {
+                            if stop.load(Ordering::Relaxed) {
+                                FileResult::default()
+                            } else {
+                                search_file(&mut searcher, matcher, opts, file)
+                            }
+                        })
+                        .collect();
+                    if done_tx.send(Done::Batch { index, results }).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(done_tx);
+        emitter.run(done_rx, slot_rx, &stop);
+    });
+    Ok(emitter.summary)
+}
+
+/// Workers used when `threads` is 0: past this, one disk and one walker are the bottleneck.
+pub const MAX_AUTO_THREADS: usize = 8;
+/// Files handed to a worker at once: one channel hand-off per file costs more than searching
+/// a small file (futex wake-ups dominated a tree of 50k small files).
+pub const FILES_PER_BATCH: usize = 32;
+/// Batches walked ahead of the first one not yet emitted: bounds the reorder buffer to
+/// `FILES_PER_BATCH * BATCHES_IN_FLIGHT` files' results.
+pub const BATCHES_IN_FLIGHT: usize = 8;
+
+enum Done {
+    Batch {
+        index: usize,
+        results: Vec<FileResult>,
+    },
+    Walk {
+        batches: usize,
+        errors: Vec<String>,
+    },
+}
+
+#[derive(Default)]
+struct FileResult {
+    matches: Vec<GrepMatch>,
+    searched: bool,
+    error: Option<String>,
+}
+
+fn new_searcher(opts: &GrepOptions) -> Searcher {
+    SearcherBuilder::new()
         .line_number(true)
         .before_context(opts.before_context)
         .after_context(opts.after_context)
@@ -126,88 +245,155 @@ pub fn grep(
         } else {
             BinaryDetection::quit(b'\x00')
         })
-        .build();
-    let mut state = SearchState {
-        opts,
-        summary: GrepSummary::default(),
-        stopped: false,
-        sink,
-    };
-    let errors = std::cell::RefCell::new(Vec::new());
-    walk_files(
-        root,
-        &opts.walk,
-        |file| {
-            state.summary.files_searched += 1;
-            let mut file_sink = FileSink {
-                path: file.relative,
-                matcher: &matcher,
-                state: &mut state,
-                ring: VecDeque::new(),
-                pending: VecDeque::new(),
-                matched_any: false,
-            };
-            let result = searcher.search_path(&matcher, &file.path, &mut file_sink);
-            file_sink.flush_all();
-            if file_sink.matched_any {
-                file_sink.state.summary.files_matched += 1;
-            }
-            if let Err(e) = result {
-                errors
-                    .borrow_mut()
-                    .push(format!("{}: {e}", file.path.display()));
-            }
-            !state.stopped
-        },
-        |e| errors.borrow_mut().push(e),
-    )?;
-    state.summary.errors = errors.into_inner();
-    Ok(state.summary)
+        .build()
 }
 
-struct SearchState<'a> {
+fn search_file(
+    searcher: &mut Searcher,
+    matcher: &RegexMatcher,
+    opts: &GrepOptions,
+    file: WalkedFile,
+) -> FileResult {
+    let mut sink = FileSink {
+        path: file.relative,
+        matcher,
+        opts,
+        ring: VecDeque::new(),
+        pending: VecDeque::new(),
+        done: Vec::new(),
+        bytes: 0,
+    };
+    let result = searcher.search_path(matcher, &file.path, &mut sink);
+    sink.done.extend(sink.pending.drain(..));
+    FileResult {
+        matches: sink.done,
+        searched: true,
+        error: result
+            .err()
+            .map(|e| format!("{}: {e}", file.path.display())),
+    }
+}
+
+/// The calling thread's side: puts finished files back in walk order, applies the caps and
+/// feeds the caller's sink.
+struct Emitter<'a> {
     opts: &'a GrepOptions,
+    sink: &'a mut dyn FnMut(GrepMatch) -> bool,
     summary: GrepSummary,
     stopped: bool,
-    sink: &'a mut dyn FnMut(GrepMatch) -> bool,
 }
 
-impl SearchState<'_> {
-    fn emit(&mut self, m: GrepMatch) {
+impl Emitter<'_> {
+    fn run(&mut self, done: mpsc::Receiver<Done>, slots: mpsc::Receiver<()>, stop: &AtomicBool) {
+        let mut waiting: BTreeMap<usize, Vec<FileResult>> = BTreeMap::new();
+        let mut next = 0;
+        let mut total = None;
+        while total.is_none_or(|t| next < t) {
+            let Ok(msg) = done.recv() else { break };
+            match msg {
+                Done::Batch { index, results } => {
+                    waiting.insert(index, results);
+                }
+                Done::Walk { batches, errors } => {
+                    total = Some(batches);
+                    self.summary.errors.extend(errors);
+                }
+            }
+            while let Some(results) = waiting.remove(&next) {
+                for result in results {
+                    self.emit_file(result);
+                }
+                next += 1;
+                let _ = slots.recv();
+                if self.stopped {
+                    stop.store(true, Ordering::Relaxed);
+                }
+            }
+        }
+        // Unblock the walker if it waits for a slot, then let the workers drain.
+        drop(slots);
+        stop.store(true, Ordering::Relaxed);
+        for msg in done {
+            if let Done::Walk { errors, .. } = msg {
+                self.summary.errors.extend(errors);
+            }
+        }
+    }
+
+    fn emit_file(&mut self, result: FileResult) {
         if self.stopped {
             return;
         }
-        if !(self.sink)(m) {
-            self.stopped = true;
-            self.summary.truncated = true;
+        if let Some(e) = result.error {
+            self.summary.errors.push(e);
+        }
+        self.summary.files_searched += u64::from(result.searched);
+        self.summary.files_matched += u64::from(!result.matches.is_empty());
+        for m in result.matches {
+            let cost = match_bytes(&m);
+            let over_results = self
+                .opts
+                .max_results
+                .is_some_and(|max| self.summary.matches >= max);
+            let over_bytes = self
+                .opts
+                .max_bytes
+                .is_some_and(|max| self.summary.bytes + cost > max);
+            if over_results || over_bytes {
+                self.summary.truncated = true;
+                self.stopped = true;
+                return;
+            }
+            self.summary.matches += 1;
+            self.summary.bytes += cost;
+            if !(self.sink)(m) {
+                self.summary.truncated = true;
+                self.stopped = true;
+                return;
+            }
         }
     }
 }
 
-struct FileSink<'s, 'a> {
+/// What a match costs against `max_bytes`: the text of its line and of its context lines.
+fn match_bytes(m: &GrepMatch) -> u64 {
+    let context: usize = m.before.iter().chain(&m.after).map(String::len).sum();
+    (m.text.len() + context) as u64
+}
+
+/// One worker's view of one file: collects its matches with their context. A file stops once it
+/// holds more than the caps allow, so one huge file cannot fill memory; the emitter decides.
+struct FileSink<'s> {
     path: String,
     matcher: &'s RegexMatcher,
-    state: &'s mut SearchState<'a>,
+    opts: &'s GrepOptions,
     /// The last `before_context` lines the searcher emitted, with their numbers.
     ring: VecDeque<(u64, Vec<u8>)>,
     /// Matches still collecting after-context.
     pending: VecDeque<GrepMatch>,
-    matched_any: bool,
+    done: Vec<GrepMatch>,
+    bytes: u64,
 }
 
-impl FileSink<'_, '_> {
+impl FileSink<'_> {
     /// Record a line the searcher emitted (match or context): it is after-context for pending
     /// matches and a candidate before-context for the next one.
     fn saw_line(&mut self, line_no: u64, text: &[u8]) {
-        let after = self.state.opts.after_context as u64;
+        let after = self.opts.after_context as u64;
         for m in self.pending.iter_mut() {
             if line_no > m.line && line_no <= m.line + after {
                 m.after.push(lossy(text));
-                self.state.summary.bytes += text.len() as u64;
+                self.bytes += text.len() as u64;
             }
         }
-        self.flush_done(line_no);
-        let before = self.state.opts.before_context;
+        while let Some(m) = self.pending.front() {
+            if m.line + after > line_no {
+                break;
+            }
+            let m = self.pending.pop_front().expect("front exists");
+            self.done.push(m);
+        }
+        let before = self.opts.before_context;
         if before > 0 {
             if self.ring.len() == before {
                 self.ring.pop_front();
@@ -216,43 +402,21 @@ impl FileSink<'_, '_> {
         }
     }
 
-    /// Emit pending matches whose after-context window ends at or before `line_no`.
-    fn flush_done(&mut self, line_no: u64) {
-        let after = self.state.opts.after_context as u64;
-        while let Some(m) = self.pending.front() {
-            if m.line + after > line_no {
-                break;
-            }
-            let m = self.pending.pop_front().expect("front exists");
-            self.state.emit(m);
-        }
-    }
-
-    fn flush_all(&mut self) {
-        while let Some(m) = self.pending.pop_front() {
-            self.state.emit(m);
-        }
+    /// Has this file collected more than any search could emit?
+    fn over_caps(&self) -> bool {
+        let held = (self.done.len() + self.pending.len()) as u64;
+        self.opts.max_results.is_some_and(|max| held > max)
+            || self.opts.max_bytes.is_some_and(|max| self.bytes > max)
     }
 
     fn on_match_line(&mut self, line_no: u64, line: &[u8]) -> bool {
-        let opts = self.state.opts;
-        let summary = &self.state.summary;
-        if opts.max_results.is_some_and(|max| summary.matches >= max) {
-            self.state.summary.truncated = true;
-            return false;
-        }
-        let min_line = line_no.saturating_sub(opts.before_context as u64);
-        let before: Vec<&[u8]> = self
+        let min_line = line_no.saturating_sub(self.opts.before_context as u64);
+        let before: Vec<String> = self
             .ring
             .iter()
             .filter(|(n, _)| *n >= min_line && *n < line_no)
-            .map(|(_, t)| t.as_slice())
+            .map(|(_, t)| lossy(t))
             .collect();
-        let cost = line.len() as u64 + before.iter().map(|t| t.len() as u64).sum::<u64>();
-        if opts.max_bytes.is_some_and(|max| summary.bytes + cost > max) {
-            self.state.summary.truncated = true;
-            return false;
-        }
         let mut submatches = Vec::new();
         let _ = self.matcher.find_iter(line, |m| {
             submatches.push([m.start() as u64, m.end() as u64]);
@@ -262,6 +426,7 @@ impl FileSink<'_, '_> {
         let text_base64 = std::str::from_utf8(line)
             .is_err()
             .then(|| base64::engine::general_purpose::STANDARD.encode(line));
+        self.bytes += line.len() as u64 + before.iter().map(|t| t.len() as u64).sum::<u64>();
         let m = GrepMatch {
             path: self.path.clone(),
             line: line_no,
@@ -269,21 +434,20 @@ impl FileSink<'_, '_> {
             text: lossy(line),
             text_base64,
             submatches,
-            before: before.into_iter().map(lossy).collect(),
+            before,
             after: Vec::new(),
         };
-        self.state.summary.matches += 1;
-        self.state.summary.bytes += cost;
-        self.matched_any = true;
         // This line is after-context of earlier matches before it is a match of its own.
         self.saw_line(line_no, line);
         self.pending.push_back(m);
-        self.flush_done(line_no);
-        !self.state.stopped
+        if self.opts.after_context == 0 {
+            self.done.extend(self.pending.drain(..));
+        }
+        !self.over_caps()
     }
 }
 
-impl Sink for FileSink<'_, '_> {
+impl Sink for FileSink<'_> {
     type Error = std::io::Error;
 
     fn matched(&mut self, _s: &Searcher, mat: &SinkMatch<'_>) -> Result<bool, Self::Error> {
@@ -300,7 +464,7 @@ impl Sink for FileSink<'_, '_> {
         if let Some(n) = ctx.line_number() {
             self.saw_line(n, strip_newline(ctx.bytes()));
         }
-        Ok(!self.state.stopped)
+        Ok(!self.over_caps())
     }
 }
 

@@ -130,5 +130,6 @@ pub fn grep_options(o: &Value) -> GrepOptions {
         },
         max_results: u("max_results"),
         max_bytes: u("max_bytes"),
+        threads: u("threads").unwrap_or(0) as usize,
     }
 }
