@@ -6,4 +6,8 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 cargo fmt --check
 cargo clippy --all-targets -- -D warnings
-cargo test -- --show-output
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test -- --show-output 2>&1 | tee "$log"
+# One closing line for the whole run, summed over every test binary.
+awk '/^test result:/ { p += $4; f += $6; s += $8 } END { printf "sbxfs: %d passed, %d failed, %d skipped\n", p, f, s }' "$log"

@@ -29,6 +29,12 @@ pub fn normalize_newlines(s: &str) -> String {
 }
 
 /// Apply the replacement to `content`; returns the new content and the number of replacements.
+///
+/// ```
+/// use sbxfs::search::edit::replace_in;
+/// let (text, n) = replace_in("a\r\nb a", "a", "x", true).unwrap();
+/// assert_eq!((text.as_str(), n), ("x\nb x", 2));
+/// ```
 pub fn replace_in(
     content: &str,
     old: &str,

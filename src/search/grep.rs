@@ -165,8 +165,7 @@ pub fn grep(
                 &opts.walk,
                 |file| {
                     batch.push(file);
-                    batch.len() < FILES_PER_BATCH
-                        || send(std::mem::take(&mut batch), &mut batches)
+                    batch.len() < FILES_PER_BATCH || send(std::mem::take(&mut batch), &mut batches)
                 },
                 |e| errors.push(e),
             );
@@ -203,7 +202,7 @@ pub fn grep(
             });
         }
         drop(done_tx);
-        emitter.run(done_rx, slot_rx, &stop);
+        emitter.run(done_rx, slot_rx, stop);
     });
     Ok(emitter.summary)
 }
