@@ -17,6 +17,10 @@
 //! The `Remote` trait, the agent, the FUSE mount and the control socket are the next steps
 //! (issues 3–5); this crate doc grows with them.
 
+pub mod agent;
 pub mod atomic;
 pub mod cli;
+pub mod proxy;
+pub mod remote;
 pub mod search;
+pub mod wirebytes;

@@ -44,6 +44,35 @@ enum Command {
     Scan(ScanArgs),
     /// Replace a string in a file, atomically.
     Edit(EditArgs),
+    /// Serve a workspace over HTTP for sbxfs mounts (run it inside the sandbox).
+    Agent(AgentArgs),
+    /// A delaying, byte-counting TCP proxy for tests and benchmarks.
+    #[command(hide = true)]
+    Proxy(ProxyArgs),
+}
+
+#[derive(Args, Debug)]
+struct AgentArgs {
+    /// The workspace directory to serve.
+    #[arg(long)]
+    root: PathBuf,
+    /// Address to listen on (port 0 picks a free port; the ready line says which).
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    listen: std::net::SocketAddr,
+    /// File holding the bearer token (else the SBXFS_TOKEN environment variable).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct ProxyArgs {
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: std::net::SocketAddr,
+    #[arg(long)]
+    to: std::net::SocketAddr,
+    /// Delay applied to each direction, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    delay_ms: u64,
 }
 
 #[derive(Args, Debug)]
@@ -175,7 +204,91 @@ pub fn main() -> i32 {
         Command::Fuzzy(a) => run_fuzzy(a),
         Command::Scan(a) => run_scan(a),
         Command::Edit(a) => run_edit(a),
+        Command::Agent(a) => run_agent(a),
+        Command::Proxy(a) => run_proxy(a),
     }
+}
+
+/// The token a daemon uses: from a file (trailing whitespace trimmed) or `SBXFS_TOKEN`; never
+/// from argv, where other users could read it.
+pub fn load_token(file: Option<&std::path::Path>) -> anyhow::Result<Vec<u8>> {
+    let token = match file {
+        Some(f) => std::fs::read(f).map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?,
+        None => std::env::var_os("SBXFS_TOKEN")
+            .map(std::ffi::OsString::into_encoded_bytes)
+            .ok_or_else(|| {
+                anyhow::anyhow!("no token: pass --token-file FILE or set SBXFS_TOKEN")
+            })?,
+    };
+    let token = token.trim_ascii().to_vec();
+    anyhow::ensure!(!token.is_empty(), "the token is empty");
+    Ok(token)
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SBXFS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn run_agent(a: AgentArgs) -> i32 {
+    init_logging();
+    let result = load_token(a.token_file.as_deref()).and_then(|token| {
+        let rt = tokio::runtime::Runtime::new()?;
+        rt.block_on(crate::agent::serve(crate::agent::AgentConfig {
+            root: a.root,
+            listen: a.listen,
+            token,
+        }))
+    });
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("sbxfs agent: {e:#}");
+            ERROR
+        }
+    }
+}
+
+fn run_proxy(a: ProxyArgs) -> i32 {
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sbxfs proxy: {e}");
+            return ERROR;
+        }
+    };
+    rt.block_on(async {
+        let delay = std::time::Duration::from_millis(a.delay_ms);
+        let proxy = match crate::proxy::Proxy::start(a.listen, a.to, delay).await {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("sbxfs proxy: {e}");
+                return ERROR;
+            }
+        };
+        println!("sbxfs proxy listening on {} -> {}", proxy.addr, a.to);
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        let c = &proxy.counters;
+        use std::sync::atomic::Ordering::Relaxed;
+        println!(
+            "bytes up={} down={} connections={}",
+            c.up.load(Relaxed),
+            c.down.load(Relaxed),
+            c.connections.load(Relaxed)
+        );
+        0
+    })
 }
 
 const FOUND: i32 = 0;

@@ -17,7 +17,7 @@
 
 use std::path::Path;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::walk::{walk_files, WalkOptions};
 use super::SearchError;
@@ -221,7 +221,7 @@ impl Query {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FuzzyMatch {
     pub path: String,
     pub score: i32,

@@ -22,7 +22,7 @@ use base64::Engine;
 use grep_matcher::Matcher;
 use grep_regex::{RegexMatcher, RegexMatcherBuilder};
 use grep_searcher::{BinaryDetection, Searcher, SearcherBuilder, Sink, SinkContext, SinkMatch};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::walk::{walk_files, WalkOptions, WalkedFile};
 use super::SearchError;
@@ -37,7 +37,8 @@ pub const DFA_SIZE_LIMIT: usize = 16 * 1024 * 1024;
 /// Context lines are for reading around a match, not for dumping files.
 pub const MAX_CONTEXT_LINES: usize = 1000;
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct GrepOptions {
     pub pattern: String,
     /// Treat the pattern as a literal string.
@@ -56,7 +57,7 @@ pub struct GrepOptions {
     pub threads: usize,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GrepMatch {
     pub path: String,
     /// 1-based line number.
@@ -66,7 +67,7 @@ pub struct GrepMatch {
     /// The line without its `\n` (invalid UTF-8 replaced by U+FFFD; see `text_base64`).
     pub text: String,
     /// The exact bytes of the line, present only when it is not valid UTF-8.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text_base64: Option<String>,
     /// Byte ranges `[start, end)` of every match in the line.
     pub submatches: Vec<[u64; 2]>,
@@ -74,7 +75,7 @@ pub struct GrepMatch {
     pub after: Vec<String>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GrepSummary {
     pub matches: u64,
     pub files_searched: u64,

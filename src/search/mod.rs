@@ -17,7 +17,7 @@ use std::path::Path;
 
 /// Every way a query can fail. [`SearchError::token`] is the one place that names each for
 /// programs (JSON output, the agent protocol, `scripts/edit.py`'s result line).
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum SearchError {
     #[error("{0}: no such file or directory")]
     NotFound(String),
@@ -59,6 +59,26 @@ impl SearchError {
             SearchError::WriteFailed(..) => "write_failed",
             SearchError::Io(..) => "io_error",
         }
+    }
+
+    /// Rebuild an error from its token and message (the inverse of [`SearchError::token`] as
+    /// far as the wire carries it: the message stands in for the details).
+    pub fn from_token(token: &str, message: &str, count: Option<usize>) -> Option<Self> {
+        let m = message.to_string();
+        Some(match token {
+            "not_found" => SearchError::NotFound(m),
+            "is_a_directory" => SearchError::IsADirectory(m),
+            "invalid_args" => SearchError::InvalidArgs(m),
+            "unsupported" => SearchError::Unsupported(m),
+            "limit_exceeded" => SearchError::LimitExceeded(m),
+            "invalid_regex" => SearchError::Regex(m),
+            "string_not_found" => SearchError::StringNotFound,
+            "multiple_occurrences" => SearchError::MultipleOccurrences(count.unwrap_or(0)),
+            "read_failed" => SearchError::ReadFailed(m, String::new()),
+            "write_failed" => SearchError::WriteFailed(m, String::new()),
+            "io_error" => SearchError::Io(m, String::new()),
+            _ => return None,
+        })
     }
 
     pub(crate) fn from_io(path: &Path, e: io::Error) -> Self {

@@ -16,7 +16,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::SearchError;
 
@@ -27,7 +27,7 @@ pub const READ_CHUNK: usize = 64 * 1024;
 const BOM: &[u8] = b"\xEF\xBB\xBF";
 
 /// What to scan: 1-based inclusive line numbers, like `sed -n START,ENDp`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ScanRequest {
     pub start_line: u64,
     pub end_line: Option<u64>,
@@ -35,10 +35,10 @@ pub struct ScanRequest {
 }
 
 /// The window and the facts about the file a caller needs to page through it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ScanResult {
-    /// The selected lines, without their `\n`.
-    #[serde(serialize_with = "serialize_lines")]
+    /// The selected lines, without their `\n` (in JSON: strings, or `{"b64": …}` when not UTF-8).
+    #[serde(with = "crate::wirebytes::lines")]
     pub lines: Vec<Vec<u8>>,
     /// Number of the first line returned (the requested start).
     pub start_line: u64,
@@ -49,15 +49,6 @@ pub struct ScanResult {
     pub total_bytes: u64,
     /// Size of line `start_line`, 0 past the end: tells a caller when even one line cannot fit.
     pub first_line_bytes: u64,
-}
-
-fn serialize_lines<S: serde::Serializer>(lines: &[Vec<u8>], s: S) -> Result<S::Ok, S::Error> {
-    use serde::ser::SerializeSeq;
-    let mut seq = s.serialize_seq(Some(lines.len()))?;
-    for line in lines {
-        seq.serialize_element(&String::from_utf8_lossy(line))?;
-    }
-    seq.end()
 }
 
 impl ScanRequest {

@@ -10,7 +10,8 @@ use super::SearchError;
 
 /// Which files a walk yields. Defaults follow ripgrep: ignore files respected, hidden and
 /// (for grep) binary files skipped.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct WalkOptions {
     /// Include hidden files and directories (names starting with `.`).
     pub hidden: bool,

@@ -1,0 +1,722 @@
+//! `sbxfs agent`: serves one workspace over HTTP (protocol: [`crate::remote::wire`]).
+//!
+//! Every request must carry the bearer token (compared in constant time; any path, known or
+//! not, gets 401 without it and touches nothing). Every path is confined to the root by
+//! [`workspace::Workspace`]. Requests are bounded: JSON bodies, read sizes, search results and
+//! search time. File work runs on tokio's blocking pool so slow disks never stall the server.
+
+pub mod watch;
+pub mod workspace;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, RawQuery, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use serde::Serialize;
+use serde_json::json;
+use subtle::ConstantTimeEq;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+
+use crate::remote::wire::{
+    self, ErrorBody, PatchHeader, QueryArgs, MAX_JSON_BODY_BYTES, MAX_READ_BYTES, PROTOCOL_VERSION,
+    VERSION_HEADER,
+};
+use crate::remote::{FuzzyRequest, RemoteError, RemoteInfo, RemotePath, SetAttr};
+use crate::search::grep::GrepOptions;
+use crate::search::scan::ScanRequest;
+use workspace::Workspace;
+
+/// Caps on what one search may return, whatever the client asks: results stream over the
+/// network, so the cap bounds the agent's work, not only the client's memory.
+pub const MAX_GREP_RESULTS: u64 = 100_000;
+pub const MAX_GREP_BYTES: u64 = 64 * 1024 * 1024;
+pub const MAX_FUZZY_RESULTS: usize = 10_000;
+pub const MAX_GLOB_RESULTS: usize = 100_000;
+/// A search that runs longer than this is stopped (`truncated`) or refused (`ETIMEDOUT`).
+pub const SEARCH_TIMEOUT: Duration = Duration::from_secs(300);
+/// Largest file a commit may write (the body is streamed to disk, never held in memory).
+pub const MAX_COMMIT_BYTES: u64 = 64 * 1024 * 1024 * 1024;
+/// Streamed answers (grep, tree, watch) queue this many lines before the producer waits for the
+/// network: enough to keep a fast link busy, small enough to stop soon after a cancel.
+const STREAM_QUEUE: usize = 256;
+
+pub struct AgentConfig {
+    pub root: PathBuf,
+    pub listen: SocketAddr,
+    pub token: Vec<u8>,
+}
+
+/// Counters the agent keeps (GET /v1/stats): tests and operators see what it did.
+#[derive(Default, Serialize)]
+pub struct AgentStats {
+    pub requests: AtomicU64,
+    pub unauthorized: AtomicU64,
+    pub commits: AtomicU64,
+    pub conflicts: AtomicU64,
+    pub greps_started: AtomicU64,
+    pub greps_completed: AtomicU64,
+    /// Searches stopped because the client went away (or cancelled) before the end.
+    pub greps_cancelled: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bytes_committed: AtomicU64,
+}
+
+struct App {
+    ws: Arc<Workspace>,
+    feed: Option<watch::ChangeFeed>,
+    token: Vec<u8>,
+    stats: AgentStats,
+}
+
+type Shared = Arc<App>;
+
+/// An error answer: the status code and `{"error", "message"}` body of the protocol.
+struct ApiError(RemoteError);
+
+impl From<RemoteError> for ApiError {
+    fn from(e: RemoteError) -> Self {
+        ApiError(e)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(wire::status_for(&self.0))
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, Json(ErrorBody::from_error(&self.0))).into_response()
+    }
+}
+
+type ApiResult<T> = std::result::Result<T, ApiError>;
+
+/// Run blocking file work off the async threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> crate::remote::Result<T> + Send + 'static,
+) -> ApiResult<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| RemoteError::Io(String::new(), format!("worker failed: {e}")))?
+        .map_err(ApiError)
+}
+
+async fn require_token(State(app): State<Shared>, req: Request, next: Next) -> Response {
+    app.stats.requests.fetch_add(1, Ordering::Relaxed);
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        .unwrap_or_default();
+    if bool::from(presented.ct_eq(&app.token)) && !app.token.is_empty() {
+        return next.run(req).await;
+    }
+    app.stats.unauthorized.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(path = %req.uri().path(), "refused a request without a valid token");
+    let mut resp = ApiError(RemoteError::Unauthorized(
+        "a valid bearer token is required".into(),
+    ))
+    .into_response();
+    resp.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    resp
+}
+
+/// Build the agent's HTTP service over a workspace.
+pub fn router(ws: Arc<Workspace>, feed: Option<watch::ChangeFeed>, token: Vec<u8>) -> Router {
+    let app: Shared = Arc::new(App {
+        ws,
+        feed,
+        token,
+        stats: AgentStats::default(),
+    });
+    let json_limit = DefaultBodyLimit::max(MAX_JSON_BODY_BYTES);
+    Router::new()
+        .route("/v1/info", get(info))
+        .route("/v1/stats", get(stats))
+        .route("/v1/stat", get(stat))
+        .route("/v1/list", get(list))
+        .route("/v1/tree", get(tree))
+        .route("/v1/read", get(read))
+        .route("/v1/commit", put(commit).layer(DefaultBodyLimit::disable()))
+        .route("/v1/create", post(create))
+        .route("/v1/mkdir", post(mkdir))
+        .route("/v1/unlink", post(unlink))
+        .route("/v1/rmdir", post(rmdir))
+        .route("/v1/rename", post(rename))
+        .route("/v1/symlink", post(symlink))
+        .route("/v1/readlink", get(readlink))
+        .route("/v1/setattr", post(setattr).layer(json_limit))
+        .route("/v1/statfs", get(statfs))
+        .route("/v1/scan", post(scan).layer(json_limit))
+        .route("/v1/grep", post(grep).layer(json_limit))
+        .route("/v1/glob", post(glob).layer(json_limit))
+        .route("/v1/fuzzy", post(fuzzy).layer(json_limit))
+        .route("/v1/edit", post(edit).layer(json_limit))
+        .route("/v1/watch", get(watch_feed))
+        .fallback(|| async { ApiError(RemoteError::NotFound("no such endpoint".into())) })
+        .layer(middleware::from_fn_with_state(app.clone(), require_token))
+        .with_state(app)
+}
+
+/// Serve until SIGTERM or SIGINT; prints one line when ready.
+pub async fn serve(cfg: AgentConfig) -> anyhow::Result<()> {
+    let ws = Arc::new(Workspace::open(&cfg.root)?);
+    let sweeper = ws.clone();
+    tokio::task::spawn_blocking(move || {
+        let n = sweeper.sweep_stale_temps();
+        if n > 0 {
+            tracing::info!(
+                removed = n,
+                "removed stale temp files left by an interrupted commit"
+            );
+        }
+    });
+    let feed = match watch::ChangeFeed::start(ws.root_path()) {
+        Ok(f) => Some(f),
+        Err(e) => {
+            tracing::warn!("change feed unavailable: {e}");
+            None
+        }
+    };
+    let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
+    let addr = listener.local_addr()?;
+    println!(
+        "sbxfs agent listening on http://{addr} root={}",
+        ws.root_path().display()
+    );
+    use std::io::Write;
+    std::io::stdout().flush()?;
+    tracing::info!(%addr, root = %ws.root_path().display(), "agent ready");
+    axum::serve(listener, router(ws, feed, cfg.token))
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    tracing::info!("agent stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+fn args(q: &Option<String>) -> QueryArgs {
+    QueryArgs::parse(q.as_deref())
+}
+
+async fn info(State(app): State<Shared>) -> Json<RemoteInfo> {
+    Json(RemoteInfo {
+        protocol: PROTOCOL_VERSION,
+        agent_version: env!("CARGO_PKG_VERSION").to_string(),
+        root: app.ws.root_path().display().to_string(),
+    })
+}
+
+async fn stats(State(app): State<Shared>) -> Json<serde_json::Value> {
+    Json(serde_json::to_value(&app.stats).unwrap_or_default())
+}
+
+async fn stat(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+    let path = args(&q).path("path")?;
+    let ws = app.ws.clone();
+    Ok(Json(blocking(move || ws.stat(&path)).await?).into_response())
+}
+
+async fn list(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+    let path = args(&q).path("path")?;
+    let ws = app.ws.clone();
+    let entries = blocking(move || ws.list(&path)).await?;
+    Ok(Json(json!({ "entries": entries })).into_response())
+}
+
+/// A streamed answer of JSON lines fed by a blocking producer; the producer sees `false` from
+/// `send` once the client has gone away.
+fn line_stream(rx: mpsc::Receiver<Bytes>) -> Response {
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx))
+    });
+    let mut resp = Response::new(Body::from_stream(stream));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-ndjson"),
+    );
+    resp
+}
+
+fn json_line<T: Serialize>(v: &T) -> Bytes {
+    let mut line = serde_json::to_vec(v).expect("serialisable");
+    line.push(b'\n');
+    Bytes::from(line)
+}
+
+async fn tree(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+    let path = args(&q).path("path")?;
+    // Fail before streaming when the directory itself is wrong, so the status says so.
+    let ws = app.ws.clone();
+    let p = path.clone();
+    blocking(move || ws.list(&p).map(|_| ())).await?;
+    let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+    let ws = app.ws.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut count = 0u64;
+        let result = ws.tree(&path, &mut |e| {
+            count += 1;
+            tx.blocking_send(json_line(&e)).is_ok()
+        });
+        let end = match result {
+            Ok(()) => json!({ "end": count }),
+            Err(e) => json!({ "end": count, "error": ErrorBody::from_error(&e) }),
+        };
+        let _ = tx.blocking_send(json_line(&end));
+    });
+    Ok(line_stream(rx))
+}
+
+async fn read(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+    let a = args(&q);
+    let path = a.path("path")?;
+    let offset: u64 = a.number("offset")?.unwrap_or(0);
+    let len: u32 = a.number("len")?.unwrap_or(MAX_READ_BYTES);
+    if len > MAX_READ_BYTES {
+        return Err(
+            RemoteError::TooLarge(format!("reads are limited to {MAX_READ_BYTES} bytes")).into(),
+        );
+    }
+    let ws = app.ws.clone();
+    let (data, version) = blocking(move || ws.read(&path, offset, len)).await?;
+    app.stats
+        .bytes_read
+        .fetch_add(data.len() as u64, Ordering::Relaxed);
+    let mut resp = Response::new(Body::from(data));
+    resp.headers_mut().insert(
+        VERSION_HEADER,
+        HeaderValue::from_str(&version.0).expect("versions are ASCII"),
+    );
+    Ok(resp)
+}
+
+async fn commit(
+    State(app): State<Shared>,
+    RawQuery(q): RawQuery,
+    body: Body,
+) -> ApiResult<Response> {
+    let a = args(&q);
+    let path = a.path("path")?;
+    let base = a.text("base")?.map(crate::remote::Version);
+    let create_mode: Option<u32> = a.number("mode")?;
+    let patch = a.flag("patch");
+    let ws = app.ws.clone();
+    let target = {
+        let (ws, p) = (ws.clone(), path.clone());
+        blocking(move || ws.commit_target(&p)).await?
+    };
+    let _serial = app.ws.commit_lock(&target).lock().await;
+    let prepared = {
+        let (ws, t, b) = (ws.clone(), target.clone(), base.clone());
+        blocking(move || ws.prepare_commit(&t, b, create_mode, patch)).await
+    };
+    let prepared = match prepared {
+        Ok(p) => p,
+        Err(e) => {
+            if matches!(e.0, RemoteError::Conflict { .. }) {
+                app.stats.conflicts.fetch_add(1, Ordering::Relaxed);
+            }
+            return Err(e);
+        }
+    };
+    let temp = prepared
+        .temp
+        .try_clone()
+        .map_err(|e| RemoteError::from_io(&e, &path.display()))?;
+    let written = if patch {
+        write_patch(temp, body, &path).await?
+    } else {
+        write_whole(temp, body, &path).await?
+    };
+    app.stats
+        .bytes_committed
+        .fetch_add(written, Ordering::Relaxed);
+    let result = blocking(move || ws.finish_commit(prepared)).await;
+    match &result {
+        Ok(_) => {
+            app.stats.commits.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(ApiError(RemoteError::Conflict { .. })) => {
+            app.stats.conflicts.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(_) => {}
+    }
+    Ok(Json(result?).into_response())
+}
+
+/// Stream a whole-file body into the temp file.
+async fn write_whole(temp: std::fs::File, body: Body, path: &RemotePath) -> ApiResult<u64> {
+    let mut out = tokio::fs::File::from_std(temp);
+    let mut stream = body.into_data_stream();
+    let mut written = 0u64;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| RemoteError::Transport(format!("commit body: {e}")))?;
+        written += chunk.len() as u64;
+        if written > MAX_COMMIT_BYTES {
+            return Err(RemoteError::TooLarge(format!(
+                "commits are limited to {MAX_COMMIT_BYTES} bytes"
+            ))
+            .into());
+        }
+        out.write_all(&chunk)
+            .await
+            .map_err(|e| RemoteError::from_io(&e, &path.display()))?;
+    }
+    out.flush()
+        .await
+        .map_err(|e| RemoteError::from_io(&e, &path.display()))?;
+    Ok(written)
+}
+
+/// Apply a patch body (a [`PatchHeader`] line, then each range's bytes) to the temp copy.
+async fn write_patch(temp: std::fs::File, body: Body, path: &RemotePath) -> ApiResult<u64> {
+    use std::os::unix::fs::FileExt;
+    let io_err = |e: std::io::Error| ApiError(RemoteError::from_io(&e, &path.display()));
+    let mut stream = body.into_data_stream();
+    let mut buf: Vec<u8> = Vec::new();
+    let header: PatchHeader = loop {
+        if let Some(nl) = buf.iter().position(|&b| b == b'\n') {
+            let h = serde_json::from_slice(&buf[..nl])
+                .map_err(|e| RemoteError::Invalid(format!("patch header: {e}")))?;
+            buf.drain(..=nl);
+            break h;
+        }
+        if buf.len() > MAX_JSON_BODY_BYTES {
+            return Err(RemoteError::TooLarge("patch header too long".into()).into());
+        }
+        match stream.next().await {
+            Some(chunk) => {
+                buf.extend_from_slice(&chunk.map_err(|e| RemoteError::Transport(e.to_string()))?)
+            }
+            None => {
+                return Err(RemoteError::Invalid("patch body ends before its header".into()).into())
+            }
+        }
+    };
+    let temp = Arc::new(temp);
+    let mut written = 0u64;
+    for [offset, len] in header.ranges {
+        let mut at = offset;
+        let mut left = len;
+        while left > 0 {
+            if buf.is_empty() {
+                match stream.next().await {
+                    Some(chunk) => buf.extend_from_slice(
+                        &chunk.map_err(|e| RemoteError::Transport(e.to_string()))?,
+                    ),
+                    None => {
+                        return Err(RemoteError::Invalid(
+                            "patch body shorter than its ranges".into(),
+                        )
+                        .into())
+                    }
+                }
+            }
+            let n = (left as usize).min(buf.len());
+            let piece: Vec<u8> = buf.drain(..n).collect();
+            let t = temp.clone();
+            tokio::task::spawn_blocking(move || t.write_all_at(&piece, at))
+                .await
+                .map_err(|e| RemoteError::Io(String::new(), e.to_string()))?
+                .map_err(io_err)?;
+            at += n as u64;
+            left -= n as u64;
+            written += n as u64;
+        }
+    }
+    if !buf.is_empty() || stream.next().await.is_some() {
+        return Err(RemoteError::Invalid("patch body longer than its ranges".into()).into());
+    }
+    let t = temp.clone();
+    tokio::task::spawn_blocking(move || t.set_len(header.new_len))
+        .await
+        .map_err(|e| RemoteError::Io(String::new(), e.to_string()))?
+        .map_err(io_err)?;
+    Ok(written)
+}
+
+async fn create(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+    let a = args(&q);
+    let (path, mode) = (a.path("path")?, a.number("mode")?.unwrap_or(0o644));
+    let ws = app.ws.clone();
+    Ok(Json(blocking(move || ws.create(&path, mode)).await?).into_response())
+}
+
+async fn mkdir(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+    let a = args(&q);
+    let (path, mode) = (a.path("path")?, a.number("mode")?.unwrap_or(0o755));
+    let ws = app.ws.clone();
+    Ok(Json(blocking(move || ws.mkdir(&path, mode)).await?).into_response())
+}
+
+async fn unlink(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+    let path = args(&q).path("path")?;
+    let ws = app.ws.clone();
+    blocking(move || ws.unlink(&path)).await?;
+    Ok(Json(json!({})).into_response())
+}
+
+async fn rmdir(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+    let path = args(&q).path("path")?;
+    let ws = app.ws.clone();
+    blocking(move || ws.rmdir(&path)).await?;
+    Ok(Json(json!({})).into_response())
+}
+
+async fn rename(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+    let a = args(&q);
+    let (from, to, no_replace) = (a.path("path")?, a.path("to")?, a.flag("noreplace"));
+    let ws = app.ws.clone();
+    blocking(move || ws.rename(&from, &to, no_replace)).await?;
+    Ok(Json(json!({})).into_response())
+}
+
+async fn symlink(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+    let a = args(&q);
+    let path = a.path("path")?;
+    let target = a.bytes("target").unwrap_or_default().to_vec();
+    let ws = app.ws.clone();
+    Ok(Json(blocking(move || ws.symlink(&path, &target)).await?).into_response())
+}
+
+async fn readlink(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+    let path = args(&q).path("path")?;
+    let ws = app.ws.clone();
+    let target = blocking(move || ws.readlink(&path)).await?;
+    Ok(Json(json!({ "target": crate::remote::WireBytes(target) })).into_response())
+}
+
+async fn setattr(
+    State(app): State<Shared>,
+    RawQuery(q): RawQuery,
+    Json(set): Json<SetAttr>,
+) -> ApiResult<Response> {
+    let path = args(&q).path("path")?;
+    let ws = app.ws.clone();
+    Ok(Json(blocking(move || ws.setattr(&path, &set)).await?).into_response())
+}
+
+async fn statfs(State(app): State<Shared>) -> ApiResult<Response> {
+    let ws = app.ws.clone();
+    Ok(Json(blocking(move || ws.statfs()).await?).into_response())
+}
+
+async fn scan(
+    State(app): State<Shared>,
+    RawQuery(q): RawQuery,
+    Json(req): Json<ScanRequest>,
+) -> ApiResult<Response> {
+    let path = args(&q).path("path")?;
+    req.validate().map_err(RemoteError::from)?;
+    let ws = app.ws.clone();
+    let result = blocking(move || {
+        let (file, attr) = ws.open_file(&path)?;
+        crate::search::scan::scan_reader_at(&file, attr.size, req)
+            .map_err(|e| RemoteError::from_io(&e, &path.display()))
+    })
+    .await?;
+    Ok(Json(result).into_response())
+}
+
+async fn grep(
+    State(app): State<Shared>,
+    RawQuery(q): RawQuery,
+    Json(mut opts): Json<GrepOptions>,
+) -> ApiResult<Response> {
+    let path = args(&q).path("path")?;
+    opts.max_results = Some(
+        opts.max_results
+            .unwrap_or(MAX_GREP_RESULTS)
+            .min(MAX_GREP_RESULTS),
+    );
+    opts.max_bytes = Some(opts.max_bytes.unwrap_or(MAX_GREP_BYTES).min(MAX_GREP_BYTES));
+    // Reject a bad pattern with a status before streaming anything.
+    crate::search::grep::build_matcher(&opts).map_err(RemoteError::from)?;
+    let ws = app.ws.clone();
+    let root = blocking(move || ws.resolve(&path)).await?;
+    let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+    let app2 = app.clone();
+    app.stats.greps_started.fetch_add(1, Ordering::Relaxed);
+    tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + SEARCH_TIMEOUT;
+        let gone = AtomicBool::new(false);
+        let result = crate::search::grep::grep(&root, &opts, &mut |m| {
+            let ok =
+                std::time::Instant::now() < deadline && tx.blocking_send(json_line(&m)).is_ok();
+            if !ok {
+                gone.store(true, Ordering::Relaxed);
+            }
+            ok
+        });
+        let line = match result {
+            Ok(summary) => {
+                json_line(&json!({ "truncated": summary.truncated, "summary": summary }))
+            }
+            Err(e) => json_line(&json!({ "error": ErrorBody::from_error(&RemoteError::from(e)) })),
+        };
+        if gone.load(Ordering::Relaxed) || tx.blocking_send(line).is_err() {
+            app2.stats.greps_cancelled.fetch_add(1, Ordering::Relaxed);
+            tracing::info!("grep ended early: the client went away");
+        } else {
+            app2.stats.greps_completed.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    Ok(line_stream(rx))
+}
+
+async fn glob(
+    State(app): State<Shared>,
+    RawQuery(q): RawQuery,
+    Json(body): Json<wire::GlobBody>,
+) -> ApiResult<Response> {
+    let path = args(&q).path("path")?;
+    let ws = app.ws.clone();
+    let paths = blocking(move || {
+        let root = ws.resolve(&path)?;
+        let mut paths = crate::search::glob::glob(&root, &body.pattern)?;
+        paths.truncate(MAX_GLOB_RESULTS);
+        Ok(paths)
+    })
+    .await?;
+    Ok(Json(json!({ "paths": paths })).into_response())
+}
+
+async fn fuzzy(
+    State(app): State<Shared>,
+    RawQuery(q): RawQuery,
+    Json(req): Json<FuzzyRequest>,
+) -> ApiResult<Response> {
+    let path = args(&q).path("path")?;
+    let ws = app.ws.clone();
+    let matches = blocking(move || {
+        let root = ws.resolve(&path)?;
+        let walk = crate::search::walk::WalkOptions {
+            hidden: req.hidden,
+            no_ignore: req.no_ignore,
+            ..Default::default()
+        };
+        let limit = req
+            .limit
+            .unwrap_or(MAX_FUZZY_RESULTS)
+            .min(MAX_FUZZY_RESULTS);
+        Ok(crate::search::fuzzy::fuzzy(
+            &root,
+            &req.query,
+            &walk,
+            Some(limit),
+        )?)
+    })
+    .await?;
+    Ok(Json(json!({ "matches": matches })).into_response())
+}
+
+/// `edit` as a commit: read the file, replace in memory, commit it naming the version read,
+/// so an edit never overwrites a change made in between.
+async fn edit(
+    State(app): State<Shared>,
+    RawQuery(q): RawQuery,
+    Json(body): Json<wire::EditBody>,
+) -> ApiResult<Response> {
+    let path = args(&q).path("path")?;
+    let ws = app.ws.clone();
+    let target = {
+        let (ws, p) = (ws.clone(), path.clone());
+        blocking(move || ws.commit_target(&p)).await?
+    };
+    let _serial = app.ws.commit_lock(&target).lock().await;
+    let count = blocking(move || {
+        let (mut file, attr) = ws.open_file(&target).map_err(|e| match e {
+            RemoteError::NotFound(m) => RemoteError::Query(crate::search::SearchError::NotFound(m)),
+            other => other,
+        })?;
+        if attr.size > crate::search::edit::MAX_EDIT_FILE_BYTES {
+            return Err(
+                crate::search::SearchError::ReadFailed(path.display(), "too large".into()).into(),
+            );
+        }
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut file, &mut bytes).map_err(|e| {
+            RemoteError::from(crate::search::SearchError::ReadFailed(
+                path.display(),
+                e.to_string(),
+            ))
+        })?;
+        let text = String::from_utf8(bytes).map_err(|_| {
+            RemoteError::from(crate::search::SearchError::ReadFailed(
+                path.display(),
+                "not valid UTF-8".into(),
+            ))
+        })?;
+        let (updated, count) =
+            crate::search::edit::replace_in(&text, &body.old, &body.new, body.replace_all)?;
+        let prepared = ws.prepare_commit(&target, Some(attr.version), None, false)?;
+        std::io::Write::write_all(&mut &prepared.temp, updated.as_bytes()).map_err(|e| {
+            RemoteError::from(crate::search::SearchError::WriteFailed(
+                path.display(),
+                e.to_string(),
+            ))
+        })?;
+        ws.finish_commit(prepared)?;
+        Ok(count)
+    })
+    .await?;
+    app.stats.commits.fetch_add(1, Ordering::Relaxed);
+    Ok(Json(json!({ "count": count })).into_response())
+}
+
+async fn watch_feed(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+    let since: Option<u64> = args(&q).number("since")?;
+    let Some(feed) = &app.feed else {
+        return Err(RemoteError::Unsupported("the change feed is not running".into()).into());
+    };
+    let (backlog, mut rx) = feed.subscribe(since);
+    let (tx, out) = mpsc::channel(STREAM_QUEUE);
+    tokio::spawn(async move {
+        let mut last = since.unwrap_or(0);
+        for ev in backlog {
+            last = last.max(ev.seq);
+            if tx.send(json_line(&ev)).await.is_err() {
+                return;
+            }
+        }
+        loop {
+            let ev = match rx.recv().await {
+                Ok(ev) if ev.seq <= last => continue,
+                Ok(ev) => ev,
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                    crate::remote::ChangeEvent {
+                        seq: last,
+                        path: Default::default(),
+                        kind: crate::remote::ChangeKind::Lost,
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            };
+            last = last.max(ev.seq);
+            if tx.send(json_line(&ev)).await.is_err() {
+                return;
+            }
+        }
+    });
+    Ok(line_stream(out))
+}

@@ -1,0 +1,158 @@
+//! The change feed: inotify events (through `notify`) under the workspace, numbered and kept in
+//! a ring so a client that reconnects with the last number it saw gets what it missed, or a
+//! `lost` event when the ring no longer reaches back that far (it must then revalidate).
+//!
+//! sbxfs's own temp files are invisible: a commit's rename of a temp over a file is reported
+//! as that file modified.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use notify::event::{EventKind, ModifyKind, RenameMode};
+use notify::{RecursiveMode, Watcher};
+use tokio::sync::broadcast;
+
+use super::workspace::is_temp_name;
+use crate::remote::{ChangeEvent, ChangeKind, WireBytes};
+
+/// Events kept for reconnecting clients: minutes of ordinary editing, a burst of a big
+/// `git checkout` may overflow it (then clients get `lost` and revalidate).
+pub const RING_EVENTS: usize = 8192;
+
+pub struct ChangeFeed {
+    inner: Arc<Mutex<Ring>>,
+    tx: broadcast::Sender<ChangeEvent>,
+    _watcher: Option<notify::RecommendedWatcher>,
+}
+
+struct Ring {
+    next_seq: u64,
+    events: VecDeque<ChangeEvent>,
+}
+
+impl ChangeFeed {
+    pub fn start(root: &Path) -> notify::Result<Self> {
+        let (tx, _) = broadcast::channel(RING_EVENTS);
+        let inner = Arc::new(Mutex::new(Ring {
+            next_seq: 1,
+            events: VecDeque::with_capacity(RING_EVENTS),
+        }));
+        let (ring, sender, root_owned) = (inner.clone(), tx.clone(), root.to_path_buf());
+        let mut watcher =
+            notify::recommended_watcher(move |res: notify::Result<notify::Event>| match res {
+                Ok(ev) => {
+                    for kind_path in translate(&root_owned, ev) {
+                        publish(&ring, &sender, kind_path);
+                    }
+                }
+                Err(_) => publish(&ring, &sender, (ChangeKind::Lost, Vec::new())),
+            })?;
+        watcher.watch(root, RecursiveMode::Recursive)?;
+        Ok(ChangeFeed {
+            inner,
+            tx,
+            _watcher: Some(watcher),
+        })
+    }
+
+    /// The retained events after `since` (none for a client starting fresh), preceded by a
+    /// `lost` event if the ring no longer reaches back to it; plus a receiver for what follows.
+    pub fn subscribe(
+        &self,
+        since: Option<u64>,
+    ) -> (Vec<ChangeEvent>, broadcast::Receiver<ChangeEvent>) {
+        let ring = self.inner.lock().expect("change ring lock");
+        let rx = self.tx.subscribe();
+        let mut backlog = Vec::new();
+        if let Some(since) = since {
+            let oldest = ring.events.front().map_or(ring.next_seq, |e| e.seq);
+            if since + 1 < oldest {
+                backlog.push(ChangeEvent {
+                    seq: since,
+                    path: WireBytes::default(),
+                    kind: ChangeKind::Lost,
+                });
+            }
+            backlog.extend(ring.events.iter().filter(|e| e.seq > since).cloned());
+        }
+        (backlog, rx)
+    }
+
+    pub fn last_seq(&self) -> u64 {
+        self.inner.lock().expect("change ring lock").next_seq - 1
+    }
+}
+
+fn publish(
+    ring: &Mutex<Ring>,
+    tx: &broadcast::Sender<ChangeEvent>,
+    (kind, path): (ChangeKind, Vec<u8>),
+) {
+    let mut r = ring.lock().expect("change ring lock");
+    let ev = ChangeEvent {
+        seq: r.next_seq,
+        path: WireBytes(path),
+        kind,
+    };
+    r.next_seq += 1;
+    if r.events.len() == RING_EVENTS {
+        r.events.pop_front();
+    }
+    r.events.push_back(ev.clone());
+    // Publish under the lock so subscribers see events in sequence order.
+    let _ = tx.send(ev);
+}
+
+fn rel(root: &Path, p: &Path) -> Option<Vec<u8>> {
+    use std::os::unix::ffi::OsStrExt;
+    let r = p.strip_prefix(root).ok()?;
+    Some(r.as_os_str().as_bytes().to_vec())
+}
+
+fn is_temp(p: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    p.file_name().is_some_and(|n| is_temp_name(n.as_bytes()))
+}
+
+fn translate(root: &Path, ev: notify::Event) -> Vec<(ChangeKind, Vec<u8>)> {
+    if ev.need_rescan() {
+        return vec![(ChangeKind::Lost, Vec::new())];
+    }
+    let paths: Vec<PathBuf> = ev.paths;
+    let one = |kind: ChangeKind| -> Vec<(ChangeKind, Vec<u8>)> {
+        paths
+            .iter()
+            .filter(|p| !is_temp(p))
+            .filter_map(|p| rel(root, p).map(|r| (kind.clone(), r)))
+            .collect()
+    };
+    match ev.kind {
+        EventKind::Create(_) => one(ChangeKind::Created),
+        EventKind::Remove(_) => one(ChangeKind::Removed),
+        EventKind::Modify(ModifyKind::Name(RenameMode::Both)) if paths.len() == 2 => {
+            let (from, to) = (&paths[0], &paths[1]);
+            let Some(to_rel) = rel(root, to) else {
+                return Vec::new();
+            };
+            if is_temp(from) {
+                // A commit (or an editor's save) landed: the target's content changed.
+                return vec![(ChangeKind::Modified, to_rel)];
+            }
+            match rel(root, from) {
+                Some(from_rel) => vec![(
+                    ChangeKind::Renamed {
+                        to: WireBytes(to_rel),
+                    },
+                    from_rel,
+                )],
+                None => vec![(ChangeKind::Created, to_rel)],
+            }
+        }
+        EventKind::Modify(ModifyKind::Name(RenameMode::From)) => one(ChangeKind::Removed),
+        EventKind::Modify(ModifyKind::Name(RenameMode::To)) => one(ChangeKind::Created),
+        EventKind::Modify(_) => one(ChangeKind::Modified),
+        EventKind::Access(_) => Vec::new(),
+        EventKind::Any | EventKind::Other => one(ChangeKind::Modified),
+    }
+}

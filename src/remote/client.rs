@@ -1,0 +1,454 @@
+//! The agent's client: a [`Remote`] over HTTP (protocol: [`super::wire`]).
+//!
+//! One `reqwest` client (connection reuse, many requests in flight at once), timeouts on every
+//! call, the token sent as a header. Idempotent calls (reads, metadata, queries) are retried
+//! on transport failures with a short backoff; calls that change the workspace are not, since a
+//! lost answer does not tell whether the change happened.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures_util::stream::{BoxStream, StreamExt};
+use reqwest::{Method, RequestBuilder, StatusCode};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+
+use super::wire::{self, encode_bytes, ErrorBody, PatchHeader, VERSION_HEADER};
+use super::*;
+use crate::search::fuzzy::FuzzyMatch;
+use crate::search::grep::GrepOptions;
+use crate::search::scan::{ScanRequest, ScanResult};
+
+/// How long to wait for a connection: long enough for a far sandbox, short enough that a dead
+/// one fails an operation quickly (the mount reports EIO rather than hang).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A metadata call or a read of at most 16 MiB.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Attempts for an idempotent call whose transport failed.
+pub const ATTEMPTS: u32 = 3;
+
+#[derive(Clone)]
+pub struct AgentClient {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+}
+
+impl AgentClient {
+    /// `base` is the agent's URL, e.g. `http://127.0.0.1:7070`.
+    pub fn new(base: &str, token: &str) -> Result<Self> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .pool_max_idle_per_host(64)
+            .tcp_nodelay(true)
+            .tcp_keepalive(Duration::from_secs(30))
+            .build()
+            .map_err(|e| RemoteError::Transport(e.to_string()))?;
+        Ok(AgentClient {
+            http,
+            base: base.trim_end_matches('/').to_string(),
+            token: token.to_string(),
+        })
+    }
+
+    fn request(&self, method: Method, endpoint: &str, query: &[(&str, Vec<u8>)]) -> RequestBuilder {
+        let mut url = format!("{}/v1/{endpoint}", self.base);
+        for (i, (k, v)) in query.iter().enumerate() {
+            url.push(if i == 0 { '?' } else { '&' });
+            url.push_str(k);
+            url.push('=');
+            url.push_str(&encode_bytes(v));
+        }
+        self.http.request(method, url).bearer_auth(&self.token)
+    }
+
+    /// Send, retrying transport failures if `idempotent`; decode error answers.
+    async fn send(
+        &self,
+        idempotent: bool,
+        timeout: Option<Duration>,
+        make: impl Fn() -> RequestBuilder,
+    ) -> Result<reqwest::Response> {
+        let attempts = if idempotent { ATTEMPTS } else { 1 };
+        let mut last = None;
+        for attempt in 0..attempts {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(100 * 3u64.pow(attempt - 1))).await;
+            }
+            let mut req = make();
+            if let Some(t) = timeout {
+                req = req.timeout(t);
+            }
+            match req.send().await {
+                Ok(resp) if resp.status().is_success() => return Ok(resp),
+                Ok(resp) => return Err(decode_error(resp).await),
+                Err(e) => last = Some(transport(e)),
+            }
+        }
+        Err(last.expect("at least one attempt"))
+    }
+
+    async fn get_json<T: DeserializeOwned>(
+        &self,
+        endpoint: &str,
+        query: &[(&str, Vec<u8>)],
+    ) -> Result<T> {
+        let resp = self
+            .send(true, Some(CALL_TIMEOUT), || {
+                self.request(Method::GET, endpoint, query)
+            })
+            .await?;
+        resp.json().await.map_err(transport)
+    }
+
+    async fn post_json<T: DeserializeOwned>(
+        &self,
+        endpoint: &str,
+        query: &[(&str, Vec<u8>)],
+        body: Option<serde_json::Value>,
+        idempotent: bool,
+    ) -> Result<T> {
+        let resp = self
+            .send(idempotent, Some(CALL_TIMEOUT), || {
+                let r = self.request(Method::POST, endpoint, query);
+                match &body {
+                    Some(b) => r.json(b),
+                    None => r,
+                }
+            })
+            .await?;
+        resp.json().await.map_err(transport)
+    }
+
+    /// The agent's counters (`GET /v1/stats`).
+    pub async fn agent_stats(&self) -> Result<serde_json::Value> {
+        self.get_json("stats", &[]).await
+    }
+}
+
+fn transport(e: reqwest::Error) -> RemoteError {
+    if e.is_timeout() {
+        RemoteError::TimedOut(e.to_string())
+    } else {
+        RemoteError::Transport(e.to_string())
+    }
+}
+
+async fn decode_error(resp: reqwest::Response) -> RemoteError {
+    let status = resp.status();
+    match resp.json::<ErrorBody>().await {
+        Ok(body) => body.into_error(),
+        Err(_) if status == StatusCode::UNAUTHORIZED => {
+            RemoteError::Unauthorized(status.to_string())
+        }
+        Err(_) => RemoteError::Io(String::new(), format!("agent answered {status}")),
+    }
+}
+
+/// Split a streamed answer into JSON values, one per line.
+fn json_lines(resp: reqwest::Response) -> BoxStream<'static, Result<serde_json::Value>> {
+    let body = resp.bytes_stream();
+    futures_util::stream::unfold(
+        (body, Vec::<u8>::new(), false),
+        |(mut body, mut buf, done)| async move {
+            if done {
+                return None;
+            }
+            loop {
+                if let Some(nl) = buf.iter().position(|&b| b == b'\n') {
+                    let line: Vec<u8> = buf.drain(..=nl).collect();
+                    let item = serde_json::from_slice::<serde_json::Value>(&line[..line.len() - 1])
+                        .map_err(|e| RemoteError::Transport(format!("bad stream line: {e}")));
+                    return Some((item, (body, buf, false)));
+                }
+                match body.next().await {
+                    Some(Ok(chunk)) => buf.extend_from_slice(&chunk),
+                    Some(Err(e)) => return Some((Err(transport(e)), (body, buf, true))),
+                    None if buf.is_empty() => return None,
+                    None => {
+                        return Some((
+                            Err(RemoteError::Transport("stream ended mid-line".into())),
+                            (body, buf, true),
+                        ))
+                    }
+                }
+            }
+        },
+    )
+    .boxed()
+}
+
+fn decode<T: DeserializeOwned>(v: serde_json::Value) -> Result<T> {
+    serde_json::from_value(v).map_err(|e| RemoteError::Transport(format!("bad answer: {e}")))
+}
+
+fn stream_error(v: &serde_json::Value) -> Option<RemoteError> {
+    let e = v.get("error")?;
+    serde_json::from_value::<ErrorBody>(e.clone())
+        .ok()
+        .map(ErrorBody::into_error)
+}
+
+fn p(path: &RemotePath) -> (&'static str, Vec<u8>) {
+    ("path", path.as_bytes().to_vec())
+}
+
+#[async_trait]
+impl Remote for AgentClient {
+    async fn info(&self) -> Result<RemoteInfo> {
+        self.get_json("info", &[]).await
+    }
+
+    async fn stat(&self, path: &RemotePath) -> Result<Attr> {
+        self.get_json("stat", &[p(path)]).await
+    }
+
+    async fn list(&self, path: &RemotePath) -> Result<Vec<DirEntry>> {
+        #[derive(Deserialize)]
+        struct Listing {
+            entries: Vec<DirEntry>,
+        }
+        Ok(self.get_json::<Listing>("list", &[p(path)]).await?.entries)
+    }
+
+    async fn tree(&self, path: &RemotePath) -> Result<BoxStream<'static, Result<TreeEntry>>> {
+        let resp = self
+            .send(true, None, || self.request(Method::GET, "tree", &[p(path)]))
+            .await?;
+        let stream = json_lines(resp).filter_map(|item| async move {
+            match item {
+                Err(e) => Some(Err(e)),
+                Ok(v) if v.get("end").is_some() => stream_error(&v).map(Err),
+                Ok(v) => Some(decode::<TreeEntry>(v)),
+            }
+        });
+        Ok(stream.boxed())
+    }
+
+    async fn read(&self, path: &RemotePath, offset: u64, len: u32) -> Result<ReadResult> {
+        let q = [
+            p(path),
+            ("offset", offset.to_string().into_bytes()),
+            ("len", len.to_string().into_bytes()),
+        ];
+        let resp = self
+            .send(true, Some(CALL_TIMEOUT), || {
+                self.request(Method::GET, "read", &q)
+            })
+            .await?;
+        let version = resp
+            .headers()
+            .get(VERSION_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| Version(v.to_string()))
+            .ok_or_else(|| RemoteError::Transport("read answer without a version".into()))?;
+        let data = resp.bytes().await.map_err(transport)?;
+        Ok(ReadResult { data, version })
+    }
+
+    async fn commit(
+        &self,
+        path: &RemotePath,
+        content: CommitContent,
+        opts: CommitOptions,
+    ) -> Result<Attr> {
+        let mut q = vec![p(path)];
+        if let Some(b) = &opts.base {
+            q.push(("base", b.0.clone().into_bytes()));
+        }
+        if let Some(m) = opts.create_mode {
+            q.push(("mode", m.to_string().into_bytes()));
+        }
+        let body = match content {
+            CommitContent::Whole(reader) => {
+                reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(reader))
+            }
+            CommitContent::Patch { new_len, ranges } => {
+                q.push(("patch", b"1".to_vec()));
+                let header = PatchHeader {
+                    new_len,
+                    ranges: ranges.iter().map(|(o, b)| [*o, b.len() as u64]).collect(),
+                };
+                let mut head = serde_json::to_vec(&header).expect("serialisable");
+                head.push(b'\n');
+                let parts =
+                    std::iter::once(Bytes::from(head)).chain(ranges.into_iter().map(|(_, b)| b));
+                reqwest::Body::wrap_stream(futures_util::stream::iter(
+                    parts.map(Ok::<_, std::io::Error>),
+                ))
+            }
+        };
+        // A body stream can be sent once: commits are never retried here (the caller decides).
+        let resp = self
+            .request(Method::PUT, "commit", &q)
+            .body(body)
+            .send()
+            .await
+            .map_err(transport)?;
+        if !resp.status().is_success() {
+            return Err(decode_error(resp).await);
+        }
+        resp.json().await.map_err(transport)
+    }
+
+    async fn create(&self, path: &RemotePath, mode: u32) -> Result<Attr> {
+        self.post_json(
+            "create",
+            &[p(path), ("mode", mode.to_string().into_bytes())],
+            None,
+            false,
+        )
+        .await
+    }
+
+    async fn mkdir(&self, path: &RemotePath, mode: u32) -> Result<Attr> {
+        self.post_json(
+            "mkdir",
+            &[p(path), ("mode", mode.to_string().into_bytes())],
+            None,
+            false,
+        )
+        .await
+    }
+
+    async fn unlink(&self, path: &RemotePath) -> Result<()> {
+        self.post_json::<serde_json::Value>("unlink", &[p(path)], None, false)
+            .await
+            .map(|_| ())
+    }
+
+    async fn rmdir(&self, path: &RemotePath) -> Result<()> {
+        self.post_json::<serde_json::Value>("rmdir", &[p(path)], None, false)
+            .await
+            .map(|_| ())
+    }
+
+    async fn rename(&self, from: &RemotePath, to: &RemotePath, no_replace: bool) -> Result<()> {
+        let mut q = vec![p(from), ("to", to.as_bytes().to_vec())];
+        if no_replace {
+            q.push(("noreplace", b"1".to_vec()));
+        }
+        self.post_json::<serde_json::Value>("rename", &q, None, false)
+            .await
+            .map(|_| ())
+    }
+
+    async fn symlink(&self, path: &RemotePath, target: &[u8]) -> Result<Attr> {
+        self.post_json(
+            "symlink",
+            &[p(path), ("target", target.to_vec())],
+            None,
+            false,
+        )
+        .await
+    }
+
+    async fn readlink(&self, path: &RemotePath) -> Result<Vec<u8>> {
+        #[derive(Deserialize)]
+        struct Link {
+            target: WireBytes,
+        }
+        Ok(self
+            .get_json::<Link>("readlink", &[p(path)])
+            .await?
+            .target
+            .0)
+    }
+
+    async fn setattr(&self, path: &RemotePath, attr: SetAttr) -> Result<Attr> {
+        let body = serde_json::to_value(&attr).expect("serialisable");
+        self.post_json("setattr", &[p(path)], Some(body), false)
+            .await
+    }
+
+    async fn statfs(&self) -> Result<StatFs> {
+        self.get_json("statfs", &[]).await
+    }
+
+    async fn scan(&self, path: &RemotePath, req: ScanRequest) -> Result<ScanResult> {
+        let body = serde_json::to_value(req).expect("serialisable");
+        self.post_json("scan", &[p(path)], Some(body), true).await
+    }
+
+    async fn grep(
+        &self,
+        path: &RemotePath,
+        opts: GrepOptions,
+    ) -> Result<BoxStream<'static, Result<GrepEvent>>> {
+        let body = serde_json::to_value(&opts).expect("serialisable");
+        let resp = self
+            .send(true, None, || {
+                self.request(Method::POST, "grep", &[p(path)]).json(&body)
+            })
+            .await?;
+        let stream = json_lines(resp).map(|item| {
+            let v = item?;
+            if let Some(e) = stream_error(&v) {
+                return Err(e);
+            }
+            decode::<GrepEvent>(v)
+        });
+        Ok(stream.boxed())
+    }
+
+    async fn glob(&self, path: &RemotePath, pattern: &str) -> Result<Vec<String>> {
+        #[derive(Deserialize)]
+        struct Paths {
+            paths: Vec<String>,
+        }
+        let body = serde_json::json!({ "pattern": pattern });
+        Ok(self
+            .post_json::<Paths>("glob", &[p(path)], Some(body), true)
+            .await?
+            .paths)
+    }
+
+    async fn fuzzy(&self, path: &RemotePath, req: FuzzyRequest) -> Result<Vec<FuzzyMatch>> {
+        #[derive(Deserialize)]
+        struct Matches {
+            matches: Vec<FuzzyMatch>,
+        }
+        let body = serde_json::to_value(&req).expect("serialisable");
+        Ok(self
+            .post_json::<Matches>("fuzzy", &[p(path)], Some(body), true)
+            .await?
+            .matches)
+    }
+
+    async fn edit(
+        &self,
+        path: &RemotePath,
+        old: &str,
+        new: &str,
+        replace_all: bool,
+    ) -> Result<usize> {
+        #[derive(Deserialize)]
+        struct Count {
+            count: usize,
+        }
+        let body = serde_json::to_value(wire::EditBody {
+            old: old.to_string(),
+            new: new.to_string(),
+            replace_all,
+        })
+        .expect("serialisable");
+        Ok(self
+            .post_json::<Count>("edit", &[p(path)], Some(body), false)
+            .await?
+            .count)
+    }
+
+    async fn watch(&self, since: Option<u64>) -> Result<BoxStream<'static, Result<ChangeEvent>>> {
+        let q: Vec<(&str, Vec<u8>)> = since
+            .map(|s| ("since", s.to_string().into_bytes()))
+            .into_iter()
+            .collect();
+        let resp = self
+            .send(true, None, || self.request(Method::GET, "watch", &q))
+            .await?;
+        Ok(json_lines(resp)
+            .map(|item| decode::<ChangeEvent>(item?))
+            .boxed())
+    }
+}

@@ -1,0 +1,185 @@
+//! The one error type every `Remote` returns, and the one place it becomes an errno.
+
+use crate::search::SearchError;
+
+/// A remote operation's failure. [`RemoteError::errno`] maps every variant, exhaustively, so a
+/// new variant forces a decision; [`RemoteError::token`] names it on the wire.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum RemoteError {
+    #[error("{0}: no such file or directory")]
+    NotFound(String),
+    #[error("{0}: already exists")]
+    Exists(String),
+    #[error("{0}: not a directory")]
+    NotDir(String),
+    #[error("{0}: is a directory")]
+    IsDir(String),
+    #[error("{0}: directory not empty")]
+    NotEmpty(String),
+    #[error("{0}: permission denied")]
+    Access(String),
+    #[error("{0}: operation not permitted")]
+    Perm(String),
+    #[error("{0}: cross-device link")]
+    CrossDevice(String),
+    #[error("{0}: name too long")]
+    NameTooLong(String),
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+    #[error("too large: {0}")]
+    TooLarge(String),
+    #[error("not supported: {0}")]
+    Unsupported(String),
+    /// The file changed since the version the caller named; nothing was written.
+    #[error("{path}: changed in the sandbox since version {base} (now {current})")]
+    Conflict {
+        path: String,
+        base: String,
+        current: String,
+    },
+    #[error("not authorised: {0}")]
+    Unauthorized(String),
+    #[error("the sandbox did not answer: {0}")]
+    Transport(String),
+    #[error("timed out: {0}")]
+    TimedOut(String),
+    #[error("no space left: {0}")]
+    NoSpace(String),
+    #[error("{0}")]
+    Query(SearchError),
+    #[error("{0}: i/o error: {1}")]
+    Io(String, String),
+}
+
+pub type Result<T> = std::result::Result<T, RemoteError>;
+
+impl RemoteError {
+    /// The errno a filesystem call reports for this error.
+    pub fn errno(&self) -> i32 {
+        match self {
+            RemoteError::NotFound(_) => libc::ENOENT,
+            RemoteError::Exists(_) => libc::EEXIST,
+            RemoteError::NotDir(_) => libc::ENOTDIR,
+            RemoteError::IsDir(_) => libc::EISDIR,
+            RemoteError::NotEmpty(_) => libc::ENOTEMPTY,
+            RemoteError::Access(_) => libc::EACCES,
+            RemoteError::Perm(_) => libc::EPERM,
+            RemoteError::CrossDevice(_) => libc::EXDEV,
+            RemoteError::NameTooLong(_) => libc::ENAMETOOLONG,
+            RemoteError::Invalid(_) => libc::EINVAL,
+            RemoteError::TooLarge(_) => libc::E2BIG,
+            RemoteError::Unsupported(_) => libc::EOPNOTSUPP,
+            // A conflict is reported to the writer as an I/O error; the mount keeps the data.
+            RemoteError::Conflict { .. } => libc::EIO,
+            RemoteError::Unauthorized(_) => libc::EACCES,
+            RemoteError::Transport(_) => libc::EIO,
+            RemoteError::TimedOut(_) => libc::EIO,
+            RemoteError::NoSpace(_) => libc::ENOSPC,
+            RemoteError::Query(e) => match e {
+                SearchError::NotFound(_) => libc::ENOENT,
+                SearchError::IsADirectory(_) => libc::EISDIR,
+                SearchError::LimitExceeded(_) => libc::E2BIG,
+                _ => libc::EINVAL,
+            },
+            RemoteError::Io(..) => libc::EIO,
+        }
+    }
+
+    /// The wire name of this error (errno names for file errors, the core's tokens for queries).
+    pub fn token(&self) -> &'static str {
+        match self {
+            RemoteError::NotFound(_) => "ENOENT",
+            RemoteError::Exists(_) => "EEXIST",
+            RemoteError::NotDir(_) => "ENOTDIR",
+            RemoteError::IsDir(_) => "EISDIR",
+            RemoteError::NotEmpty(_) => "ENOTEMPTY",
+            RemoteError::Access(_) => "EACCES",
+            RemoteError::Perm(_) => "EPERM",
+            RemoteError::CrossDevice(_) => "EXDEV",
+            RemoteError::NameTooLong(_) => "ENAMETOOLONG",
+            RemoteError::Invalid(_) => "EINVAL",
+            RemoteError::TooLarge(_) => "E2BIG",
+            RemoteError::Unsupported(_) => "EOPNOTSUPP",
+            RemoteError::Conflict { .. } => "conflict",
+            RemoteError::Unauthorized(_) => "unauthorized",
+            RemoteError::Transport(_) => "transport",
+            RemoteError::TimedOut(_) => "ETIMEDOUT",
+            RemoteError::NoSpace(_) => "ENOSPC",
+            RemoteError::Query(e) => e.token(),
+            RemoteError::Io(..) => "EIO",
+        }
+    }
+
+    /// The error for an errno returned by a system call on `path`.
+    pub fn from_errno(errno: i32, path: &str) -> Self {
+        let p = path.to_string();
+        match errno {
+            libc::ENOENT => RemoteError::NotFound(p),
+            libc::EEXIST => RemoteError::Exists(p),
+            libc::ENOTDIR => RemoteError::NotDir(p),
+            libc::EISDIR => RemoteError::IsDir(p),
+            libc::ENOTEMPTY => RemoteError::NotEmpty(p),
+            libc::EACCES => RemoteError::Access(p),
+            libc::EPERM => RemoteError::Perm(p),
+            libc::EXDEV => RemoteError::CrossDevice(p),
+            libc::ENAMETOOLONG => RemoteError::NameTooLong(p),
+            libc::EINVAL => RemoteError::Invalid(p),
+            libc::ENOSPC | libc::EDQUOT => RemoteError::NoSpace(p),
+            libc::EOPNOTSUPP => RemoteError::Unsupported(p),
+            libc::ELOOP => RemoteError::Invalid(format!("{p}: too many levels of symbolic links")),
+            libc::EFBIG => RemoteError::TooLarge(p),
+            e => RemoteError::Io(p, std::io::Error::from_raw_os_error(e).to_string()),
+        }
+    }
+
+    pub fn from_io(e: &std::io::Error, path: &str) -> Self {
+        match e.raw_os_error() {
+            Some(errno) => Self::from_errno(errno, path),
+            None => RemoteError::Io(path.to_string(), e.to_string()),
+        }
+    }
+
+    /// Rebuild an error from its wire form (`token`, `message`, and the extra fields).
+    pub fn from_wire(
+        token: &str,
+        message: &str,
+        count: Option<usize>,
+        base: Option<&str>,
+        current: Option<&str>,
+    ) -> Self {
+        let m = message.to_string();
+        match token {
+            "ENOENT" => RemoteError::NotFound(m),
+            "EEXIST" => RemoteError::Exists(m),
+            "ENOTDIR" => RemoteError::NotDir(m),
+            "EISDIR" => RemoteError::IsDir(m),
+            "ENOTEMPTY" => RemoteError::NotEmpty(m),
+            "EACCES" => RemoteError::Access(m),
+            "EPERM" => RemoteError::Perm(m),
+            "EXDEV" => RemoteError::CrossDevice(m),
+            "ENAMETOOLONG" => RemoteError::NameTooLong(m),
+            "EINVAL" => RemoteError::Invalid(m),
+            "E2BIG" => RemoteError::TooLarge(m),
+            "EOPNOTSUPP" => RemoteError::Unsupported(m),
+            "ENOSPC" => RemoteError::NoSpace(m),
+            "ETIMEDOUT" => RemoteError::TimedOut(m),
+            "conflict" => RemoteError::Conflict {
+                path: m,
+                base: base.unwrap_or_default().to_string(),
+                current: current.unwrap_or_default().to_string(),
+            },
+            "unauthorized" => RemoteError::Unauthorized(m),
+            "EIO" => RemoteError::Io(String::new(), m),
+            other => match SearchError::from_token(other, message, count) {
+                Some(e) => RemoteError::Query(e),
+                None => RemoteError::Io(String::new(), format!("{other}: {message}")),
+            },
+        }
+    }
+}
+
+impl From<SearchError> for RemoteError {
+    fn from(e: SearchError) -> Self {
+        RemoteError::Query(e)
+    }
+}

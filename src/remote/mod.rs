@@ -1,0 +1,351 @@
+//! `Remote`: the one interface between the mount and a sandbox. Every backend implements it
+//! (the agent's HTTP client now; an exec-only backend later) and one conformance suite
+//! (`tests/conformance.rs`) holds each to the same behaviour.
+//!
+//! Paths are [`RemotePath`]s: validated, relative to the workspace root, raw bytes (names need
+//! not be UTF-8). Every attribute carries a [`Version`] that changes whenever the content may
+//! have changed; reads report the version their bytes came from, and a commit can name the
+//! version it was based on, so a write never silently overwrites a change made in the sandbox.
+
+pub mod client;
+pub mod error;
+pub mod wire;
+
+use std::fmt;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures_util::stream::BoxStream;
+use serde::{Deserialize, Serialize};
+
+pub use crate::wirebytes::WireBytes;
+pub use error::{RemoteError, Result};
+
+use crate::search::fuzzy::FuzzyMatch;
+use crate::search::grep::{GrepMatch, GrepOptions, GrepSummary};
+use crate::search::scan::{ScanRequest, ScanResult};
+
+/// Longest path accepted (bytes), as Linux's PATH_MAX.
+pub const MAX_PATH_BYTES: usize = 4096;
+/// Longest name accepted (bytes), as Linux's NAME_MAX.
+pub const MAX_NAME_BYTES: usize = 255;
+
+/// A path inside the workspace: relative, `/`-separated, no `.`/`..`/empty components, no NUL.
+/// The empty path is the workspace root.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct RemotePath(Vec<u8>);
+
+impl RemotePath {
+    pub fn root() -> Self {
+        RemotePath(Vec::new())
+    }
+
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Result<Self> {
+        let bytes: Vec<u8> = bytes.into();
+        let shown = String::from_utf8_lossy(&bytes).into_owned();
+        if bytes.len() > MAX_PATH_BYTES {
+            return Err(RemoteError::NameTooLong(shown));
+        }
+        if bytes.contains(&0) {
+            return Err(RemoteError::Invalid(format!("{shown:?}: NUL byte in path")));
+        }
+        if bytes.first() == Some(&b'/') {
+            return Err(RemoteError::Invalid(format!(
+                "{shown}: absolute paths are not accepted; paths are relative to the workspace"
+            )));
+        }
+        if bytes.is_empty() {
+            return Ok(RemotePath(bytes));
+        }
+        for part in bytes.split(|&b| b == b'/') {
+            match part {
+                b"" | b"." => {
+                    return Err(RemoteError::Invalid(format!(
+                        "{shown}: empty or `.` path component"
+                    )))
+                }
+                b".." => {
+                    return Err(RemoteError::Invalid(format!(
+                        "{shown}: `..` would leave the workspace"
+                    )))
+                }
+                p if p.len() > MAX_NAME_BYTES => return Err(RemoteError::NameTooLong(shown)),
+                _ => {}
+            }
+        }
+        Ok(RemotePath(bytes))
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    pub fn is_root(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// This path joined with one more name.
+    pub fn join(&self, name: &[u8]) -> Result<Self> {
+        if self.0.is_empty() {
+            return RemotePath::new(name.to_vec());
+        }
+        let mut b = self.0.clone();
+        b.push(b'/');
+        b.extend_from_slice(name);
+        RemotePath::new(b)
+    }
+
+    /// The parent path and the last name (`None` for the root).
+    pub fn split_last(&self) -> Option<(RemotePath, &[u8])> {
+        if self.0.is_empty() {
+            return None;
+        }
+        Some(match self.0.iter().rposition(|&b| b == b'/') {
+            Some(i) => (RemotePath(self.0[..i].to_vec()), &self.0[i + 1..]),
+            None => (RemotePath::root(), &self.0[..]),
+        })
+    }
+
+    /// For messages and logs.
+    pub fn display(&self) -> String {
+        if self.0.is_empty() {
+            ".".into()
+        } else {
+            String::from_utf8_lossy(&self.0).into_owned()
+        }
+    }
+}
+
+impl fmt::Debug for RemotePath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RemotePath({:?})", self.display())
+    }
+}
+
+/// Changes whenever a file's content may have changed (inode, size, mtime and ctime).
+#[derive(Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+pub struct Version(pub String);
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+/// What a file is, as the sandbox sees it (its own inode numbers and nanosecond times).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Attr {
+    pub kind: FileKind,
+    pub size: u64,
+    /// Permission bits (`0o7777`).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub atime_ns: i64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    pub ino: u64,
+    pub nlink: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub symlink_target: Option<WireBytes>,
+    pub version: Version,
+}
+
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct DirEntry {
+    pub name: WireBytes,
+    pub attr: Attr,
+}
+
+/// One entry of a subtree listing: its path relative to the workspace root.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct TreeEntry {
+    pub path: WireBytes,
+    pub attr: Attr,
+}
+
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct ReadResult {
+    pub data: Bytes,
+    pub version: Version,
+}
+
+/// The new content of a commit.
+pub enum CommitContent {
+    /// The whole new file, streamed (never held in memory whole).
+    Whole(Box<dyn tokio::io::AsyncRead + Send + Unpin>),
+    /// New bytes over the base version: each range written at its offset, then the file cut or
+    /// extended to `new_len`.
+    Patch {
+        new_len: u64,
+        ranges: Vec<(u64, Bytes)>,
+    },
+}
+
+impl fmt::Debug for CommitContent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CommitContent::Whole(_) => f.write_str("Whole(..)"),
+            CommitContent::Patch { new_len, ranges } => {
+                write!(
+                    f,
+                    "Patch {{ new_len: {new_len}, ranges: {} }}",
+                    ranges.len()
+                )
+            }
+        }
+    }
+}
+
+/// Options of a commit besides its content.
+#[derive(Clone, Debug, Default)]
+pub struct CommitOptions {
+    /// Fail with a conflict unless the file is at this version (a missing file never is).
+    pub base: Option<Version>,
+    /// Mode for a file the commit creates (default 0644); an existing file keeps its mode.
+    pub create_mode: Option<u32>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetAttr {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub atime_ns: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtime_ns: Option<i64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatFs {
+    pub block_size: u64,
+    pub blocks: u64,
+    pub blocks_free: u64,
+    pub blocks_available: u64,
+    pub files: u64,
+    pub files_free: u64,
+    pub name_max: u64,
+}
+
+/// What happened to a path in the sandbox (from the agent's change feed).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum ChangeKind {
+    Created,
+    Modified,
+    Removed,
+    Renamed {
+        to: WireBytes,
+    },
+    /// Events were dropped (the feed fell behind, or a reconnect came too late): revalidate all.
+    Lost,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangeEvent {
+    /// Position in the feed; reconnect with `since` = the last one seen.
+    pub seq: u64,
+    #[serde(default)]
+    pub path: WireBytes,
+    #[serde(flatten)]
+    pub kind: ChangeKind,
+}
+
+/// One item of a streamed grep: a match, or the summary that ends the stream.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum GrepEvent {
+    Summary {
+        summary: GrepSummary,
+        truncated: bool,
+    },
+    Match(GrepMatch),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct FuzzyRequest {
+    pub query: String,
+    #[serde(default)]
+    pub limit: Option<usize>,
+    #[serde(default)]
+    pub hidden: bool,
+    #[serde(default)]
+    pub no_ignore: bool,
+}
+
+/// Who the remote is (for status and the ioctl INFO).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteInfo {
+    pub protocol: u32,
+    pub agent_version: String,
+    pub root: String,
+}
+
+/// The operations a sandbox backend provides. All paths are workspace-relative.
+#[async_trait]
+pub trait Remote: Send + Sync {
+    async fn info(&self) -> Result<RemoteInfo>;
+
+    // --- metadata
+    /// Attributes of a path (a symlink itself, not its target).
+    async fn stat(&self, path: &RemotePath) -> Result<Attr>;
+    /// A directory's entries with their attributes, sorted by name, in one round trip.
+    async fn list(&self, path: &RemotePath) -> Result<Vec<DirEntry>>;
+    /// Every entry under a directory (depth first, sorted), streamed in one response.
+    async fn tree(&self, path: &RemotePath) -> Result<BoxStream<'static, Result<TreeEntry>>>;
+
+    // --- data
+    /// Up to `len` bytes at `offset` (fewer at the end of the file), with their version.
+    async fn read(&self, path: &RemotePath, offset: u64, len: u32) -> Result<ReadResult>;
+    /// Replace the file's content atomically (temp file beside it, then rename).
+    async fn commit(
+        &self,
+        path: &RemotePath,
+        content: CommitContent,
+        opts: CommitOptions,
+    ) -> Result<Attr>;
+
+    // --- namespace
+    /// Create an empty file; fails with `Exists` if the name is taken.
+    async fn create(&self, path: &RemotePath, mode: u32) -> Result<Attr>;
+    async fn mkdir(&self, path: &RemotePath, mode: u32) -> Result<Attr>;
+    async fn unlink(&self, path: &RemotePath) -> Result<()>;
+    async fn rmdir(&self, path: &RemotePath) -> Result<()>;
+    async fn rename(&self, from: &RemotePath, to: &RemotePath, no_replace: bool) -> Result<()>;
+    async fn symlink(&self, path: &RemotePath, target: &[u8]) -> Result<Attr>;
+    async fn readlink(&self, path: &RemotePath) -> Result<Vec<u8>>;
+    async fn setattr(&self, path: &RemotePath, attr: SetAttr) -> Result<Attr>;
+    async fn statfs(&self) -> Result<StatFs>;
+
+    // --- queries, answered next to the data
+    async fn scan(&self, path: &RemotePath, req: ScanRequest) -> Result<ScanResult>;
+    /// Matches stream as they are found, then one `Summary`; dropping the stream cancels it.
+    async fn grep(
+        &self,
+        path: &RemotePath,
+        opts: GrepOptions,
+    ) -> Result<BoxStream<'static, Result<GrepEvent>>>;
+    async fn glob(&self, path: &RemotePath, pattern: &str) -> Result<Vec<String>>;
+    async fn fuzzy(&self, path: &RemotePath, req: FuzzyRequest) -> Result<Vec<FuzzyMatch>>;
+    async fn edit(
+        &self,
+        path: &RemotePath,
+        old: &str,
+        new: &str,
+        replace_all: bool,
+    ) -> Result<usize>;
+
+    /// Change events after `since` (or from now); a `Lost` event means some were dropped.
+    async fn watch(&self, since: Option<u64>) -> Result<BoxStream<'static, Result<ChangeEvent>>>;
+}

@@ -1,0 +1,229 @@
+//! The agent protocol, version 1: shared by the agent (`crate::agent`) and its client
+//! ([`super::client`]), so neither can drift from the other.
+//!
+//! HTTP/1.1 on `/v1/...`; every request carries `Authorization: Bearer TOKEN` (else 401, on any
+//! path, known or not). Paths travel in the query string as `path=` (and `to=`), percent-encoded
+//! raw bytes, relative to the workspace root. Answers are JSON; streams (`tree`, `grep`,
+//! `watch`) are JSON lines; `read` answers raw bytes with the version in [`VERSION_HEADER`].
+//! Errors are a status code plus `{"error": TOKEN, "message": …}` ([`ErrorBody`]).
+//!
+//! | method and path | query | body | answer |
+//! |---|---|---|---|
+//! | `GET /v1/info` | | | [`super::RemoteInfo`] |
+//! | `GET /v1/stat` | path | | [`super::Attr`] |
+//! | `GET /v1/list` | path | | `{"entries": [DirEntry]}` |
+//! | `GET /v1/tree` | path | | JSON lines of [`super::TreeEntry`], then `{"end": n}` |
+//! | `GET /v1/read` | path, offset, len | | bytes; header `x-sbxfs-version` |
+//! | `PUT /v1/commit` | path, base?, mode?, patch? | the file, or a patch ([`PatchHeader`] line + bytes) | Attr |
+//! | `POST /v1/create` `/v1/mkdir` | path, mode | | Attr |
+//! | `POST /v1/unlink` `/v1/rmdir` | path | | `{}` |
+//! | `POST /v1/rename` | path, to, noreplace? | | `{}` |
+//! | `POST /v1/symlink` | path, target | | Attr |
+//! | `GET /v1/readlink` | path | | `{"target": bytes}` |
+//! | `POST /v1/setattr` | path | [`super::SetAttr`] | Attr |
+//! | `GET /v1/statfs` | | | [`super::StatFs`] |
+//! | `POST /v1/scan` | path | ScanRequest | ScanResult |
+//! | `POST /v1/grep` | path | GrepOptions | JSON lines of matches, then the summary |
+//! | `POST /v1/glob` | path | `{"pattern"}` | `{"paths": [...]}` |
+//! | `POST /v1/fuzzy` | path | [`super::FuzzyRequest`] | `{"matches": [...]}` |
+//! | `POST /v1/edit` | path | [`EditBody`] | `{"count": n}` |
+//! | `GET /v1/watch` | since? | | JSON lines of [`super::ChangeEvent`] |
+
+use std::collections::HashMap;
+
+use percent_encoding::{percent_decode, utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use serde::{Deserialize, Serialize};
+
+use super::{RemoteError, RemotePath};
+
+pub const PROTOCOL_VERSION: u32 = 1;
+pub const VERSION_HEADER: &str = "x-sbxfs-version";
+/// Largest read one request may ask for: big enough for read-ahead windows, small enough that
+/// one request cannot pin much memory in the agent.
+pub const MAX_READ_BYTES: u32 = 16 * 1024 * 1024;
+/// Largest JSON request body (queries, setattr): a query is small.
+pub const MAX_JSON_BODY_BYTES: usize = 1024 * 1024;
+
+/// Characters left as they are in a query value: unreserved ones, so paths stay readable.
+const QUERY_VALUE: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~')
+    .remove(b'/');
+
+/// Percent-encode raw bytes for a query value.
+pub fn encode_bytes(bytes: &[u8]) -> String {
+    percent_encoding::percent_encode(bytes, QUERY_VALUE).to_string()
+}
+
+pub fn encode_str(s: &str) -> String {
+    utf8_percent_encode(s, QUERY_VALUE).to_string()
+}
+
+/// A query string decoded into raw byte values.
+#[derive(Debug, Default)]
+pub struct QueryArgs(HashMap<String, Vec<u8>>);
+
+impl QueryArgs {
+    pub fn parse(raw: Option<&str>) -> Self {
+        let mut map = HashMap::new();
+        for pair in raw.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let key: Vec<u8> = percent_decode(k.as_bytes()).collect();
+            // `+` is a literal plus here: we never encode spaces as `+`.
+            let value: Vec<u8> = percent_decode(v.as_bytes()).collect();
+            map.insert(String::from_utf8_lossy(&key).into_owned(), value);
+        }
+        QueryArgs(map)
+    }
+
+    pub fn bytes(&self, key: &str) -> Option<&[u8]> {
+        self.0.get(key).map(Vec::as_slice)
+    }
+
+    pub fn path(&self, key: &str) -> Result<RemotePath, RemoteError> {
+        RemotePath::new(self.bytes(key).unwrap_or_default().to_vec())
+    }
+
+    pub fn text(&self, key: &str) -> Result<Option<String>, RemoteError> {
+        self.bytes(key)
+            .map(|b| {
+                String::from_utf8(b.to_vec())
+                    .map_err(|_| RemoteError::Invalid(format!("{key} is not UTF-8")))
+            })
+            .transpose()
+    }
+
+    pub fn number<T: std::str::FromStr>(&self, key: &str) -> Result<Option<T>, RemoteError> {
+        self.text(key)?
+            .map(|t| {
+                t.parse::<T>()
+                    .map_err(|_| RemoteError::Invalid(format!("{key}={t:?} is not a number")))
+            })
+            .transpose()
+    }
+
+    pub fn flag(&self, key: &str) -> bool {
+        matches!(self.bytes(key), Some(b"1" | b"true"))
+    }
+}
+
+/// The body of every error answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: String,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current: Option<String>,
+}
+
+impl ErrorBody {
+    pub fn from_error(e: &RemoteError) -> Self {
+        let (count, base, current) = match e {
+            RemoteError::Query(crate::search::SearchError::MultipleOccurrences(n)) => {
+                (Some(*n), None, None)
+            }
+            RemoteError::Conflict { base, current, .. } => {
+                (None, Some(base.clone()), Some(current.clone()))
+            }
+            _ => (None, None, None),
+        };
+        let message = match e {
+            RemoteError::Conflict { path, .. } => path.clone(),
+            RemoteError::NotFound(m)
+            | RemoteError::Exists(m)
+            | RemoteError::NotDir(m)
+            | RemoteError::IsDir(m)
+            | RemoteError::NotEmpty(m)
+            | RemoteError::Access(m)
+            | RemoteError::Perm(m)
+            | RemoteError::CrossDevice(m)
+            | RemoteError::NameTooLong(m)
+            | RemoteError::Invalid(m)
+            | RemoteError::TooLarge(m)
+            | RemoteError::Unsupported(m)
+            | RemoteError::Unauthorized(m)
+            | RemoteError::Transport(m)
+            | RemoteError::TimedOut(m)
+            | RemoteError::NoSpace(m) => m.clone(),
+            other => other.to_string(),
+        };
+        ErrorBody {
+            error: e.token().to_string(),
+            message,
+            count,
+            base,
+            current,
+        }
+    }
+
+    pub fn into_error(self) -> RemoteError {
+        RemoteError::from_wire(
+            &self.error,
+            &self.message,
+            self.count,
+            self.base.as_deref(),
+            self.current.as_deref(),
+        )
+    }
+}
+
+/// The HTTP status an error travels with (the token in the body is what clients decode).
+pub fn status_for(e: &RemoteError) -> u16 {
+    match e {
+        RemoteError::NotFound(_) => 404,
+        RemoteError::Exists(_) | RemoteError::NotEmpty(_) | RemoteError::Conflict { .. } => 409,
+        RemoteError::Access(_) | RemoteError::Perm(_) => 403,
+        RemoteError::Unauthorized(_) => 401,
+        RemoteError::TooLarge(_) => 413,
+        RemoteError::Unsupported(_) => 501,
+        RemoteError::Transport(_) | RemoteError::Io(..) | RemoteError::NoSpace(_) => 500,
+        RemoteError::TimedOut(_) => 504,
+        RemoteError::NotDir(_)
+        | RemoteError::IsDir(_)
+        | RemoteError::CrossDevice(_)
+        | RemoteError::NameTooLong(_)
+        | RemoteError::Invalid(_)
+        | RemoteError::Query(_) => 400,
+    }
+}
+
+/// The first line of a patch commit's body; the ranges' bytes follow it, in order.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PatchHeader {
+    pub new_len: u64,
+    /// `[offset, length]` of each range.
+    pub ranges: Vec<[u64; 2]>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EditBody {
+    pub old: String,
+    pub new: String,
+    #[serde(default)]
+    pub replace_all: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GlobBody {
+    pub pattern: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_values_round_trip_any_bytes() {
+        let raw = b"dir with space/new\nline \"q\" %25 +plus \xff\xfe";
+        let q = format!("path={}&x=1", encode_bytes(raw));
+        let args = QueryArgs::parse(Some(&q));
+        assert_eq!(args.bytes("path"), Some(&raw[..]));
+        assert_eq!(args.number::<u32>("x").unwrap(), Some(1));
+    }
+}
