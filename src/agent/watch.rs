@@ -110,9 +110,13 @@ fn rel(root: &Path, p: &Path) -> Option<Vec<u8>> {
     Some(r.as_os_str().as_bytes().to_vec())
 }
 
+/// sbxfs's named temps, and the `#INODE` names inotify gives unnamed `O_TMPFILE` files.
 fn is_temp(p: &Path) -> bool {
     use std::os::unix::ffi::OsStrExt;
-    p.file_name().is_some_and(|n| is_temp_name(n.as_bytes()))
+    p.file_name().is_some_and(|n| {
+        let n = n.as_bytes();
+        is_temp_name(n) || (n.len() > 1 && n[0] == b'#' && n[1..].iter().all(u8::is_ascii_digit))
+    })
 }
 
 fn translate(root: &Path, ev: notify::Event) -> Vec<(ChangeKind, Vec<u8>)> {

@@ -25,6 +25,9 @@ use crate::search::scan::{ScanRequest, ScanResult};
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// A metadata call or a read of at most 16 MiB.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bytes read from a commit's source per chunk sent: large enough that a fast link is not
+/// limited by per-chunk overhead.
+pub const UPLOAD_CHUNK: usize = 256 * 1024;
 /// Attempts for an idempotent call whose transport failed.
 pub const ATTEMPTS: u32 = 3;
 
@@ -261,9 +264,9 @@ impl Remote for AgentClient {
             q.push(("mode", m.to_string().into_bytes()));
         }
         let body = match content {
-            CommitContent::Whole(reader) => {
-                reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(reader))
-            }
+            CommitContent::Whole(reader) => reqwest::Body::wrap_stream(
+                tokio_util::io::ReaderStream::with_capacity(reader, UPLOAD_CHUNK),
+            ),
             CommitContent::Patch { new_len, ranges } => {
                 q.push(("patch", b"1".to_vec()));
                 let header = PatchHeader {

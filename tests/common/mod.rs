@@ -133,3 +133,69 @@ pub fn grep_options(o: &Value) -> GrepOptions {
         threads: u("threads").unwrap_or(0) as usize,
     }
 }
+
+/// A real `sbxfs agent` process serving `root` on a loopback port; killed (by pid) on drop,
+/// even when the test fails.
+pub struct AgentProcess {
+    pub child: std::process::Child,
+    pub url: String,
+    pub token: String,
+    pub addr: std::net::SocketAddr,
+    _token_dir: tempfile::TempDir,
+}
+
+impl AgentProcess {
+    pub fn start(root: &Path) -> AgentProcess {
+        Self::start_with_token(root, "conformance-token-0123456789")
+    }
+
+    pub fn start_with_token(root: &Path, token: &str) -> AgentProcess {
+        use std::io::BufRead;
+        let token_dir = tempfile::tempdir().unwrap();
+        let token_file = token_dir.path().join("token");
+        fs::write(&token_file, format!("{token}\n")).unwrap();
+        let mut child = Command::new(sbxfs_bin())
+            .args(["agent", "--listen", "127.0.0.1:0", "--root"])
+            .arg(root)
+            .arg("--token-file")
+            .arg(&token_file)
+            .env("SBXFS_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start sbxfs agent");
+        let stdout = child.stdout.take().unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .unwrap_or_else(|| panic!("no ready line from the agent: {line:?}"))
+            .to_string();
+        let addr = url.trim_start_matches("http://").parse().unwrap();
+        AgentProcess {
+            child,
+            url,
+            token: token.to_string(),
+            addr,
+            _token_dir: token_dir,
+        }
+    }
+
+    pub fn client(&self) -> sbxfs::remote::client::AgentClient {
+        sbxfs::remote::client::AgentClient::new(&self.url, &self.token).unwrap()
+    }
+
+    /// SIGKILL: the agent gets no chance to clean up.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -1,0 +1,471 @@
+//! The agent as a process: authentication, request limits, commit atomicity seen from inside the
+//! sandbox, bytes on the wire for patch commits, a crash during a commit, cancellation of a
+//! search, clean shutdown.
+
+mod common;
+
+use std::fs;
+use std::io::Read;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+
+use common::*;
+use sbxfs::proxy::Proxy;
+use sbxfs::remote::client::AgentClient;
+use sbxfs::remote::*;
+use sbxfs::search::grep::GrepOptions;
+
+fn rp(s: &str) -> RemotePath {
+    RemotePath::new(s.as_bytes().to_vec()).unwrap()
+}
+
+fn workspace() -> (tempfile::TempDir, std::path::PathBuf) {
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path().join("ws");
+    fs::create_dir(&root).unwrap();
+    (d, root)
+}
+
+#[tokio::test]
+async fn every_request_without_the_token_gets_401_and_changes_nothing() {
+    let (_d, root) = workspace();
+    fs::write(root.join("keep.txt"), "keep").unwrap();
+    let agent = AgentProcess::start(&root);
+    let http = reqwest::Client::new();
+    let cases = [
+        ("GET", "/v1/stat?path=keep.txt", None),
+        ("POST", "/v1/unlink?path=keep.txt", None),
+        ("GET", "/v1/no-such-endpoint", None),
+        (
+            "POST",
+            "/v1/unlink?path=keep.txt",
+            Some("Bearer wrong-token"),
+        ),
+        (
+            "POST",
+            "/v1/unlink?path=keep.txt",
+            Some("Bearer conformance-token-012345678"),
+        ),
+        (
+            "POST",
+            "/v1/unlink?path=keep.txt",
+            Some("conformance-token-0123456789"),
+        ),
+        ("GET", "/", Some("Basic Zm9vOmJhcg==")),
+    ];
+    for (method, path, auth) in cases {
+        let mut req = http.request(method.parse().unwrap(), format!("{}{path}", agent.url));
+        if let Some(a) = auth {
+            req = req.header("authorization", a);
+        }
+        let resp = req.send().await.unwrap();
+        assert_eq!(resp.status(), 401, "{method} {path} with {auth:?}");
+        let body: serde_json::Value = resp.json().await.unwrap();
+        assert_eq!(body["error"], "unauthorized");
+    }
+    assert!(
+        root.join("keep.txt").exists(),
+        "an unauthorised unlink changed the workspace"
+    );
+    let bad = AgentClient::new(&agent.url, "nope").unwrap();
+    assert!(matches!(
+        bad.stat(&rp("keep.txt")).await,
+        Err(RemoteError::Unauthorized(_))
+    ));
+    // With the token, the same calls work.
+    assert_eq!(agent.client().stat(&rp("keep.txt")).await.unwrap().size, 4);
+}
+
+#[test]
+fn the_token_comes_from_a_file_or_the_environment_never_argv_or_logs() {
+    let (_d, root) = workspace();
+    // No token at all: refuse to start.
+    let out = std::process::Command::new(sbxfs_bin())
+        .args(["agent", "--listen", "127.0.0.1:0", "--root"])
+        .arg(&root)
+        .env_remove("SBXFS_TOKEN")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no token"));
+
+    // From the environment, with debug logging: the token is never in the log.
+    let secret = "env-token-that-must-not-leak-42";
+    let mut child = std::process::Command::new(sbxfs_bin())
+        .args(["agent", "--listen", "127.0.0.1:0", "--root"])
+        .arg(&root)
+        .env("SBXFS_TOKEN", secret)
+        .env("SBXFS_LOG", "trace")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap()
+        .to_string();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let ok = AgentClient::new(&url, secret).unwrap();
+        ok.statfs().await.unwrap();
+        let bad = AgentClient::new(&url, "wrong").unwrap();
+        assert!(bad.statfs().await.is_err());
+    });
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "SIGTERM shuts the agent down cleanly"
+    );
+    let mut log = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut log)
+        .unwrap();
+    assert!(log.contains("agent ready"), "{log}");
+    assert!(!log.contains(secret), "the token appeared in the log");
+    assert!(!line.contains(secret));
+}
+
+#[tokio::test]
+async fn oversized_requests_are_refused() {
+    let (_d, root) = workspace();
+    fs::write(root.join("f"), "x").unwrap();
+    let agent = AgentProcess::start(&root);
+    let http = reqwest::Client::new();
+    let huge = serde_json::json!({ "pattern": "x".repeat(2 * 1024 * 1024) });
+    let resp = http
+        .post(format!("{}/v1/grep?path=", agent.url))
+        .bearer_auth(&agent.token)
+        .json(&huge)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 413);
+    let c = agent.client();
+    assert!(matches!(
+        c.read(&rp("f"), 0, 17 << 20).await,
+        Err(RemoteError::TooLarge(_))
+    ));
+    let long = "x".repeat(70_000);
+    let r = c
+        .grep(
+            &RemotePath::root(),
+            GrepOptions {
+                pattern: long,
+                ..Default::default()
+            },
+        )
+        .await;
+    assert!(matches!(
+        r,
+        Err(RemoteError::Query(
+            sbxfs::search::SearchError::LimitExceeded(_)
+        ))
+    ));
+    let bomb = GrepOptions {
+        pattern: "(((a{100}){100}){100})".into(),
+        ..Default::default()
+    };
+    assert!(matches!(
+        c.grep(&RemotePath::root(), bomb).await,
+        Err(RemoteError::Query(sbxfs::search::SearchError::Regex(_)))
+    ));
+    // The agent is still serving.
+    assert_eq!(c.stat(&rp("f")).await.unwrap().size, 1);
+}
+
+/// A reader that yields `left` bytes of `fill`, pausing `delay` after each `chunk` bytes, so a
+/// commit takes a while.
+struct SlowReader {
+    left: usize,
+    fill: u8,
+    chunk: usize,
+    delay: Duration,
+    sleep: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    since_pause: usize,
+}
+
+impl tokio::io::AsyncRead for SlowReader {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::task::Poll;
+        if self.left == 0 {
+            return Poll::Ready(Ok(()));
+        }
+        if self.since_pause >= self.chunk {
+            let delay = self.delay;
+            let sleep = self
+                .sleep
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(delay)));
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            self.sleep = None;
+            self.since_pause = 0;
+        }
+        let n = self
+            .left
+            .min(self.chunk - self.since_pause)
+            .min(buf.remaining());
+        buf.put_slice(&vec![self.fill; n]);
+        self.left -= n;
+        self.since_pause += n;
+        Poll::Ready(Ok(()))
+    }
+}
+
+use std::future::Future;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_in_the_sandbox_never_sees_a_half_written_commit() {
+    let (_d, root) = workspace();
+    const SIZE: usize = 32 << 20;
+    fs::write(root.join("big.bin"), vec![b'a'; SIZE]).unwrap();
+    let agent = AgentProcess::start(&root);
+    let client = agent.client();
+    let stop = Arc::new(AtomicBool::new(false));
+    let path = root.join("big.bin");
+    let (stop2, path2) = (stop.clone(), path.clone());
+    let poller = std::thread::spawn(move || {
+        let mut reads = 0;
+        while !stop2.load(Ordering::Relaxed) {
+            let data = fs::read(&path2).unwrap();
+            assert_eq!(data.len(), SIZE, "a reader saw a file of the wrong size");
+            let first = data[0];
+            assert!(
+                data.iter().all(|&b| b == first),
+                "a reader saw a mix of old and new content"
+            );
+            reads += 1;
+        }
+        reads
+    });
+    let reader = SlowReader {
+        left: SIZE,
+        fill: b'b',
+        chunk: 1 << 20,
+        delay: Duration::from_millis(40),
+        sleep: None,
+        since_pause: 0,
+    };
+    client
+        .commit(
+            &rp("big.bin"),
+            CommitContent::Whole(Box::new(reader)),
+            CommitOptions::default(),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    stop.store(true, Ordering::Relaxed);
+    let reads = poller.join().unwrap();
+    assert!(
+        reads >= 5,
+        "the poller should have read during the commit ({reads} reads)"
+    );
+    assert!(fs::read(&path).unwrap().iter().all(|&b| b == b'b'));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_byte_patch_into_256_mib_sends_bytes_of_the_patch_not_the_file() {
+    let (_d, root) = workspace();
+    const SIZE: u64 = 256 << 20;
+    let f = fs::File::create(root.join("huge.bin")).unwrap();
+    f.set_len(SIZE).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, b"start", 0).unwrap();
+    drop(f);
+    let agent = AgentProcess::start(&root);
+    let proxy = Proxy::start("127.0.0.1:0".parse().unwrap(), agent.addr, Duration::ZERO)
+        .await
+        .unwrap();
+    let client = AgentClient::new(&format!("http://{}", proxy.addr), &agent.token).unwrap();
+    let base = client.stat(&rp("huge.bin")).await.unwrap().version;
+    let before = proxy.counters.total();
+    let patch = CommitContent::Patch {
+        new_len: SIZE,
+        ranges: vec![(123_456_789, Bytes::from_static(b"!"))],
+    };
+    client
+        .commit(
+            &rp("huge.bin"),
+            patch,
+            CommitOptions {
+                base: Some(base),
+                create_mode: None,
+            },
+        )
+        .await
+        .unwrap();
+    let patch_bytes = proxy.counters.total() - before;
+    let mut got = [0u8; 1];
+    std::os::unix::fs::FileExt::read_exact_at(
+        &fs::File::open(root.join("huge.bin")).unwrap(),
+        &mut got,
+        123_456_789,
+    )
+    .unwrap();
+    assert_eq!(&got, b"!");
+    assert_eq!(fs::metadata(root.join("huge.bin")).unwrap().len(), SIZE);
+    assert!(
+        patch_bytes < 4096,
+        "a 1-byte patch moved {patch_bytes} bytes"
+    );
+
+    let before = proxy.counters.total();
+    let file = tokio::fs::File::open(root.join("huge.bin")).await.unwrap();
+    client
+        .commit(
+            &rp("huge.bin"),
+            CommitContent::Whole(Box::new(file)),
+            CommitOptions::default(),
+        )
+        .await
+        .unwrap();
+    let whole_bytes = proxy.counters.total() - before;
+    assert!(whole_bytes >= SIZE);
+    println!(
+        "1-byte patch commit: {patch_bytes} bytes on the wire; whole-file commit: {whole_bytes}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_agent_mid_commit_leaves_the_target_intact_and_no_temp() {
+    let (_d, root) = workspace();
+    fs::write(root.join("doc.txt"), "the original").unwrap();
+    // A stale named temp from an earlier crash: swept when the agent starts.
+    fs::write(root.join(".doc.txt.sbxfs-00000000deadbeef.tmp"), "stale").unwrap();
+    let mut agent = AgentProcess::start(&root);
+    let client = agent.client();
+    let reader = SlowReader {
+        left: 64 << 20,
+        fill: b'z',
+        chunk: 256 << 10,
+        delay: Duration::from_millis(20),
+        sleep: None,
+        since_pause: 0,
+    };
+    let commit = tokio::spawn(async move {
+        client
+            .commit(
+                &rp("doc.txt"),
+                CommitContent::Whole(Box::new(reader)),
+                CommitOptions::default(),
+            )
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    agent.kill();
+    let result = commit.await.unwrap();
+    assert!(result.is_err(), "the commit cannot have succeeded");
+    assert_eq!(
+        fs::read_to_string(root.join("doc.txt")).unwrap(),
+        "the original"
+    );
+    let names = || -> Vec<String> {
+        fs::read_dir(&root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    assert_eq!(
+        names(),
+        vec!["doc.txt".to_string()],
+        "no temp file may remain"
+    );
+    let agent = AgentProcess::start(&root);
+    let c = agent.client();
+    assert_eq!(
+        &c.read(&rp("doc.txt"), 0, 100).await.unwrap().data[..],
+        b"the original"
+    );
+    c.commit(
+        &rp("doc.txt"),
+        CommitContent::Whole(Box::new(std::io::Cursor::new(b"after restart".to_vec()))),
+        CommitOptions::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        fs::read_to_string(root.join("doc.txt")).unwrap(),
+        "after restart"
+    );
+    assert_eq!(names(), vec!["doc.txt".to_string()]);
+}
+
+#[tokio::test]
+async fn the_stale_temp_sweep_runs_at_start() {
+    let (_d, root) = workspace();
+    fs::create_dir(root.join("sub")).unwrap();
+    fs::write(root.join("sub/.a.sbxfs-0123456789abcdef.tmp"), "stale").unwrap();
+    fs::write(root.join("sub/.keep-me.tmp"), "not ours").unwrap();
+    let _agent = AgentProcess::start(&root);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while root.join("sub/.a.sbxfs-0123456789abcdef.tmp").exists() {
+        assert!(std::time::Instant::now() < deadline, "stale temp not swept");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(root.join("sub/.keep-me.tmp").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_grep_stream_stops_the_search_in_the_agent() {
+    let (_d, root) = workspace();
+    for d in 0..50 {
+        fs::create_dir(root.join(format!("d{d}"))).unwrap();
+        for f in 0..40 {
+            let body: String = (0..200).map(|i| format!("needle line {i}\n")).collect();
+            fs::write(root.join(format!("d{d}/f{f}.txt")), body).unwrap();
+        }
+    }
+    let agent = AgentProcess::start(&root);
+    let c = agent.client();
+    let mut stream = c
+        .grep(
+            &RemotePath::root(),
+            GrepOptions {
+                pattern: "needle".into(),
+                threads: 1,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let first = stream.next().await.unwrap().unwrap();
+    assert!(matches!(first, GrepEvent::Match(_)));
+    drop(stream);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = c.agent_stats().await.unwrap();
+        if stats["greps_cancelled"] == 1 {
+            assert_eq!(stats["greps_completed"], 0);
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent did not stop the search: {stats}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
