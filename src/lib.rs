@@ -37,6 +37,7 @@
 pub mod agent;
 pub mod atomic;
 pub mod cli;
+pub mod mount;
 pub mod proxy;
 pub mod remote;
 pub mod search;

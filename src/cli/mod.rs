@@ -46,6 +46,10 @@ enum Command {
     Edit(EditArgs),
     /// Serve a workspace over HTTP for sbxfs mounts (run it inside the sandbox).
     Agent(AgentArgs),
+    /// Mount a sandbox's workspace (foreground; SIGTERM pushes pending writes and unmounts).
+    Mount(MountArgs),
+    /// Unmount an sbxfs mount (its daemon pushes pending writes, then exits).
+    Umount(UmountArgs),
     /// A delaying, byte-counting TCP proxy for tests and benchmarks.
     #[command(hide = true)]
     Proxy(ProxyArgs),
@@ -62,6 +66,30 @@ struct AgentArgs {
     /// File holding the bearer token (else the SBXFS_TOKEN environment variable).
     #[arg(long)]
     token_file: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct MountArgs {
+    /// The sandbox: an agent URL, http://HOST:PORT.
+    remote: String,
+    mountpoint: PathBuf,
+    /// File holding the agent's token (else the SBXFS_TOKEN environment variable).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// How long attributes and directory listings are trusted, in milliseconds.
+    #[arg(long, default_value_t = crate::mount::DEFAULT_ATTR_TTL.as_millis() as u64)]
+    attr_ttl_ms: u64,
+    /// Bytes of file data cached in memory.
+    #[arg(long, default_value_t = crate::mount::DEFAULT_CACHE_BYTES)]
+    cache_size: u64,
+    /// Where staged writes are kept (default: a directory under $TMPDIR).
+    #[arg(long)]
+    staging_dir: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct UmountArgs {
+    mountpoint: PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -205,6 +233,8 @@ pub fn main() -> i32 {
         Command::Scan(a) => run_scan(a),
         Command::Edit(a) => run_edit(a),
         Command::Agent(a) => run_agent(a),
+        Command::Mount(a) => run_mount(a),
+        Command::Umount(a) => run_umount(a),
         Command::Proxy(a) => run_proxy(a),
     }
 }
@@ -248,6 +278,43 @@ fn run_agent(a: AgentArgs) -> i32 {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("sbxfs agent: {e:#}");
+            ERROR
+        }
+    }
+}
+
+fn run_mount(a: MountArgs) -> i32 {
+    init_logging();
+    let result = load_token(a.token_file.as_deref()).and_then(|token| {
+        crate::mount::run(crate::mount::MountConfig {
+            remote_url: a.remote,
+            token,
+            mountpoint: a.mountpoint,
+            attr_ttl: std::time::Duration::from_millis(a.attr_ttl_ms),
+            cache_bytes: a.cache_size,
+            staging_dir: a.staging_dir,
+        })
+    });
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("sbxfs mount: {e:#}");
+            ERROR
+        }
+    }
+}
+
+fn run_umount(a: UmountArgs) -> i32 {
+    // The daemon sees its session end, pushes what is staged, and exits.
+    match std::process::Command::new("fusermount3")
+        .arg("-u")
+        .arg(&a.mountpoint)
+        .status()
+    {
+        Ok(s) if s.success() => 0,
+        Ok(_) => ERROR,
+        Err(e) => {
+            eprintln!("sbxfs umount: fusermount3: {e}");
             ERROR
         }
     }

@@ -1,0 +1,1007 @@
+//! The filesystem core behind the FUSE adapter: inodes, caches, write staging, pushes. Every
+//! operation is async, returns `RemoteError` (mapped to errno by the adapter, in one place), and
+//! is testable without FUSE.
+//!
+//! Inodes: a node's id is the sandbox's own inode number (so `stat` shows it and tools that
+//! recorded stat data inside the sandbox see no change); the root is 1. Paths follow renames.
+//! Lookup counts are kept and `forget` drops a node when the kernel no longer holds it.
+//!
+//! Caches: attributes and directory listings live for a TTL (`attr_ttl`); a name missing from
+//! a fresh listing is answered `ENOENT` without asking (a brief negative cache). File data sits
+//! in fixed pages keyed by (version, page), in an LRU bounded by bytes, so a changed file never
+//! serves stale pages. Close-to-open: `open` asks the remote for the current version, like NFS.
+//!
+//! Writes: see [`super::staging`]. A push happens on flush, fsync and release; a failed push
+//! reports EIO, keeps the staged data and is retried in the background; a conflict saves the
+//! user's version beside the file as `NAME.sbxfs-conflict-<timestamp>`.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use lru::LruCache;
+
+use super::staging::{Staged, PAGE};
+use crate::remote::{
+    Attr, CommitContent, CommitOptions, FileKind, Remote, RemoteError, RemotePath, Result, SetAttr,
+    StatFs, Version,
+};
+
+pub type NodeId = u64;
+pub const ROOT: NodeId = 1;
+/// Where a sandbox inode number would collide with the root's id, it is moved up here.
+const REMAPPED_ONE: NodeId = 1 << 63;
+
+#[derive(Clone, Debug)]
+pub struct CoreConfig {
+    /// How long attributes and listings are trusted.
+    pub attr_ttl: Duration,
+    /// Bytes of file data kept in the page cache.
+    pub cache_bytes: u64,
+    /// Where staged writes live.
+    pub staging_dir: PathBuf,
+    /// Owner every file appears to have (the mounting user).
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// What the kernel should forget (the adapter sends these through the FUSE notifier).
+pub trait KernelCache: Send + Sync {
+    fn invalidate_entry(&self, parent: NodeId, name: &[u8]);
+    fn invalidate_data(&self, node: NodeId);
+}
+
+#[derive(Clone, Debug)]
+struct Node {
+    path: RemotePath,
+    attr: Attr,
+    fetched: Instant,
+    lookups: u64,
+    /// The version whose data the kernel may hold in its page cache.
+    kernel_version: Option<Version>,
+}
+
+struct Listing {
+    entries: BTreeMap<Vec<u8>, Attr>,
+    fetched: Instant,
+}
+
+struct Handle {
+    node: NodeId,
+    version: Version,
+    writable: bool,
+}
+
+#[derive(Default, Debug, serde::Serialize)]
+pub struct CoreStats {
+    pub cache_hits: AtomicU64,
+    pub cache_misses: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bytes_pushed: AtomicU64,
+    pub commits: AtomicU64,
+    pub failed_commits: AtomicU64,
+    pub conflicts: AtomicU64,
+    pub remote_calls: AtomicU64,
+}
+
+struct PageCache {
+    lru: LruCache<(Version, u64), Bytes>,
+    bytes: u64,
+    cap: u64,
+}
+
+impl PageCache {
+    fn get(&mut self, key: &(Version, u64)) -> Option<Bytes> {
+        self.lru.get(key).cloned()
+    }
+
+    fn put(&mut self, key: (Version, u64), data: Bytes) {
+        self.bytes += data.len() as u64;
+        if let Some(old) = self.lru.put(key, data) {
+            self.bytes -= old.len() as u64;
+        }
+        while self.bytes > self.cap {
+            match self.lru.pop_lru() {
+                Some((_, d)) => self.bytes -= d.len() as u64,
+                None => break,
+            }
+        }
+    }
+}
+
+pub struct FsCore {
+    remote: Arc<dyn Remote>,
+    cfg: CoreConfig,
+    nodes: Mutex<HashMap<NodeId, Node>>,
+    listings: Mutex<HashMap<RemotePath, Listing>>,
+    pages: Mutex<PageCache>,
+    handles: Mutex<HashMap<u64, Handle>>,
+    next_fh: AtomicU64,
+    staged: Mutex<HashMap<NodeId, Arc<tokio::sync::Mutex<Staged>>>>,
+    /// Nodes whose last push failed: retried in the background.
+    pending: Mutex<HashSet<NodeId>>,
+    kernel: Mutex<Option<Arc<dyn KernelCache>>>,
+    pub stats: CoreStats,
+}
+
+/// A file's attributes as the adapter reports them.
+#[derive(Clone, Debug)]
+pub struct NodeAttr {
+    pub node: NodeId,
+    pub attr: Attr,
+}
+
+fn node_id(path: &RemotePath, attr: &Attr) -> NodeId {
+    if path.is_root() {
+        ROOT
+    } else if attr.ino == ROOT {
+        REMAPPED_ONE
+    } else {
+        attr.ino
+    }
+}
+
+fn now_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64)
+}
+
+impl FsCore {
+    pub fn new(remote: Arc<dyn Remote>, cfg: CoreConfig, root: Attr) -> Arc<Self> {
+        let mut nodes = HashMap::new();
+        nodes.insert(
+            ROOT,
+            Node {
+                path: RemotePath::root(),
+                attr: root,
+                fetched: Instant::now(),
+                lookups: 1,
+                kernel_version: None,
+            },
+        );
+        let cap = cfg.cache_bytes.max(PAGE);
+        Arc::new(FsCore {
+            remote,
+            cfg,
+            nodes: Mutex::new(nodes),
+            listings: Mutex::new(HashMap::new()),
+            pages: Mutex::new(PageCache {
+                lru: LruCache::unbounded(),
+                bytes: 0,
+                cap,
+            }),
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            staged: Mutex::new(HashMap::new()),
+            pending: Mutex::new(HashSet::new()),
+            kernel: Mutex::new(None),
+            stats: CoreStats::default(),
+        })
+    }
+
+    pub fn set_kernel_cache(&self, k: Arc<dyn KernelCache>) {
+        *self.kernel.lock().expect("kernel lock") = Some(k);
+    }
+
+    pub fn config(&self) -> &CoreConfig {
+        &self.cfg
+    }
+
+    pub fn remote(&self) -> &Arc<dyn Remote> {
+        &self.remote
+    }
+
+    fn kernel(&self) -> Option<Arc<dyn KernelCache>> {
+        self.kernel.lock().expect("kernel lock").clone()
+    }
+
+    fn call(&self) {
+        self.stats.remote_calls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn path_of(&self, node: NodeId) -> Result<RemotePath> {
+        self.nodes
+            .lock()
+            .expect("nodes lock")
+            .get(&node)
+            .map(|n| n.path.clone())
+            .ok_or_else(|| RemoteError::NotFound(format!("inode {node}")))
+    }
+
+    /// Remember `path` with `attr` as known to the kernel (one more lookup).
+    fn remember(&self, path: &RemotePath, attr: Attr, lookup: bool) -> NodeId {
+        let id = node_id(path, &attr);
+        let mut nodes = self.nodes.lock().expect("nodes lock");
+        let n = nodes.entry(id).or_insert_with(|| Node {
+            path: path.clone(),
+            attr: attr.clone(),
+            fetched: Instant::now(),
+            lookups: 0,
+            kernel_version: None,
+        });
+        n.path = path.clone();
+        n.attr = attr;
+        n.fetched = Instant::now();
+        if lookup {
+            n.lookups += 1;
+        }
+        id
+    }
+
+    fn invalidate_listing(&self, dir: &RemotePath) {
+        self.listings.lock().expect("listings lock").remove(dir);
+    }
+
+    fn parent_of(path: &RemotePath) -> RemotePath {
+        path.split_last().map(|(p, _)| p).unwrap_or_default()
+    }
+
+    /// The attributes to report for a node: the staged length while writes are pending.
+    fn with_staged(&self, node: NodeId, mut attr: Attr) -> Attr {
+        let staged = self.staged.lock().expect("staged lock").get(&node).cloned();
+        if let Some(s) = staged {
+            if let Ok(s) = s.try_lock() {
+                if s.is_dirty() {
+                    attr.size = s.len;
+                }
+            }
+        }
+        attr
+    }
+
+    pub async fn lookup(&self, parent: NodeId, name: &[u8]) -> Result<NodeAttr> {
+        let dir = self.path_of(parent)?;
+        let path = dir.join(name)?;
+        let cached = {
+            let listings = self.listings.lock().expect("listings lock");
+            listings.get(&dir).and_then(|l| {
+                (l.fetched.elapsed() < self.cfg.attr_ttl).then(|| l.entries.get(name).cloned())
+            })
+        };
+        let attr = match cached {
+            Some(Some(attr)) => attr,
+            Some(None) => return Err(RemoteError::NotFound(path.display())),
+            None => {
+                self.call();
+                self.remote.stat(&path).await?
+            }
+        };
+        let node = self.remember(&path, attr.clone(), true);
+        Ok(NodeAttr {
+            node,
+            attr: self.with_staged(node, attr),
+        })
+    }
+
+    pub fn forget(&self, node: NodeId, n: u64) {
+        if node == ROOT {
+            return;
+        }
+        let mut nodes = self.nodes.lock().expect("nodes lock");
+        if let Some(entry) = nodes.get_mut(&node) {
+            entry.lookups = entry.lookups.saturating_sub(n);
+            let busy = self.staged.lock().expect("staged lock").contains_key(&node);
+            if entry.lookups == 0 && !busy {
+                nodes.remove(&node);
+            }
+        }
+    }
+
+    pub async fn getattr(&self, node: NodeId) -> Result<NodeAttr> {
+        let (path, fresh) = {
+            let nodes = self.nodes.lock().expect("nodes lock");
+            let n = nodes
+                .get(&node)
+                .ok_or_else(|| RemoteError::NotFound(format!("inode {node}")))?;
+            let fresh = (n.fetched.elapsed() < self.cfg.attr_ttl).then(|| n.attr.clone());
+            (n.path.clone(), fresh)
+        };
+        let attr = match fresh {
+            Some(a) => a,
+            None => {
+                self.call();
+                let a = self.remote.stat(&path).await?;
+                if let Some(n) = self.nodes.lock().expect("nodes lock").get_mut(&node) {
+                    n.attr = a.clone();
+                    n.fetched = Instant::now();
+                }
+                a
+            }
+        };
+        Ok(NodeAttr {
+            node,
+            attr: self.with_staged(node, attr),
+        })
+    }
+
+    /// A fresh stat, bypassing the attribute cache.
+    async fn refresh(&self, node: NodeId) -> Result<Attr> {
+        let path = self.path_of(node)?;
+        self.call();
+        let a = self.remote.stat(&path).await?;
+        if let Some(n) = self.nodes.lock().expect("nodes lock").get_mut(&node) {
+            n.attr = a.clone();
+            n.fetched = Instant::now();
+        }
+        Ok(a)
+    }
+
+    pub async fn setattr(
+        &self,
+        node: NodeId,
+        mode: Option<u32>,
+        owner: (Option<u32>, Option<u32>),
+        size: Option<u64>,
+        atime_ns: Option<i64>,
+        mtime_ns: Option<i64>,
+    ) -> Result<NodeAttr> {
+        // Files belong to the mounting user: a chown that keeps them so succeeds (editors check
+        // it before choosing their save path), any other is refused.
+        if owner.0.is_some_and(|u| u != self.cfg.uid) || owner.1.is_some_and(|g| g != self.cfg.gid)
+        {
+            return Err(RemoteError::Perm(
+                "files in an sbxfs mount belong to the mounting user".into(),
+            ));
+        }
+        let path = self.path_of(node)?;
+        let mut remote_set = SetAttr {
+            mode,
+            size: None,
+            atime_ns,
+            mtime_ns,
+        };
+        let staged = self.staged.lock().expect("staged lock").get(&node).cloned();
+        let mut local_override = None;
+        if let Some(s) = staged {
+            let mut s = s.lock().await;
+            if let Some(size) = size {
+                s.truncate(size)
+                    .map_err(|e| RemoteError::from_io(&e, &path.display()))?;
+            }
+            if s.is_dirty() {
+                // Applied after the push, or the commit's rename would undo them.
+                let p = &mut s.pending_attr;
+                p.mode = mode.or(p.mode);
+                p.atime_ns = atime_ns.or(p.atime_ns);
+                p.mtime_ns = mtime_ns.or(p.mtime_ns);
+                local_override = Some(s.pending_attr.clone());
+                remote_set = SetAttr::default();
+            }
+        } else if let Some(size) = size {
+            remote_set.size = Some(size);
+        }
+        let mut attr = if remote_set == SetAttr::default() {
+            self.getattr(node).await?.attr
+        } else {
+            self.call();
+            let a = self.remote.setattr(&path, remote_set).await?;
+            // Our own metadata change gives the file a new version; a staged file (opened for
+            // writing, nothing written) follows it rather than calling it a conflict later.
+            let staged = self.staged.lock().expect("staged lock").get(&node).cloned();
+            if let Some(s) = staged {
+                let mut s = s.lock().await;
+                if !s.is_dirty() {
+                    s.base = Some(a.version.clone());
+                    s.base_size = a.size;
+                }
+            }
+            if let Some(n) = self.nodes.lock().expect("nodes lock").get_mut(&node) {
+                n.attr = a.clone();
+                n.fetched = Instant::now();
+            }
+            a
+        };
+        if let Some(p) = local_override {
+            attr.mode = p.mode.unwrap_or(attr.mode);
+            attr.atime_ns = p.atime_ns.unwrap_or(attr.atime_ns);
+            attr.mtime_ns = p.mtime_ns.unwrap_or(attr.mtime_ns);
+        }
+        self.invalidate_listing(&Self::parent_of(&path));
+        Ok(NodeAttr {
+            node,
+            attr: self.with_staged(node, attr),
+        })
+    }
+
+    pub async fn readdir(&self, node: NodeId) -> Result<Vec<(Vec<u8>, NodeId, FileKind)>> {
+        let path = self.path_of(node)?;
+        self.call();
+        let entries = self.remote.list(&path).await?;
+        let mut out = Vec::with_capacity(entries.len());
+        let mut map = BTreeMap::new();
+        for e in entries {
+            let child = path.join(&e.name.0)?;
+            out.push((e.name.0.clone(), node_id(&child, &e.attr), e.attr.kind));
+            map.insert(e.name.0, e.attr);
+        }
+        self.listings.lock().expect("listings lock").insert(
+            path,
+            Listing {
+                entries: map,
+                fetched: Instant::now(),
+            },
+        );
+        Ok(out)
+    }
+
+    /// Open: revalidate (close-to-open), stage for writing if asked. Returns the handle and
+    /// whether the kernel may keep its cached pages (same version as its last open).
+    pub async fn open(&self, node: NodeId, writable: bool, truncate: bool) -> Result<(u64, bool)> {
+        let attr = self.refresh(node).await?;
+        if attr.kind == FileKind::Dir && writable {
+            return Err(RemoteError::IsDir(self.path_of(node)?.display()));
+        }
+        let keep = {
+            let mut nodes = self.nodes.lock().expect("nodes lock");
+            let n = nodes.get_mut(&node).expect("refreshed node");
+            let keep = n.kernel_version.as_ref() == Some(&attr.version);
+            n.kernel_version = Some(attr.version.clone());
+            keep
+        };
+        if writable {
+            let staged = self.stage(node, &attr)?;
+            let mut s = staged.lock().await;
+            s.handles += 1;
+            if truncate {
+                let p = self.path_of(node)?;
+                s.truncate(0)
+                    .map_err(|e| RemoteError::from_io(&e, &p.display()))?;
+            }
+        }
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.handles.lock().expect("handles lock").insert(
+            fh,
+            Handle {
+                node,
+                version: attr.version,
+                writable,
+            },
+        );
+        Ok((fh, keep && !truncate))
+    }
+
+    /// The staged state of a node, created over its current version if there is none.
+    fn stage(&self, node: NodeId, attr: &Attr) -> Result<Arc<tokio::sync::Mutex<Staged>>> {
+        let mut staged = self.staged.lock().expect("staged lock");
+        if let Some(s) = staged.get(&node) {
+            return Ok(s.clone());
+        }
+        let file = tempfile::tempfile_in(&self.cfg.staging_dir)
+            .map_err(|e| RemoteError::from_io(&e, "staging directory"))?;
+        let s = Arc::new(tokio::sync::Mutex::new(Staged::new(
+            file,
+            Some(attr.version.clone()),
+            attr.size,
+        )));
+        staged.insert(node, s.clone());
+        Ok(s)
+    }
+
+    fn handle(&self, fh: u64) -> Result<(NodeId, Version, bool)> {
+        self.handles
+            .lock()
+            .expect("handles lock")
+            .get(&fh)
+            .map(|h| (h.node, h.version.clone(), h.writable))
+            .ok_or_else(|| RemoteError::Invalid(format!("bad file handle {fh}")))
+    }
+
+    /// One page of remote data at `version` (from the cache, or fetched).
+    async fn page(&self, path: &RemotePath, version: &Version, page: u64) -> Result<Bytes> {
+        let key = (version.clone(), page);
+        if let Some(d) = self.pages.lock().expect("pages lock").get(&key) {
+            self.stats.cache_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(d);
+        }
+        self.stats.cache_misses.fetch_add(1, Ordering::Relaxed);
+        self.call();
+        let r = self.remote.read(path, page * PAGE, PAGE as u32).await?;
+        self.stats
+            .bytes_read
+            .fetch_add(r.data.len() as u64, Ordering::Relaxed);
+        self.pages
+            .lock()
+            .expect("pages lock")
+            .put((r.version.clone(), page), r.data.clone());
+        Ok(r.data)
+    }
+
+    pub async fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let (node, version, _) = self.handle(fh)?;
+        let path = self.path_of(node)?;
+        let staged = self.staged.lock().expect("staged lock").get(&node).cloned();
+        if let Some(s) = staged {
+            return self.read_staged(&path, &s, offset, size as u64).await;
+        }
+        let end = offset + size as u64;
+        let mut out = Vec::with_capacity(size as usize);
+        let mut page = offset / PAGE;
+        while page * PAGE < end {
+            let data = self.page(&path, &version, page).await?;
+            let start = page * PAGE;
+            let from = offset.saturating_sub(start) as usize;
+            if from >= data.len() {
+                break;
+            }
+            let to = ((end - start) as usize).min(data.len());
+            out.extend_from_slice(&data[from..to]);
+            if data.len() < PAGE as usize {
+                break; // end of file
+            }
+            page += 1;
+        }
+        Ok(out)
+    }
+
+    async fn read_staged(
+        &self,
+        path: &RemotePath,
+        s: &Arc<tokio::sync::Mutex<Staged>>,
+        offset: u64,
+        size: u64,
+    ) -> Result<Vec<u8>> {
+        let mut s = s.lock().await;
+        let end = (offset + size).min(s.len);
+        let first = offset / PAGE;
+        let last = if end == 0 { 0 } else { (end - 1) / PAGE };
+        for page in first..=last {
+            if !s.page_present(page) {
+                let base = s
+                    .base
+                    .clone()
+                    .expect("a file with missing pages has a base");
+                let data = self.page(path, &base, page).await?;
+                s.fill_page(page, &data)
+                    .map_err(|e| RemoteError::from_io(&e, &path.display()))?;
+            }
+        }
+        s.read_local(offset, size)
+            .map_err(|e| RemoteError::from_io(&e, &path.display()))
+    }
+
+    pub async fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        let (node, _, writable) = self.handle(fh)?;
+        if !writable {
+            return Err(RemoteError::Invalid("file not open for writing".into()));
+        }
+        let path = self.path_of(node)?;
+        let s = self
+            .staged
+            .lock()
+            .expect("staged lock")
+            .get(&node)
+            .cloned()
+            .ok_or_else(|| RemoteError::Invalid("no staged state for an open file".into()))?;
+        let mut s = s.lock().await;
+        for page in s.pages_to_fill(offset, data.len() as u64) {
+            let base = s.base.clone().expect("pages to fill come from a base");
+            let bytes = self.page(&path, &base, page).await?;
+            s.fill_page(page, &bytes)
+                .map_err(|e| RemoteError::from_io(&e, &path.display()))?;
+        }
+        s.write(offset, data)
+            .map_err(|e| RemoteError::from_io(&e, &path.display()))?;
+        Ok(data.len() as u32)
+    }
+
+    /// Push a node's staged writes (flush, fsync, release, retries).
+    pub async fn push(&self, node: NodeId) -> Result<()> {
+        let Some(staged) = self.staged.lock().expect("staged lock").get(&node).cloned() else {
+            return Ok(());
+        };
+        let mut s = staged.lock().await;
+        if !s.is_dirty() {
+            return Ok(());
+        }
+        let path = self.path_of(node)?;
+        let mode = self
+            .nodes
+            .lock()
+            .expect("nodes lock")
+            .get(&node)
+            .map(|n| n.attr.mode);
+        let (content, bytes) = s
+            .content()
+            .map_err(|e| RemoteError::from_io(&e, &path.display()))?;
+        self.call();
+        let result = self
+            .remote
+            .commit(
+                &path,
+                content,
+                CommitOptions {
+                    base: s.base.clone(),
+                    create_mode: mode,
+                },
+            )
+            .await;
+        match result {
+            Ok(mut attr) => {
+                self.stats.commits.fetch_add(1, Ordering::Relaxed);
+                self.stats.bytes_pushed.fetch_add(bytes, Ordering::Relaxed);
+                let pending = std::mem::take(&mut s.pending_attr);
+                if pending != SetAttr::default() {
+                    self.call();
+                    match self.remote.setattr(&path, pending).await {
+                        Ok(a) => attr = a,
+                        Err(e) => {
+                            tracing::warn!(file = %path.display(), "mode/times not applied after push: {e}")
+                        }
+                    }
+                }
+                s.pushed(attr.version.clone(), attr.size);
+                self.pending.lock().expect("pending lock").remove(&node);
+                let new_id = node_id(&path, &attr);
+                if let Some(n) = self.nodes.lock().expect("nodes lock").get_mut(&node) {
+                    n.attr = attr.clone();
+                    n.attr.ino = node; // the kernel keeps this inode until it looks the name up again
+                    n.fetched = Instant::now();
+                    n.kernel_version = Some(attr.version.clone());
+                }
+                let parent = Self::parent_of(&path);
+                self.invalidate_listing(&parent);
+                if new_id != node {
+                    // The atomic rename gave the path a new inode: make the kernel look it up.
+                    if let (Some(k), Some((_, name))) = (self.kernel(), path.split_last()) {
+                        if let Ok(pid) = self.node_of_path(&parent) {
+                            k.invalidate_entry(pid, name);
+                        }
+                    }
+                }
+                Ok(())
+            }
+            Err(RemoteError::Conflict { current, .. }) => {
+                self.stats.conflicts.fetch_add(1, Ordering::Relaxed);
+                let copy = self.save_conflict_copy(&path, &mut s).await;
+                // The user's bytes are safe in the copy (or still staged if that failed too).
+                match copy {
+                    Ok(copy) => {
+                        tracing::error!(
+                            file = %path.display(),
+                            saved_as = %copy.display(),
+                            "conflict: the file changed in the sandbox since it was opened; your version was saved beside it"
+                        );
+                        // Follow the sandbox's version from now on.
+                        let current_attr = self.refresh(node).await.ok();
+                        let file = tempfile::tempfile_in(&self.cfg.staging_dir)
+                            .map_err(|e| RemoteError::from_io(&e, "staging directory"))?;
+                        let handles = s.handles;
+                        *s = Staged::new(
+                            file,
+                            current_attr.as_ref().map(|a| a.version.clone()),
+                            current_attr.map_or(0, |a| a.size),
+                        );
+                        s.handles = handles;
+                        if let Some(k) = self.kernel() {
+                            k.invalidate_data(node);
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!(file = %path.display(), "conflict, and the conflict copy failed ({e}); your data stays staged");
+                        s.failed = true;
+                        self.pending.lock().expect("pending lock").insert(node);
+                    }
+                }
+                Err(RemoteError::Io(
+                    path.display(),
+                    format!("conflict: changed in the sandbox (now {current}); your version was saved as a conflict copy"),
+                ))
+            }
+            Err(e) => {
+                self.stats.failed_commits.fetch_add(1, Ordering::Relaxed);
+                s.failed = true;
+                self.pending.lock().expect("pending lock").insert(node);
+                tracing::warn!(file = %path.display(), "push failed, kept locally and retried: {e}");
+                Err(e)
+            }
+        }
+    }
+
+    fn node_of_path(&self, path: &RemotePath) -> Result<NodeId> {
+        if path.is_root() {
+            return Ok(ROOT);
+        }
+        self.nodes
+            .lock()
+            .expect("nodes lock")
+            .iter()
+            .find(|(_, n)| &n.path == path)
+            .map(|(id, _)| *id)
+            .ok_or_else(|| RemoteError::NotFound(path.display()))
+    }
+
+    /// Write the staged content beside `path` as `NAME.sbxfs-conflict-<timestamp>`.
+    async fn save_conflict_copy(&self, path: &RemotePath, s: &mut Staged) -> Result<RemotePath> {
+        // Pages the user never touched come from the sandbox's current version: the user's own
+        // bytes are what must not be lost.
+        for page in s.missing_pages() {
+            let r = self.remote.read(path, page * PAGE, PAGE as u32).await?;
+            s.fill_page(page, &r.data)
+                .map_err(|e| RemoteError::from_io(&e, &path.display()))?;
+        }
+        let stamp = chrono_like_stamp();
+        let (parent, name) = path.split_last().expect("a file has a name");
+        let mut copy_name = name.to_vec();
+        copy_name.extend_from_slice(format!(".sbxfs-conflict-{stamp}").as_bytes());
+        let copy = parent.join(&copy_name)?;
+        let mut f = s
+            .file
+            .try_clone()
+            .map_err(|e| RemoteError::from_io(&e, &path.display()))?;
+        std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(0))
+            .map_err(|e| RemoteError::from_io(&e, &path.display()))?;
+        let reader = tokio::io::AsyncReadExt::take(tokio::fs::File::from_std(f), s.len);
+        self.remote
+            .commit(
+                &copy,
+                CommitContent::Whole(Box::new(reader)),
+                CommitOptions {
+                    base: None,
+                    create_mode: Some(0o644),
+                },
+            )
+            .await?;
+        self.invalidate_listing(&parent);
+        Ok(copy)
+    }
+
+    pub async fn flush(&self, fh: u64) -> Result<()> {
+        let (node, _, writable) = self.handle(fh)?;
+        if writable {
+            self.push(node).await?;
+        }
+        Ok(())
+    }
+
+    pub async fn release(&self, fh: u64) -> Result<()> {
+        let Some(h) = self.handles.lock().expect("handles lock").remove(&fh) else {
+            return Ok(());
+        };
+        if !h.writable {
+            return Ok(());
+        }
+        let result = self.push(h.node).await;
+        let staged = self
+            .staged
+            .lock()
+            .expect("staged lock")
+            .get(&h.node)
+            .cloned();
+        if let Some(s) = staged {
+            let mut g = s.lock().await;
+            g.handles = g.handles.saturating_sub(1);
+            if g.handles == 0 && !g.is_dirty() {
+                drop(g);
+                self.staged.lock().expect("staged lock").remove(&h.node);
+            }
+        }
+        result
+    }
+
+    /// Retry failed pushes; returns how many nodes still have unpushed data.
+    pub async fn retry_pending(&self) -> usize {
+        let nodes: Vec<NodeId> = self
+            .pending
+            .lock()
+            .expect("pending lock")
+            .iter()
+            .copied()
+            .collect();
+        for node in nodes {
+            if self.push(node).await.is_ok() {
+                let staged = self.staged.lock().expect("staged lock").get(&node).cloned();
+                if let Some(s) = staged {
+                    let g = s.lock().await;
+                    if g.handles == 0 && !g.is_dirty() {
+                        drop(g);
+                        self.staged.lock().expect("staged lock").remove(&node);
+                    }
+                }
+            }
+        }
+        self.pending.lock().expect("pending lock").len()
+    }
+
+    /// Push every node with staged changes (at unmount, or `sbxfs ctl flush`).
+    pub async fn flush_all(&self) -> Vec<(String, RemoteError)> {
+        let nodes: Vec<NodeId> = self
+            .staged
+            .lock()
+            .expect("staged lock")
+            .keys()
+            .copied()
+            .collect();
+        let mut failures = Vec::new();
+        for node in nodes {
+            if let Err(e) = self.push(node).await {
+                failures.push((
+                    self.path_of(node).map(|p| p.display()).unwrap_or_default(),
+                    e,
+                ));
+            }
+        }
+        failures
+    }
+
+    pub fn pending_count(&self) -> usize {
+        self.pending.lock().expect("pending lock").len()
+    }
+
+    pub async fn create(
+        &self,
+        parent: NodeId,
+        name: &[u8],
+        mode: u32,
+        exclusive: bool,
+    ) -> Result<(NodeAttr, u64)> {
+        let dir = self.path_of(parent)?;
+        let path = dir.join(name)?;
+        self.call();
+        let attr = match self.remote.create(&path, mode & 0o7777).await {
+            Ok(a) => a,
+            Err(RemoteError::Exists(_)) if !exclusive => self.remote.stat(&path).await?,
+            Err(e) => return Err(e),
+        };
+        self.invalidate_listing(&dir);
+        let node = self.remember(&path, attr.clone(), true);
+        let (fh, _) = self.open(node, true, false).await?;
+        Ok((NodeAttr { node, attr }, fh))
+    }
+
+    pub async fn mkdir(&self, parent: NodeId, name: &[u8], mode: u32) -> Result<NodeAttr> {
+        let dir = self.path_of(parent)?;
+        let path = dir.join(name)?;
+        self.call();
+        let attr = self.remote.mkdir(&path, mode & 0o7777).await?;
+        self.invalidate_listing(&dir);
+        let node = self.remember(&path, attr.clone(), true);
+        Ok(NodeAttr { node, attr })
+    }
+
+    pub async fn unlink(&self, parent: NodeId, name: &[u8]) -> Result<()> {
+        let dir = self.path_of(parent)?;
+        let path = dir.join(name)?;
+        self.call();
+        let r = self.remote.unlink(&path).await;
+        self.invalidate_listing(&dir);
+        r
+    }
+
+    pub async fn rmdir(&self, parent: NodeId, name: &[u8]) -> Result<()> {
+        let dir = self.path_of(parent)?;
+        let path = dir.join(name)?;
+        self.call();
+        let r = self.remote.rmdir(&path).await;
+        self.invalidate_listing(&dir);
+        self.invalidate_listing(&path);
+        r
+    }
+
+    pub async fn rename(
+        &self,
+        parent: NodeId,
+        name: &[u8],
+        new_parent: NodeId,
+        new_name: &[u8],
+        no_replace: bool,
+    ) -> Result<()> {
+        let from_dir = self.path_of(parent)?;
+        let to_dir = self.path_of(new_parent)?;
+        let from = from_dir.join(name)?;
+        let to = to_dir.join(new_name)?;
+        // Pending writes go to the old name first, so the rename moves the pushed content.
+        if let Ok(n) = self.node_of_path(&from) {
+            let _ = self.push(n).await;
+        }
+        self.call();
+        let r = self.remote.rename(&from, &to, no_replace).await;
+        self.invalidate_listing(&from_dir);
+        self.invalidate_listing(&to_dir);
+        r?;
+        // Paths follow the rename: the node and everything under it.
+        let mut nodes = self.nodes.lock().expect("nodes lock");
+        let prefix = {
+            let mut p = from.as_bytes().to_vec();
+            p.push(b'/');
+            p
+        };
+        for n in nodes.values_mut() {
+            let b = n.path.as_bytes();
+            if b == from.as_bytes() {
+                n.path = to.clone();
+            } else if b.starts_with(&prefix) {
+                let mut np = to.as_bytes().to_vec();
+                np.extend_from_slice(&b[from.as_bytes().len()..]);
+                if let Ok(p) = RemotePath::new(np) {
+                    n.path = p;
+                }
+            }
+        }
+        drop(nodes);
+        self.listings
+            .lock()
+            .expect("listings lock")
+            .retain(|p, _| !p.as_bytes().starts_with(from.as_bytes()));
+        Ok(())
+    }
+
+    pub async fn symlink(&self, parent: NodeId, name: &[u8], target: &[u8]) -> Result<NodeAttr> {
+        let dir = self.path_of(parent)?;
+        let path = dir.join(name)?;
+        self.call();
+        let attr = self.remote.symlink(&path, target).await?;
+        self.invalidate_listing(&dir);
+        let node = self.remember(&path, attr.clone(), true);
+        Ok(NodeAttr { node, attr })
+    }
+
+    pub async fn readlink(&self, node: NodeId) -> Result<Vec<u8>> {
+        let path = self.path_of(node)?;
+        if let Some(t) = self
+            .nodes
+            .lock()
+            .expect("nodes lock")
+            .get(&node)
+            .filter(|n| n.fetched.elapsed() < self.cfg.attr_ttl)
+            .and_then(|n| n.attr.symlink_target.clone())
+        {
+            return Ok(t.0);
+        }
+        self.call();
+        self.remote.readlink(&path).await
+    }
+
+    pub async fn statfs(&self) -> Result<StatFs> {
+        self.call();
+        self.remote.statfs().await
+    }
+
+    /// Forget cached data and attributes of a path (the change feed, `sbxfs ctl invalidate`).
+    pub fn invalidate_path(&self, path: &RemotePath) {
+        self.invalidate_listing(&Self::parent_of(path));
+        self.invalidate_listing(path);
+        let mut nodes = self.nodes.lock().expect("nodes lock");
+        for (id, n) in nodes.iter_mut() {
+            if &n.path == path {
+                n.fetched = Instant::now() - self.cfg.attr_ttl * 2;
+                if let Some(k) = self.kernel() {
+                    k.invalidate_data(*id);
+                }
+            }
+        }
+    }
+
+    pub fn now_ns(&self) -> i64 {
+        now_ns()
+    }
+}
+
+/// `YYYYMMDD-HHMMSS` in UTC, for conflict copy names.
+fn chrono_like_stamp() -> String {
+    let secs = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs()) as i64;
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    format!(
+        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
