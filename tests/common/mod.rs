@@ -199,3 +199,141 @@ impl Drop for AgentProcess {
         self.kill();
     }
 }
+
+impl AgentProcess {
+    /// Start an agent on a given address (to restart one where a mount expects it).
+    pub fn start_on(root: &Path, addr: std::net::SocketAddr) -> AgentProcess {
+        use std::io::BufRead;
+        let token = "conformance-token-0123456789";
+        let token_dir = tempfile::tempdir().unwrap();
+        let token_file = token_dir.path().join("token");
+        fs::write(&token_file, token).unwrap();
+        // The old listener's port may take a moment to be free again.
+        for _ in 0..50 {
+            let mut child = Command::new(sbxfs_bin())
+                .args(["agent", "--listen", &addr.to_string(), "--root"])
+                .arg(root)
+                .arg("--token-file")
+                .arg(&token_file)
+                .env("SBXFS_LOG", "warn")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("start sbxfs agent");
+            let mut line = String::new();
+            std::io::BufReader::new(child.stdout.take().unwrap())
+                .read_line(&mut line)
+                .unwrap();
+            if line.contains("http://") {
+                return AgentProcess {
+                    child,
+                    url: format!("http://{addr}"),
+                    token: token.to_string(),
+                    addr,
+                    _token_dir: token_dir,
+                };
+            }
+            let _ = child.wait();
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        panic!("could not restart the agent on {addr}");
+    }
+}
+
+/// A real `sbxfs mount` of an agent: unmounted (`fusermount3 -uz`) and stopped by pid on drop,
+/// even when the test fails.
+pub struct MountProcess {
+    pub child: Option<std::process::Child>,
+    pub dir: PathBuf,
+    _base: tempfile::TempDir,
+    pub log: PathBuf,
+}
+
+impl MountProcess {
+    pub fn start(agent: &AgentProcess, extra: &[&str]) -> MountProcess {
+        let base = tempfile::tempdir().unwrap();
+        let dir = base.path().join("mnt");
+        fs::create_dir(&dir).unwrap();
+        let token_file = base.path().join("token");
+        fs::write(&token_file, &agent.token).unwrap();
+        let log = base.path().join("mount.log");
+        let mut child = Command::new(sbxfs_bin())
+            .arg("mount")
+            .arg(&agent.url)
+            .arg(&dir)
+            .arg("--token-file")
+            .arg(&token_file)
+            .args(extra)
+            .env("SBXFS_LOG", "info")
+            .stdout(std::process::Stdio::piped())
+            .stderr(fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start sbxfs mount");
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let mut m = MountProcess {
+            child: Some(child),
+            dir,
+            _base: base,
+            log,
+        };
+        if !line.contains("mounted") {
+            m.stop();
+            panic!("mount did not start: {line:?}; log: {}", m.log_text());
+        }
+        m
+    }
+
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM: the daemon pushes pending writes and unmounts. Returns its exit code.
+    pub fn stop(&mut self) -> Option<i32> {
+        let mut child = self.child.take()?;
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_child(&child),
+            rustix::process::Signal::TERM,
+        );
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                let _ = Command::new("fusermount3")
+                    .arg("-uz")
+                    .arg(&self.dir)
+                    .stderr(std::process::Stdio::null())
+                    .status();
+                return status.code();
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                let _ = Command::new("fusermount3")
+                    .arg("-uz")
+                    .arg(&self.dir)
+                    .stderr(std::process::Stdio::null())
+                    .status();
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for MountProcess {
+    fn drop(&mut self) {
+        let _ = Command::new("fusermount3")
+            .arg("-uz")
+            .arg(&self.dir)
+            .stderr(std::process::Stdio::null())
+            .status();
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}

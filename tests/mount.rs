@@ -1,0 +1,534 @@
+//! Real mounts over a real agent process: what editors, git and the shell do, the errors they
+//! see, and that no edit is ever lost or half-written. Every mount is unmounted even on failure.
+
+mod common;
+
+use std::fs;
+use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    root: std::path::PathBuf,
+    agent: AgentProcess,
+    mount: MountProcess,
+}
+
+fn setup() -> Setup {
+    setup_with(&[])
+}
+
+fn setup_with(extra: &[&str]) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    fs::create_dir(&root).unwrap();
+    let agent = AgentProcess::start(&root);
+    let mount = MountProcess::start(&agent, extra);
+    Setup {
+        _dir: dir,
+        root,
+        agent,
+        mount,
+    }
+}
+
+fn sh(dir: &Path, script: &str) -> (i32, String, String) {
+    let (code, out, err) = run(Command::new("sh").arg("-c").arg(script).current_dir(dir));
+    (
+        code,
+        String::from_utf8_lossy(&out).into_owned(),
+        String::from_utf8_lossy(&err).into_owned(),
+    )
+}
+
+#[test]
+fn shell_tools_work_through_the_mount() {
+    let s = setup();
+    let (r, m) = (&s.root, &s.mount.dir);
+    fs::create_dir_all(r.join("src/deep")).unwrap();
+    fs::write(r.join("src/main.rs"), "fn main() {}\n").unwrap();
+    fs::write(r.join("src/deep/x.txt"), "deep").unwrap();
+    let (code, out, _) = sh(m, "ls -l src && find . | sort && cat src/main.rs");
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("main.rs") && out.contains("./src/deep/x.txt") && out.contains("fn main"),
+        "{out}"
+    );
+
+    // cp -a in and out: contents, modes and times preserved both ways.
+    let (code, _, err) = sh(
+        m,
+        "cp -a src copy && cp -a copy /tmp/../$PWD/../out 2>/dev/null; true",
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = sh(
+        m,
+        &format!(
+            "cp -a {} ./outside-in",
+            env!("CARGO_MANIFEST_DIR").to_string() + "/tests/vectors"
+        ),
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, _, _) = sh(
+        r,
+        &format!(
+            "diff -r {}/tests/vectors outside-in",
+            env!("CARGO_MANIFEST_DIR")
+        ),
+    );
+    assert_eq!(code, 0, "cp -a into the mount changed the files");
+    let orig = fs::metadata(format!(
+        "{}/tests/vectors/scan.json",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
+    let copied = fs::metadata(r.join("outside-in/scan.json")).unwrap();
+    assert_eq!(orig.mtime(), copied.mtime(), "cp -a keeps mtime");
+    let out_dir = tempfile::tempdir().unwrap();
+    let (code, _, err) = sh(m, &format!("cp -a src {}/back", out_dir.path().display()));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        fs::read(out_dir.path().join("back/deep/x.txt")).unwrap(),
+        b"deep"
+    );
+
+    // tar -x of 500 files.
+    let src = tempfile::tempdir().unwrap();
+    for i in 0..500 {
+        fs::write(
+            src.path().join(format!("f{i:03}.txt")),
+            format!("file {i}\n"),
+        )
+        .unwrap();
+    }
+    let tar = out_dir.path().join("t.tar");
+    assert!(Command::new("tar")
+        .arg("-cf")
+        .arg(&tar)
+        .arg("-C")
+        .arg(src.path())
+        .arg(".")
+        .status()
+        .unwrap()
+        .success());
+    fs::create_dir(m.join("untar")).unwrap();
+    let (code, _, err) = sh(&m.join("untar"), &format!("tar -xf {}", tar.display()));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(fs::read_dir(r.join("untar")).unwrap().count(), 500);
+    assert_eq!(
+        fs::read_to_string(r.join("untar/f499.txt")).unwrap(),
+        "file 499\n"
+    );
+
+    // Namespace operations, attributes, symlinks.
+    let (code, _, err) = sh(
+        m,
+        "mkdir d && echo hi > d/f && mv d/f d/g && ln -s g d/link && chmod 600 d/g && \
+         truncate -s 1 d/g && touch -d '2020-01-02 03:04:05' d/g && rm d/link && mkdir e && rmdir e",
+    );
+    assert_eq!(code, 0, "{err}");
+    let g = fs::metadata(r.join("d/g")).unwrap();
+    assert_eq!((g.len(), g.permissions().mode() & 0o777), (1, 0o600));
+    assert_eq!(g.mtime(), 1_577_934_245);
+    assert!(!r.join("d/link").exists() && !r.join("e").exists() && !r.join("d/f").exists());
+    fs::write(r.join("target.txt"), "through a link").unwrap();
+    std::os::unix::fs::symlink("target.txt", r.join("alias")).unwrap();
+    assert_eq!(
+        fs::read_to_string(m.join("alias")).unwrap(),
+        "through a link"
+    );
+    assert_eq!(
+        fs::read_link(m.join("alias")).unwrap(),
+        Path::new("target.txt")
+    );
+}
+
+#[test]
+fn stat_shows_the_sandbox_inode_numbers_times_and_the_mounting_user() {
+    let s = setup();
+    fs::write(s.root.join("f"), "x").unwrap();
+    let inside = fs::metadata(s.root.join("f")).unwrap();
+    let through = fs::metadata(s.mount.dir.join("f")).unwrap();
+    assert_eq!(through.ino(), inside.ino());
+    assert_eq!(
+        (through.mtime(), through.mtime_nsec()),
+        (inside.mtime(), inside.mtime_nsec())
+    );
+    assert_eq!(
+        (through.ctime(), through.ctime_nsec()),
+        (inside.ctime(), inside.ctime_nsec())
+    );
+    assert_eq!(through.uid(), rustix::process::getuid().as_raw());
+    // A chown that keeps the owner succeeds; another is refused.
+    let me = rustix::process::getuid().as_raw();
+    std::os::unix::fs::chown(s.mount.dir.join("f"), Some(me), None).unwrap();
+    let err = std::os::unix::fs::chown(s.mount.dir.join("f"), Some(me + 1), None).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EPERM));
+    // Hard links and devices are refused clearly.
+    assert_eq!(
+        fs::hard_link(s.mount.dir.join("f"), s.mount.dir.join("h"))
+            .unwrap_err()
+            .raw_os_error(),
+        Some(libc::EPERM)
+    );
+}
+
+/// The error a syscall gives, as an errno.
+fn errno<T>(r: std::io::Result<T>) -> i32 {
+    match r {
+        Ok(_) => 0,
+        Err(e) => e.raw_os_error().unwrap_or(-1),
+    }
+}
+
+#[test]
+fn errors_are_the_ones_ext4_gives() {
+    let s = setup();
+    let local = tempfile::tempdir().unwrap();
+    for base in [local.path(), s.mount.dir.as_path()] {
+        fs::create_dir(base.join("dir")).unwrap();
+        fs::write(base.join("dir/file"), "x").unwrap();
+        fs::write(base.join("file"), "y").unwrap();
+    }
+    let checks: Vec<(&str, Box<dyn Fn(&Path) -> i32>)> = vec![
+        (
+            "open missing",
+            Box::new(|b: &Path| errno(fs::File::open(b.join("missing")))),
+        ),
+        (
+            "mkdir existing",
+            Box::new(|b: &Path| errno(fs::create_dir(b.join("dir")))),
+        ),
+        (
+            "create_new existing",
+            Box::new(|b: &Path| {
+                errno(
+                    fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .open(b.join("file")),
+                )
+            }),
+        ),
+        (
+            "rmdir non-empty",
+            Box::new(|b: &Path| errno(fs::remove_dir(b.join("dir")))),
+        ),
+        (
+            "rmdir a file",
+            Box::new(|b: &Path| errno(fs::remove_dir(b.join("file")))),
+        ),
+        (
+            "unlink a directory",
+            Box::new(|b: &Path| errno(fs::remove_file(b.join("dir")))),
+        ),
+        (
+            "open under a file",
+            Box::new(|b: &Path| errno(fs::File::open(b.join("file/x")))),
+        ),
+        (
+            "write a directory",
+            Box::new(|b: &Path| errno(fs::OpenOptions::new().write(true).open(b.join("dir")))),
+        ),
+        (
+            "rename onto non-empty dir",
+            Box::new(|b: &Path| {
+                let _ = fs::create_dir(b.join("empty"));
+                errno(fs::rename(b.join("empty"), b.join("dir")))
+            }),
+        ),
+        (
+            "readlink a file",
+            Box::new(|b: &Path| errno(fs::read_link(b.join("file")))),
+        ),
+        (
+            "unlink missing",
+            Box::new(|b: &Path| errno(fs::remove_file(b.join("nope")))),
+        ),
+    ];
+    for (what, f) in &checks {
+        let want = f(local.path());
+        let got = f(&s.mount.dir);
+        assert_eq!(
+            got, want,
+            "{what}: the mount gives errno {got}, ext4 gives {want}"
+        );
+        assert_ne!(want, 0, "{what} should fail");
+    }
+}
+
+/// What vim does on `:w` with its default 'backupcopy=auto': probe that it may create and chown
+/// a file (`4913`), rename the original to a backup, write the new file, fsync, set the mode.
+fn vim_style_save(dir: &Path, name: &str, content: &[u8]) {
+    let file = dir.join(name);
+    let mode = fs::metadata(&file).unwrap().permissions().mode();
+    let probe = dir.join("4913");
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+        .unwrap();
+    let meta = fs::metadata(&file).unwrap();
+    std::os::unix::fs::fchown(&f, Some(meta.uid()), Some(meta.gid())).unwrap();
+    let pm = f.metadata().unwrap();
+    assert_eq!(
+        (pm.uid(), pm.gid()),
+        (meta.uid(), meta.gid()),
+        "vim would fall back to an in-place write"
+    );
+    drop(f);
+    fs::remove_file(&probe).unwrap();
+    let backup = dir.join(format!("{name}~"));
+    fs::rename(&file, &backup).unwrap();
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&file)
+        .unwrap();
+    f.write_all(content).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    fs::set_permissions(&file, fs::Permissions::from_mode(mode)).unwrap();
+    fs::remove_file(&backup).unwrap();
+}
+
+#[test]
+fn a_vim_style_save_leaves_the_right_content_and_mode_in_the_sandbox() {
+    let s = setup();
+    fs::write(s.root.join("script.sh"), "#!/bin/sh\necho old\n").unwrap();
+    fs::set_permissions(s.root.join("script.sh"), fs::Permissions::from_mode(0o751)).unwrap();
+    vim_style_save(&s.mount.dir, "script.sh", b"#!/bin/sh\necho new\n");
+    assert_eq!(
+        fs::read_to_string(s.root.join("script.sh")).unwrap(),
+        "#!/bin/sh\necho new\n"
+    );
+    assert_eq!(
+        fs::metadata(s.root.join("script.sh"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777,
+        0o751
+    );
+    let names: Vec<String> = fs::read_dir(&s.root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["script.sh"]);
+}
+
+#[test]
+fn git_works_inside_the_mount_and_trusts_stat_data_recorded_in_the_sandbox() {
+    if require_tool("git").is_none() {
+        return;
+    }
+    let s = setup();
+    let m = &s.mount.dir;
+    fs::create_dir(m.join("repo")).unwrap();
+    for i in 0..20 {
+        fs::write(m.join(format!("repo/f{i}.txt")), format!("content {i}\n")).unwrap();
+    }
+    let git = "git -c user.name=t -c user.email=t@example.com";
+    let (code, out, err) = sh(
+        &m.join("repo"),
+        &format!("git init -q && git add -A && {git} commit -qm init && git status --porcelain"),
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, "", "a clean tree right after commit");
+    fs::write(m.join("repo/f3.txt"), "changed\n").unwrap();
+    let (_, out, _) = sh(&m.join("repo"), "git status --porcelain");
+    assert_eq!(out, " M f3.txt\n");
+
+    // A repository committed inside the sandbox: git status through the mount must not read
+    // every file's content (its index's stat data still matches).
+    let inner = s.root.join("inner");
+    fs::create_dir(&inner).unwrap();
+    let big = "x".repeat(200_000);
+    for i in 0..30 {
+        fs::write(inner.join(format!("g{i}.txt")), &big).unwrap();
+    }
+    // Old mtimes, as for files that were not just written: git re-hashes "racily clean" files
+    // (modified in the same second as its index) wherever it runs.
+    let (code, _, err) = sh(
+        &inner,
+        &format!(
+            "touch -d '1 hour ago' g*.txt && git init -q && git add -A && {git} commit -qm inside"
+        ),
+    );
+    assert_eq!(code, 0, "{err}");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let client = s.agent.client();
+    let before = rt.block_on(client.agent_stats()).unwrap()["bytes_read"]
+        .as_u64()
+        .unwrap();
+    let (code, out, err) = sh(&m.join("inner"), "git status --porcelain");
+    assert_eq!((code, out.as_str()), (0, ""), "{err}");
+    let read = rt.block_on(client.agent_stats()).unwrap()["bytes_read"]
+        .as_u64()
+        .unwrap()
+        - before;
+    assert!(
+        read < 1_000_000,
+        "git status read {read} bytes: it re-hashed the files (6 MB)"
+    );
+}
+
+#[test]
+fn a_reader_in_the_sandbox_never_sees_a_half_written_save() {
+    let s = setup();
+    const SIZE: usize = 64 << 20;
+    fs::write(s.root.join("big.bin"), vec![b'a'; SIZE]).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (stop2, path) = (stop.clone(), s.root.join("big.bin"));
+    let poller = std::thread::spawn(move || {
+        let mut reads = 0;
+        while !stop2.load(Ordering::Relaxed) {
+            let data = fs::read(&path).unwrap();
+            assert_eq!(data.len(), SIZE, "a reader saw a file of the wrong size");
+            assert!(
+                data.iter().all(|&b| b == data[0]),
+                "a reader saw a mix of old and new content"
+            );
+            reads += 1;
+        }
+        reads
+    });
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(s.mount.dir.join("big.bin"))
+        .unwrap();
+    for _ in 0..64 {
+        f.write_all(&vec![b'b'; 1 << 20]).unwrap();
+    }
+    f.sync_all().unwrap();
+    drop(f);
+    stop.store(true, Ordering::Relaxed);
+    assert!(poller.join().unwrap() >= 1);
+    assert!(fs::read(s.root.join("big.bin"))
+        .unwrap()
+        .iter()
+        .all(|&b| b == b'b'));
+}
+
+#[test]
+fn a_file_written_in_the_sandbox_shows_after_the_ttl() {
+    let s = setup_with(&["--attr-ttl-ms", "300"]);
+    fs::write(s.root.join("a.txt"), "first").unwrap();
+    assert_eq!(
+        fs::read_to_string(s.mount.dir.join("a.txt")).unwrap(),
+        "first"
+    );
+    fs::write(s.root.join("a.txt"), "second version").unwrap();
+    fs::write(s.root.join("new.txt"), "new").unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    assert_eq!(
+        fs::read_to_string(s.mount.dir.join("a.txt")).unwrap(),
+        "second version"
+    );
+    assert_eq!(
+        fs::read_to_string(s.mount.dir.join("new.txt")).unwrap(),
+        "new"
+    );
+}
+
+#[test]
+fn a_save_while_the_agent_is_down_reports_eio_keeps_the_data_and_pushes_later() {
+    let mut s = setup();
+    fs::write(s.root.join("doc.txt"), "original").unwrap();
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(s.mount.dir.join("doc.txt"))
+        .unwrap();
+    f.write_all(b"the user's edit").unwrap();
+    let addr = s.agent.addr;
+    s.agent.kill();
+    let err = f.sync_all().unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO));
+    drop(f);
+    assert_eq!(
+        fs::read_to_string(s.root.join("doc.txt")).unwrap(),
+        "original",
+        "target intact"
+    );
+    // Other operations fail with EIO promptly rather than hang.
+    let t = std::time::Instant::now();
+    let e = fs::read_dir(s.mount.dir.join("elsewhere"))
+        .map(|_| ())
+        .unwrap_err();
+    assert!(e.raw_os_error() == Some(libc::EIO) || e.raw_os_error() == Some(libc::ENOENT));
+    assert!(t.elapsed() < Duration::from_secs(20));
+    // The agent comes back: the staged edit is pushed by itself.
+    s.agent = AgentProcess::start_on(&s.root, addr);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while fs::read_to_string(s.root.join("doc.txt")).unwrap() != "the user's edit" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the staged edit was not pushed after restart"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        fs::read_to_string(s.mount.dir.join("doc.txt")).unwrap(),
+        "the user's edit"
+    );
+}
+
+#[test]
+fn a_conflicting_save_keeps_both_versions() {
+    let s = setup();
+    fs::write(s.root.join("notes.txt"), "base\n").unwrap();
+    let mut f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(s.mount.dir.join("notes.txt"))
+        .unwrap();
+    let mut buf = String::new();
+    f.read_to_string(&mut buf).unwrap();
+    // Someone in the sandbox changes the file meanwhile.
+    fs::write(s.root.join("notes.txt"), "changed in the sandbox\n").unwrap();
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(b"mine\n", 0).unwrap();
+    let err = f.sync_all().unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO));
+    drop(f);
+    assert_eq!(
+        fs::read_to_string(s.root.join("notes.txt")).unwrap(),
+        "changed in the sandbox\n"
+    );
+    let copies: Vec<_> = fs::read_dir(&s.root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("notes.txt.sbxfs-conflict-"))
+        .collect();
+    assert_eq!(copies.len(), 1, "one conflict copy");
+    assert_eq!(
+        fs::read_to_string(s.root.join(&copies[0])).unwrap(),
+        "mine\n"
+    );
+    assert!(s.mount.log_text().contains("conflict"));
+}
+
+#[test]
+fn sigterm_pushes_pending_writes_then_unmounts() {
+    let mut s = setup();
+    fs::write(s.mount.dir.join("late.txt"), "written before stop").unwrap();
+    assert_eq!(s.mount.stop(), Some(0));
+    assert_eq!(
+        fs::read_to_string(s.root.join("late.txt")).unwrap(),
+        "written before stop"
+    );
+    let mounts = fs::read_to_string("/proc/mounts").unwrap();
+    assert!(
+        !mounts.contains(s.mount.dir.to_str().unwrap()),
+        "still mounted"
+    );
+}
