@@ -197,7 +197,8 @@ fn errors_are_the_ones_ext4_gives() {
         fs::write(base.join("dir/file"), "x").unwrap();
         fs::write(base.join("file"), "y").unwrap();
     }
-    let checks: Vec<(&str, Box<dyn Fn(&Path) -> i32>)> = vec![
+    type Check = (&'static str, Box<dyn Fn(&Path) -> i32>);
+    let checks: Vec<Check> = vec![
         (
             "open missing",
             Box::new(|b: &Path| errno(fs::File::open(b.join("missing")))),
