@@ -533,3 +533,62 @@ fn sigterm_pushes_pending_writes_then_unmounts() {
         "still mounted"
     );
 }
+
+#[test]
+fn stopping_while_the_sandbox_is_unreachable_keeps_unpushed_writes_on_disk() {
+    let mut s = setup();
+    fs::write(s.root.join("doc.txt"), "original").unwrap();
+    // The file was open in an editor before the sandbox went away.
+    assert_eq!(
+        fs::read_to_string(s.mount.dir.join("doc.txt")).unwrap(),
+        "original"
+    );
+    s.agent.kill();
+    // Saved while the agent is gone: the push on close fails (EIO) and the edit stays staged.
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(s.mount.dir.join("doc.txt"))
+        .unwrap();
+    f.write_all(b"unpushed edit").unwrap();
+    assert_eq!(
+        f.flush()
+            .and_then(|_| f.sync_all())
+            .unwrap_err()
+            .raw_os_error(),
+        Some(libc::EIO)
+    );
+    drop(f);
+    let code = s.mount.stop();
+    assert_eq!(code, Some(2), "the daemon reports that data was not pushed");
+    let log = s.mount.log_text();
+    let kept = log
+        .lines()
+        .find_map(|l| l.strip_prefix("sbxfs: not pushed, kept in "))
+        .unwrap_or_else(|| panic!("no kept file reported: {log}"));
+    assert_eq!(fs::read_to_string(kept.trim()).unwrap(), "unpushed edit");
+    assert_eq!(
+        fs::read_to_string(s.root.join("doc.txt")).unwrap(),
+        "original"
+    );
+    let _ = fs::remove_dir_all(Path::new(kept.trim()).parent().unwrap());
+}
+
+#[test]
+fn sbxfs_umount_pushes_then_unmounts() {
+    let mut s = setup();
+    fs::write(s.mount.dir.join("u.txt"), "via umount").unwrap();
+    let status = Command::new(sbxfs_bin())
+        .arg("umount")
+        .arg(&s.mount.dir)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut child = s.mount.child.take().unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(
+        fs::read_to_string(s.root.join("u.txt")).unwrap(),
+        "via umount"
+    );
+}

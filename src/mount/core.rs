@@ -431,7 +431,19 @@ impl FsCore {
     /// Open: revalidate (close-to-open), stage for writing if asked. Returns the handle and
     /// whether the kernel may keep its cached pages (same version as its last open).
     pub async fn open(&self, node: NodeId, writable: bool, truncate: bool) -> Result<(u64, bool)> {
-        let attr = self.refresh(node).await?;
+        let attr = match self.refresh(node).await {
+            Ok(a) => a,
+            // The sandbox is unreachable: an open for writing still works from what we knew, so
+            // an edit can be staged now and pushed (against that version) when it is back.
+            Err(RemoteError::Transport(_) | RemoteError::TimedOut(_)) if writable => self
+                .nodes
+                .lock()
+                .expect("nodes lock")
+                .get(&node)
+                .map(|n| n.attr.clone())
+                .ok_or_else(|| RemoteError::Transport("the sandbox is unreachable".into()))?,
+            Err(e) => return Err(e),
+        };
         if attr.kind == FileKind::Dir && writable {
             return Err(RemoteError::IsDir(self.path_of(node)?.display()));
         }
@@ -825,6 +837,48 @@ impl FsCore {
             }
         }
         failures
+    }
+
+    /// Copy every staged file that still has unpushed changes into `dir` (named after its
+    /// path), so nothing the user wrote is lost when the daemon exits without reaching the
+    /// sandbox. Returns the files written.
+    pub async fn save_unpushed(&self, dir: &std::path::Path) -> Vec<PathBuf> {
+        let staged: Vec<(NodeId, Arc<tokio::sync::Mutex<Staged>>)> = self
+            .staged
+            .lock()
+            .expect("staged lock")
+            .iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
+        let mut saved = Vec::new();
+        for (node, s) in staged {
+            let mut s = s.lock().await;
+            if !s.is_dirty() {
+                continue;
+            }
+            let path = self
+                .path_of(node)
+                .map(|p| p.display())
+                .unwrap_or_else(|_| format!("inode-{node}"));
+            let path_rp = self.path_of(node).ok();
+            if let Some(p) = &path_rp {
+                for page in s.missing_pages() {
+                    if let Ok(r) = self.remote.read(p, page * PAGE, PAGE as u32).await {
+                        let _ = s.fill_page(page, &r.data);
+                    }
+                }
+            }
+            let name = path.replace('/', "%2F");
+            let out = dir.join(format!("unpushed-{name}"));
+            let len = s.len;
+            let copied = s
+                .read_local(0, len)
+                .and_then(|data| std::fs::write(&out, data));
+            if copied.is_ok() {
+                saved.push(out);
+            }
+        }
+        saved
     }
 
     pub fn pending_count(&self) -> usize {

@@ -49,6 +49,8 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     let root = rt
         .block_on(remote.stat(&RemotePath::root()))
         .with_context(|| format!("cannot reach the sandbox at {}", cfg.remote_url))?;
+    // Outside /tmp's cleaners' reach is the user's business (`--staging-dir`); the default
+    // keeps unpushed files where the exit message points.
     let staging_dir = match &cfg.staging_dir {
         Some(d) => d.clone(),
         None => std::env::temp_dir().join(format!("sbxfs-staging-{}", std::process::id())),
@@ -125,13 +127,21 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     for (path, e) in &failures {
         tracing::error!(file = %path, "could not push before unmounting: {e}");
     }
+    let saved = if failures.is_empty() {
+        Vec::new()
+    } else {
+        rt.block_on(core.save_unpushed(&staging_dir))
+    };
     unmount(&cfg.mountpoint);
     let _ = guard.join();
     if failures.is_empty() {
         let _ = std::fs::remove_dir_all(&staging_dir);
     } else {
-        eprintln!(
-            "sbxfs: {} file(s) could not be pushed; their staged data is kept in {}",
+        for f in &saved {
+            eprintln!("sbxfs: not pushed, kept in {}", f.display());
+        }
+        anyhow::bail!(
+            "{} file(s) could not be pushed to the sandbox; their content is kept in {}",
             failures.len(),
             staging_dir.display()
         );
