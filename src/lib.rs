@@ -8,20 +8,27 @@
 //! - [`agent`]: `sbxfs agent`, the HTTP server that runs inside a sandbox; every path confined
 //!   to its root by `openat2(RESOLVE_BENEATH)` ([`agent::workspace`]); a change feed
 //!   ([`agent::watch`]).
+//! - [`mount`]: `sbxfs mount`, a FUSE filesystem over any `Remote`: a thin adapter
+//!   ([`mount::fuse`]) over an async core ([`mount::core`]: inodes, caches, pushes) and write
+//!   staging ([`mount::staging`]).
 //! - [`atomic`]: atomic replacement of a local file (used by the CLI's `edit`).
 //! - [`proxy`]: a delaying, byte-counting TCP proxy for tests and benchmarks.
 //! - [`cli`]: the `sbxfs` command line; `main.rs` only calls [`cli::main`].
 //!
 //! # The path of a read
-//! A client calls [`remote::Remote::read`]; the agent opens the path beneath its root, reads the
-//! range with `pread`, and answers the bytes with the version (inode, size, mtime, ctime) they
-//! came from, re-reading if the file changed in place meanwhile.
+//! `read(2)` in the mount reaches [`mount::fuse`], which hands it to a task running
+//! [`mount::core::FsCore::read`]: the handle's version (from the revalidation at `open`) and the
+//! page index key the page cache; a miss calls [`remote::Remote::read`], and the agent opens the
+//! path beneath its root, `pread`s the range and answers the bytes with the version (inode, size,
+//! mtime, ctime) they came from.
 //!
 //! # The path of a write
-//! [`remote::Remote::commit`] streams the new content (or a patch of byte ranges over a named
-//! base version) to the agent, which writes a temp file beside the target, fsyncs it, checks the
-//! base version once more and renames it over the target: readers in the sandbox see the old or
-//! the new file, never a mix; a stale base is a conflict that changes nothing.
+//! `write(2)` goes to the node's staging file ([`mount::staging`]), fetching only the pages a
+//! partial overwrite needs. `close`/`fsync` push: [`remote::Remote::commit`] streams a patch of
+//! the dirty ranges (or the whole file) naming the version seen at open; the agent writes a temp
+//! file beside the target, fsyncs it, checks the base version once more and renames it over the
+//! target. Readers in the sandbox see the old or the new file, never a mix; a stale base is a
+//! conflict that changes nothing, and the mount saves the user's version as a conflict copy.
 //!
 //! # The path of a query
 //! `sbxfs grep PATTERN DIR` (or the agent's `/v1/grep`) walks the tree once with ripgrep's
@@ -30,9 +37,10 @@
 //! `scan` streams a file through [`search::scan::LineWindow`] in 64 KiB positional reads.
 //!
 //! # Consistency
-//! The agent's answers are the sandbox's state at the time of each call; versions let a client
-//! tell whether what it cached is still current, and the change feed tells it when to look.
-//! (The mount's caches and close-to-open consistency are the next step.)
+//! Close-to-open: `open` revalidates the version; `close`/`fsync` return once the sandbox has the
+//! data. Attributes and listings are trusted for a TTL; data pages are keyed by version so they
+//! are never stale. The agent's change feed ([`agent::watch`]) reports changes made in the
+//! sandbox, for the mount to invalidate sooner than the TTL (next step).
 
 pub mod agent;
 pub mod atomic;

@@ -592,3 +592,23 @@ fn sbxfs_umount_pushes_then_unmounts() {
         "via umount"
     );
 }
+
+#[test]
+fn the_readme_demo_mounts_a_demo_workspace() {
+    let d = tempfile::tempdir().unwrap();
+    let (code, out, err) = run(Command::new("bash")
+        .arg(repo_root().join("scripts/demo.sh"))
+        .arg("--smoke")
+        .env("SBXFS_DEMO_DIR", d.path()));
+    let out = String::from_utf8_lossy(&out);
+    assert_eq!(code, 0, "{out}\n{}", String::from_utf8_lossy(&err));
+    assert!(
+        out.contains("smoke test passed") && out.contains("// edited through the mount"),
+        "{out}"
+    );
+    let mounts = fs::read_to_string("/proc/mounts").unwrap();
+    assert!(
+        !mounts.contains(d.path().to_str().unwrap()),
+        "the demo left its mount behind"
+    );
+}
