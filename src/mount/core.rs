@@ -652,7 +652,8 @@ impl FsCore {
                     n.attr = attr.clone();
                     n.attr.ino = node; // the kernel keeps this inode until it looks the name up again
                     n.fetched = Instant::now();
-                    n.kernel_version = Some(attr.version.clone());
+                    // What the kernel cached was written piecemeal: never trust it as a version.
+                    n.kernel_version = None;
                 }
                 let parent = Self::parent_of(&path);
                 self.invalidate_listing(&parent);
