@@ -612,3 +612,51 @@ fn the_readme_demo_mounts_a_demo_workspace() {
         "the demo left its mount behind"
     );
 }
+
+#[test]
+fn replacing_a_file_by_rename_again_and_again_always_shows_the_new_content() {
+    // libgit2's config dance: write NAME.lock, rename it over NAME, read NAME back. Every save
+    // through the mount gives the file a new sandbox inode, and the sandbox reuses the old
+    // numbers: the mount must never confuse two files that wore the same number.
+    let s = setup();
+    let dir = s.mount.dir.join("cfg");
+    fs::create_dir(&dir).unwrap();
+    let (cfg, lock) = (dir.join("config"), dir.join("config.lock"));
+    let mut content = String::from("[core]\n");
+    for i in 0..40 {
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&lock)
+            .unwrap();
+        if cfg.exists() {
+            let size = fs::metadata(&cfg).unwrap().len();
+            let read = fs::read_to_string(&cfg).unwrap();
+            assert_eq!(
+                (size as usize, read.as_str()),
+                (content.len(), content.as_str()),
+                "round {i}"
+            );
+        }
+        content.push_str(&format!("\tkey{i} = {i}\n"));
+        f.write_all(content.as_bytes()).unwrap();
+        drop(f);
+        fs::rename(&lock, &cfg).unwrap();
+    }
+    assert_eq!(
+        fs::read_to_string(s.root.join("cfg/config")).unwrap(),
+        content
+    );
+}
+
+#[test]
+fn cargo_new_and_cargo_build_work_inside_the_mount() {
+    let s = setup();
+    let (code, _, err) = sh(
+        &s.mount.dir,
+        "cargo new -q hello && cd hello && cargo build -q && ./target/debug/hello",
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = sh(&s.root.join("hello"), "./target/debug/hello");
+    assert_eq!((code, out.as_str()), (0, "Hello, world!\n"), "{err}");
+}

@@ -32,8 +32,9 @@ use crate::remote::{
 
 pub type NodeId = u64;
 pub const ROOT: NodeId = 1;
-/// Where a sandbox inode number would collide with the root's id, it is moved up here.
-const REMAPPED_ONE: NodeId = 1 << 63;
+/// Node ids handed out when a sandbox inode number cannot be used as the id (it is 1, or the
+/// kernel still holds that id for another file): from here up, never a real inode number.
+const SYNTHETIC_BASE: NodeId = 1 << 62;
 
 #[derive(Clone, Debug)]
 pub struct CoreConfig {
@@ -57,6 +58,10 @@ pub trait KernelCache: Send + Sync {
 #[derive(Clone, Debug)]
 struct Node {
     path: RemotePath,
+    /// The sandbox inode this node stands for now (0: gone). A save through the mount gives the
+    /// file a new sandbox inode while the kernel keeps its node; the number it left may be reused
+    /// by the sandbox for another file, which then gets another node id.
+    remote_ino: u64,
     attr: Attr,
     fetched: Instant,
     lookups: u64,
@@ -116,6 +121,13 @@ pub struct FsCore {
     remote: Arc<dyn Remote>,
     cfg: CoreConfig,
     nodes: Mutex<HashMap<NodeId, Node>>,
+    /// Sandbox inode number -> node id, for the nodes that currently stand for one.
+    by_ino: Mutex<HashMap<u64, NodeId>>,
+    next_synthetic: AtomicU64,
+    /// Bumped by every change made through the mount. An answer fetched while it moved may
+    /// predate that change, so it is fetched again rather than cached (a stat racing a push
+    /// would otherwise cache the old size for a whole TTL).
+    epoch: AtomicU64,
     listings: Mutex<HashMap<RemotePath, Listing>>,
     pages: Mutex<PageCache>,
     handles: Mutex<HashMap<u64, Handle>>,
@@ -134,16 +146,6 @@ pub struct NodeAttr {
     pub attr: Attr,
 }
 
-fn node_id(path: &RemotePath, attr: &Attr) -> NodeId {
-    if path.is_root() {
-        ROOT
-    } else if attr.ino == ROOT {
-        REMAPPED_ONE
-    } else {
-        attr.ino
-    }
-}
-
 fn now_ns() -> i64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -157,6 +159,7 @@ impl FsCore {
             ROOT,
             Node {
                 path: RemotePath::root(),
+                remote_ino: root.ino,
                 attr: root,
                 fetched: Instant::now(),
                 lookups: 1,
@@ -168,6 +171,9 @@ impl FsCore {
             remote,
             cfg,
             nodes: Mutex::new(nodes),
+            by_ino: Mutex::new(HashMap::new()),
+            next_synthetic: AtomicU64::new(SYNTHETIC_BASE),
+            epoch: AtomicU64::new(0),
             listings: Mutex::new(HashMap::new()),
             pages: Mutex::new(PageCache {
                 lru: LruCache::unbounded(),
@@ -212,18 +218,52 @@ impl FsCore {
             .ok_or_else(|| RemoteError::NotFound(format!("inode {node}")))
     }
 
-    /// Remember `path` with `attr` as known to the kernel (one more lookup).
+    /// The node id for a sandbox file: the node already standing for its inode, else the inode
+    /// number itself (so `stat` shows it), else a synthetic id when that number is taken.
+    fn id_for(
+        &self,
+        nodes: &HashMap<NodeId, Node>,
+        by_ino: &mut HashMap<u64, NodeId>,
+        path: &RemotePath,
+        ino: u64,
+        assign: bool,
+    ) -> NodeId {
+        if path.is_root() {
+            return ROOT;
+        }
+        if let Some(&id) = by_ino.get(&ino) {
+            if nodes.get(&id).is_some_and(|n| n.remote_ino == ino) {
+                return id;
+            }
+        }
+        let id = if ino > ROOT && ino < SYNTHETIC_BASE && !nodes.contains_key(&ino) {
+            ino
+        } else if assign {
+            self.next_synthetic.fetch_add(1, Ordering::Relaxed)
+        } else {
+            ino
+        };
+        if assign {
+            by_ino.insert(ino, id);
+        }
+        id
+    }
+
+    /// Remember `path` with `attr` as known to the kernel (one more lookup if `lookup`).
     fn remember(&self, path: &RemotePath, attr: Attr, lookup: bool) -> NodeId {
-        let id = node_id(path, &attr);
         let mut nodes = self.nodes.lock().expect("nodes lock");
+        let mut by_ino = self.by_ino.lock().expect("by_ino lock");
+        let id = self.id_for(&nodes, &mut by_ino, path, attr.ino, true);
         let n = nodes.entry(id).or_insert_with(|| Node {
             path: path.clone(),
+            remote_ino: attr.ino,
             attr: attr.clone(),
             fetched: Instant::now(),
             lookups: 0,
             kernel_version: None,
         });
         n.path = path.clone();
+        n.remote_ino = attr.ino;
         n.attr = attr;
         n.fetched = Instant::now();
         if lookup {
@@ -232,8 +272,39 @@ impl FsCore {
         id
     }
 
+    /// A node now stands for another sandbox inode (its file was replaced by a commit, or in
+    /// the sandbox) — or for none (`ino` 0: removed).
+    fn rebind(&self, node: NodeId, ino: u64) {
+        let mut nodes = self.nodes.lock().expect("nodes lock");
+        let mut by_ino = self.by_ino.lock().expect("by_ino lock");
+        if let Some(n) = nodes.get_mut(&node) {
+            if by_ino.get(&n.remote_ino) == Some(&node) {
+                by_ino.remove(&n.remote_ino);
+            }
+            n.remote_ino = ino;
+            if ino != 0 {
+                by_ino.insert(ino, node);
+            }
+        }
+    }
+
     fn invalidate_listing(&self, dir: &RemotePath) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
         self.listings.lock().expect("listings lock").remove(dir);
+    }
+
+    /// A remote stat that no local change raced: retried while the epoch moves under it.
+    async fn stable_stat(&self, path: &RemotePath) -> Result<Attr> {
+        for _ in 0..4 {
+            let before = self.epoch.load(Ordering::SeqCst);
+            self.call();
+            let a = self.remote.stat(path).await?;
+            if self.epoch.load(Ordering::SeqCst) == before {
+                return Ok(a);
+            }
+        }
+        self.call();
+        self.remote.stat(path).await
     }
 
     fn parent_of(path: &RemotePath) -> RemotePath {
@@ -265,16 +336,12 @@ impl FsCore {
         let attr = match cached {
             Some(Some(attr)) => attr,
             Some(None) => return Err(RemoteError::NotFound(path.display())),
-            None => {
-                self.call();
-                self.remote.stat(&path).await?
-            }
+            None => self.stable_stat(&path).await?,
         };
         let node = self.remember(&path, attr.clone(), true);
-        Ok(NodeAttr {
-            node,
-            attr: self.with_staged(node, attr),
-        })
+        let attr = self.with_staged(node, attr);
+        tracing::debug!(path = %path.display(), node, size = attr.size, "lookup");
+        Ok(NodeAttr { node, attr })
     }
 
     pub fn forget(&self, node: NodeId, n: u64) {
@@ -286,7 +353,12 @@ impl FsCore {
             entry.lookups = entry.lookups.saturating_sub(n);
             let busy = self.staged.lock().expect("staged lock").contains_key(&node);
             if entry.lookups == 0 && !busy {
+                let ino = entry.remote_ino;
                 nodes.remove(&node);
+                let mut by_ino = self.by_ino.lock().expect("by_ino lock");
+                if by_ino.get(&ino) == Some(&node) {
+                    by_ino.remove(&ino);
+                }
             }
         }
     }
@@ -303,8 +375,8 @@ impl FsCore {
         let attr = match fresh {
             Some(a) => a,
             None => {
-                self.call();
-                let a = self.remote.stat(&path).await?;
+                let a = self.stable_stat(&path).await?;
+                self.rebind(node, a.ino);
                 if let Some(n) = self.nodes.lock().expect("nodes lock").get_mut(&node) {
                     n.attr = a.clone();
                     n.fetched = Instant::now();
@@ -312,17 +384,16 @@ impl FsCore {
                 a
             }
         };
-        Ok(NodeAttr {
-            node,
-            attr: self.with_staged(node, attr),
-        })
+        let attr = self.with_staged(node, attr);
+        tracing::debug!(node, size = attr.size, "getattr");
+        Ok(NodeAttr { node, attr })
     }
 
     /// A fresh stat, bypassing the attribute cache.
     async fn refresh(&self, node: NodeId) -> Result<Attr> {
         let path = self.path_of(node)?;
-        self.call();
-        let a = self.remote.stat(&path).await?;
+        let a = self.stable_stat(&path).await?;
+        self.rebind(node, a.ino);
         if let Some(n) = self.nodes.lock().expect("nodes lock").get_mut(&node) {
             n.attr = a.clone();
             n.fetched = Instant::now();
@@ -409,22 +480,31 @@ impl FsCore {
 
     pub async fn readdir(&self, node: NodeId) -> Result<Vec<(Vec<u8>, NodeId, FileKind)>> {
         let path = self.path_of(node)?;
+        let before = self.epoch.load(Ordering::SeqCst);
         self.call();
         let entries = self.remote.list(&path).await?;
+        let stable = self.epoch.load(Ordering::SeqCst) == before;
         let mut out = Vec::with_capacity(entries.len());
         let mut map = BTreeMap::new();
         for e in entries {
             let child = path.join(&e.name.0)?;
-            out.push((e.name.0.clone(), node_id(&child, &e.attr), e.attr.kind));
+            let id = {
+                let nodes = self.nodes.lock().expect("nodes lock");
+                let mut by_ino = self.by_ino.lock().expect("by_ino lock");
+                self.id_for(&nodes, &mut by_ino, &child, e.attr.ino, false)
+            };
+            out.push((e.name.0.clone(), id, e.attr.kind));
             map.insert(e.name.0, e.attr);
         }
-        self.listings.lock().expect("listings lock").insert(
-            path,
-            Listing {
-                entries: map,
-                fetched: Instant::now(),
-            },
-        );
+        if stable {
+            self.listings.lock().expect("listings lock").insert(
+                path,
+                Listing {
+                    entries: map,
+                    fetched: Instant::now(),
+                },
+            );
+        }
         Ok(out)
     }
 
@@ -647,24 +727,15 @@ impl FsCore {
                 }
                 s.pushed(attr.version.clone(), attr.size);
                 self.pending.lock().expect("pending lock").remove(&node);
-                let new_id = node_id(&path, &attr);
+                // The atomic rename gave the file a new sandbox inode: this node now stands for it.
+                self.rebind(node, attr.ino);
                 if let Some(n) = self.nodes.lock().expect("nodes lock").get_mut(&node) {
                     n.attr = attr.clone();
-                    n.attr.ino = node; // the kernel keeps this inode until it looks the name up again
                     n.fetched = Instant::now();
                     // What the kernel cached was written piecemeal: never trust it as a version.
                     n.kernel_version = None;
                 }
-                let parent = Self::parent_of(&path);
-                self.invalidate_listing(&parent);
-                if new_id != node {
-                    // The atomic rename gave the path a new inode: make the kernel look it up.
-                    if let (Some(k), Some((_, name))) = (self.kernel(), path.split_last()) {
-                        if let Ok(pid) = self.node_of_path(&parent) {
-                            k.invalidate_entry(pid, name);
-                        }
-                    }
-                }
+                self.invalidate_listing(&Self::parent_of(&path));
                 Ok(())
             }
             Err(RemoteError::Conflict { current, .. }) => {
@@ -722,7 +793,7 @@ impl FsCore {
             .lock()
             .expect("nodes lock")
             .iter()
-            .find(|(_, n)| &n.path == path)
+            .find(|(_, n)| &n.path == path && n.remote_ino != 0)
             .map(|(id, _)| *id)
             .ok_or_else(|| RemoteError::NotFound(path.display()))
     }
@@ -923,6 +994,11 @@ impl FsCore {
         self.call();
         let r = self.remote.unlink(&path).await;
         self.invalidate_listing(&dir);
+        if r.is_ok() {
+            if let Ok(n) = self.node_of_path(&path) {
+                self.rebind(n, 0);
+            }
+        }
         r
     }
 
@@ -933,6 +1009,11 @@ impl FsCore {
         let r = self.remote.rmdir(&path).await;
         self.invalidate_listing(&dir);
         self.invalidate_listing(&path);
+        if r.is_ok() {
+            if let Ok(n) = self.node_of_path(&path) {
+                self.rebind(n, 0);
+            }
+        }
         r
     }
 
@@ -952,11 +1033,19 @@ impl FsCore {
         if let Ok(n) = self.node_of_path(&from) {
             let _ = self.push(n).await;
         }
+        let replaced = self.node_of_path(&to).ok();
         self.call();
         let r = self.remote.rename(&from, &to, no_replace).await;
         self.invalidate_listing(&from_dir);
         self.invalidate_listing(&to_dir);
         r?;
+        if let Some(n) = replaced {
+            // The file that was at `to` is gone; its inode number may come back for another.
+            self.rebind(n, 0);
+            if let Some(node) = self.nodes.lock().expect("nodes lock").get_mut(&n) {
+                node.path = RemotePath::new(b".sbxfs-replaced".to_vec()).unwrap_or_default();
+            }
+        }
         // Paths follow the rename: the node and everything under it.
         let mut nodes = self.nodes.lock().expect("nodes lock");
         let prefix = {
