@@ -50,6 +50,8 @@ enum Command {
     Mount(MountArgs),
     /// Unmount an sbxfs mount (its daemon pushes pending writes, then exits).
     Umount(UmountArgs),
+    /// Control a mount: stats, flush, invalidate PATH, status.
+    Ctl(CtlArgs),
     /// A delaying, byte-counting TCP proxy for tests and benchmarks.
     #[command(hide = true)]
     Proxy(ProxyArgs),
@@ -90,6 +92,27 @@ struct MountArgs {
 #[derive(Args, Debug)]
 struct UmountArgs {
     mountpoint: PathBuf,
+}
+
+#[derive(Args, Debug)]
+struct CtlArgs {
+    #[command(subcommand)]
+    action: CtlAction,
+    /// A path in the mount to control (default: the current directory).
+    #[arg(long, global = true, default_value = ".")]
+    mount: PathBuf,
+}
+
+#[derive(Subcommand, Debug)]
+enum CtlAction {
+    /// Cache hit ratio, bytes read and pushed, pending and failed commits, conflicts, latency.
+    Stats,
+    /// Push pending writes now; report failures.
+    Flush,
+    /// Forget cached data and attributes of a path.
+    Invalidate { path: PathBuf },
+    /// Which remote, whether it answers, what is pending.
+    Status,
 }
 
 #[derive(Args, Debug)]
@@ -235,6 +258,7 @@ pub fn main() -> i32 {
         Command::Agent(a) => run_agent(a),
         Command::Mount(a) => run_mount(a),
         Command::Umount(a) => run_umount(a),
+        Command::Ctl(a) => run_ctl(a),
         Command::Proxy(a) => run_proxy(a),
     }
 }
@@ -320,6 +344,111 @@ fn run_umount(a: UmountArgs) -> i32 {
     }
 }
 
+/// An error line from the control socket, as the core's error.
+fn socket_error(v: &serde_json::Value) -> Option<SearchError> {
+    v.get("error")?;
+    let body: crate::remote::wire::ErrorBody = serde_json::from_value(v.clone()).ok()?;
+    Some(match body.into_error() {
+        crate::remote::RemoteError::Query(e) => e,
+        crate::remote::RemoteError::NotFound(m) => SearchError::NotFound(m),
+        crate::remote::RemoteError::IsDir(m) => SearchError::IsADirectory(m),
+        other => SearchError::Io("sandbox".into(), other.to_string()),
+    })
+}
+
+/// Ask the mount a one-answer question through its socket.
+fn ask(
+    route: &crate::control::client::Route,
+    req: crate::control::Request,
+) -> Result<serde_json::Value, SearchError> {
+    let mut lines = crate::control::client::request(&route.socket, req)
+        .map_err(|e| SearchError::Io(route.socket.display().to_string(), e.to_string()))?;
+    let v = lines
+        .next()
+        .ok_or_else(|| SearchError::Io("control socket".into(), "no answer".into()))?
+        .map_err(|e| SearchError::Io("control socket".into(), e.to_string()))?;
+    match socket_error(&v) {
+        Some(e) => Err(e),
+        None => Ok(v),
+    }
+}
+
+/// Run grep in the sandbox through the mount's socket, printing as it streams.
+fn remote_grep(
+    route: &crate::control::client::Route,
+    opts: &GrepOptions,
+    p: &mut Printer,
+    prefix: Option<&str>,
+    root_is_dir: bool,
+) -> Result<search::grep::GrepSummary, SearchError> {
+    let req = crate::control::Request::Grep {
+        path: crate::remote::WireBytes(route.path.clone()),
+        options: opts.clone(),
+    };
+    let lines = crate::control::client::request(&route.socket, req)
+        .map_err(|e| SearchError::Io(route.socket.display().to_string(), e.to_string()))?;
+    for line in lines {
+        let v = line.map_err(|e| SearchError::Io("control socket".into(), e.to_string()))?;
+        if let Some(e) = socket_error(&v) {
+            return Err(e);
+        }
+        match serde_json::from_value::<crate::remote::GrepEvent>(v) {
+            Ok(crate::remote::GrepEvent::Match(mut m)) => {
+                if let Some(pre) = prefix {
+                    m.path = output::join_display(pre, &m.path, root_is_dir);
+                }
+                if !p.grep_match(&m) {
+                    // The reader went away: closing the socket cancels the sandbox's search.
+                    return Ok(search::grep::GrepSummary {
+                        truncated: true,
+                        ..Default::default()
+                    });
+                }
+            }
+            Ok(crate::remote::GrepEvent::Summary { summary, .. }) => return Ok(summary),
+            Err(e) => return Err(SearchError::Io("control socket".into(), e.to_string())),
+        }
+    }
+    Err(SearchError::Io(
+        "control socket".into(),
+        "the answer ended early".into(),
+    ))
+}
+
+fn run_ctl(a: CtlArgs) -> i32 {
+    let Some(route) = crate::control::client::route(&a.mount) else {
+        eprintln!("sbxfs ctl: {} is not in an sbxfs mount", a.mount.display());
+        return ERROR;
+    };
+    let req = match &a.action {
+        CtlAction::Stats => crate::control::Request::Stats,
+        CtlAction::Flush => crate::control::Request::Flush,
+        CtlAction::Status => crate::control::Request::Status,
+        CtlAction::Invalidate { path } => match crate::control::client::route(path) {
+            Some(r) => crate::control::Request::Invalidate {
+                path: crate::remote::WireBytes(r.path),
+            },
+            None => {
+                eprintln!("sbxfs ctl: {} is not in an sbxfs mount", path.display());
+                return ERROR;
+            }
+        },
+    };
+    match ask(&route, req) {
+        Ok(v) => {
+            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            if matches!(a.action, CtlAction::Flush) && v["flushed"] == false {
+                return ERROR;
+            }
+            0
+        }
+        Err(e) => {
+            eprintln!("sbxfs ctl: {e}");
+            ERROR
+        }
+    }
+}
+
 fn run_proxy(a: ProxyArgs) -> i32 {
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
@@ -399,12 +528,18 @@ fn run_grep(a: GrepArgs) -> i32 {
         let mut remaining = opts.clone();
         remaining.max_results = opts.max_results.map(|m| m.saturating_sub(total.matches));
         remaining.max_bytes = opts.max_bytes.map(|m| m.saturating_sub(total.bytes));
-        let result = search::grep::grep(root, &remaining, &mut |mut m| {
-            if let Some(pre) = &prefix {
-                m.path = output::join_display(pre, &m.path, root.is_dir());
+        let result = match crate::control::client::route(root) {
+            // In a mount: the sandbox searches, only results cross the network.
+            Some(route) => {
+                remote_grep(&route, &remaining, &mut p, prefix.as_deref(), root.is_dir())
             }
-            p.grep_match(&m)
-        });
+            None => search::grep::grep(root, &remaining, &mut |mut m| {
+                if let Some(pre) = &prefix {
+                    m.path = output::join_display(pre, &m.path, root.is_dir());
+                }
+                p.grep_match(&m)
+            }),
+        };
         match result {
             Ok(s) => {
                 for e in &s.errors {
@@ -439,7 +574,21 @@ fn run_grep(a: GrepArgs) -> i32 {
 
 fn run_glob(a: GlobArgs) -> i32 {
     let mut p = Printer::new(a.json);
-    match search::glob::glob(&a.dir, &a.pattern) {
+    let result = match crate::control::client::route(&a.dir) {
+        Some(route) => ask(
+            &route,
+            crate::control::Request::Glob {
+                path: crate::remote::WireBytes(route.path.clone()),
+                pattern: a.pattern.clone(),
+            },
+        )
+        .and_then(|v| {
+            serde_json::from_value(v["paths"].clone())
+                .map_err(|e| SearchError::Io("control socket".into(), e.to_string()))
+        }),
+        None => search::glob::glob(&a.dir, &a.pattern),
+    };
+    match result {
         Ok(paths) => {
             for path in &paths {
                 p.glob_path(path);
@@ -452,7 +601,26 @@ fn run_glob(a: GlobArgs) -> i32 {
 
 fn run_fuzzy(a: FuzzyArgs) -> i32 {
     let mut p = Printer::new(a.json);
-    match search::fuzzy::fuzzy(&a.dir, &a.query, &a.walk.options(), Some(a.limit)) {
+    let result = match crate::control::client::route(&a.dir) {
+        Some(route) => ask(
+            &route,
+            crate::control::Request::Fuzzy {
+                path: crate::remote::WireBytes(route.path.clone()),
+                request: crate::remote::FuzzyRequest {
+                    query: a.query.clone(),
+                    limit: Some(a.limit),
+                    hidden: a.walk.hidden,
+                    no_ignore: a.walk.no_ignore,
+                },
+            },
+        )
+        .and_then(|v| {
+            serde_json::from_value(v["matches"].clone())
+                .map_err(|e| SearchError::Io("control socket".into(), e.to_string()))
+        }),
+        None => search::fuzzy::fuzzy(&a.dir, &a.query, &a.walk.options(), Some(a.limit)),
+    };
+    match result {
         Ok(matches) => {
             for m in &matches {
                 p.fuzzy_match(m);
@@ -470,7 +638,21 @@ fn run_scan(a: ScanArgs) -> i32 {
         end_line: a.end,
         max_bytes: a.max_bytes,
     };
-    match search::scan::scan_file(&a.file, req) {
+    let result = match crate::control::client::route(&a.file) {
+        Some(route) => ask(
+            &route,
+            crate::control::Request::Scan {
+                path: crate::remote::WireBytes(route.path.clone()),
+                request: req,
+            },
+        )
+        .and_then(|v| {
+            serde_json::from_value(v)
+                .map_err(|e| SearchError::Io("control socket".into(), e.to_string()))
+        }),
+        None => search::scan::scan_file(&a.file, req),
+    };
+    match result {
         Ok(r) => {
             p.scan_result(&r);
             found(!r.lines.is_empty())
@@ -498,7 +680,19 @@ fn run_edit(a: EditArgs) -> i32 {
     let mut p = Printer::new(a.json);
     let texts = text_arg(a.old, a.old_file, "--old")
         .and_then(|old| Ok((old, text_arg(a.new, a.new_file, "--new")?)));
-    let result = texts.and_then(|(old, new)| search::edit::edit_file(&a.file, &old, &new, a.all));
+    let result = texts.and_then(|(old, new)| match crate::control::client::route(&a.file) {
+        Some(route) => ask(
+            &route,
+            crate::control::Request::Edit {
+                path: crate::remote::WireBytes(route.path.clone()),
+                old,
+                new,
+                replace_all: a.all,
+            },
+        )
+        .map(|v| v["count"].as_u64().unwrap_or(0) as usize),
+        None => search::edit::edit_file(&a.file, &old, &new, a.all),
+    });
     match result {
         Ok(count) => {
             p.edit_count(count);

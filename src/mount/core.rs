@@ -209,6 +209,15 @@ impl FsCore {
         self.stats.remote_calls.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// The version last seen for a node (for the INFO ioctl).
+    pub fn cached_version(&self, node: NodeId) -> Option<String> {
+        self.nodes
+            .lock()
+            .expect("nodes lock")
+            .get(&node)
+            .map(|n| n.attr.version.0.clone())
+    }
+
     pub fn path_of(&self, node: NodeId) -> Result<RemotePath> {
         self.nodes
             .lock()
@@ -951,6 +960,13 @@ impl FsCore {
             }
         }
         saved
+    }
+
+    /// Share of page reads served from the cache (`None` before any read).
+    pub fn cache_hit_ratio(&self) -> Option<f64> {
+        let hits = self.stats.cache_hits.load(Ordering::Relaxed) as f64;
+        let misses = self.stats.cache_misses.load(Ordering::Relaxed) as f64;
+        (hits + misses > 0.0).then(|| hits / (hits + misses))
     }
 
     pub fn pending_count(&self) -> usize {

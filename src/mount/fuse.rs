@@ -21,6 +21,10 @@ use crate::remote::{FileKind, RemoteError};
 pub struct SbxFs {
     pub core: Arc<FsCore>,
     pub rt: Handle,
+    /// What the INFO ioctl reports about this mount.
+    pub mountpoint: String,
+    pub socket: String,
+    pub remote: String,
 }
 
 /// The one place a core error becomes an errno.
@@ -112,7 +116,49 @@ impl Filesystem for SbxFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_write(1024 * 1024);
         let _ = config.set_max_readahead(1024 * 1024);
+        // ioctls on directories too: `sbxfs grep` asks the directory it stands in.
+        let _ = config.add_capabilities(fuser::InitFlags::FUSE_HAS_IOCTL_DIR);
         Ok(())
+    }
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        if cmd != crate::control::IOC_INFO {
+            reply.error(Errno::from_i32(libc::ENOTTY));
+            return;
+        }
+        if !in_data.is_empty() || (out_size as usize) < crate::control::IOC_INFO_SIZE {
+            reply.error(Errno::EINVAL);
+            return;
+        }
+        let Ok(path) = self.core.path_of(ino.0) else {
+            reply.error(Errno::ENOENT);
+            return;
+        };
+        let info = crate::control::MountInfo {
+            v: crate::control::PROTOCOL_VERSION,
+            mountpoint: self.mountpoint.clone(),
+            socket: self.socket.clone(),
+            remote: self.remote.clone(),
+            path: crate::remote::WireBytes(path.as_bytes().to_vec()),
+            version: self.core.cached_version(ino.0),
+        };
+        let mut out = serde_json::to_vec(&info).expect("serialisable");
+        if out.len() >= crate::control::IOC_INFO_SIZE {
+            reply.error(Errno::from_i32(libc::E2BIG));
+            return;
+        }
+        out.push(0);
+        reply.ioctl(0, &out);
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {

@@ -67,10 +67,27 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
         },
         root,
     );
+    let mountpoint =
+        std::fs::canonicalize(&cfg.mountpoint).unwrap_or_else(|_| cfg.mountpoint.clone());
+    let socket = crate::control::socket_path(&mountpoint);
+    let listener = {
+        let _guard = rt.enter();
+        crate::control::server::bind(&socket)
+            .with_context(|| format!("control socket {}", socket.display()))?
+    };
     let fs = fuse::SbxFs {
         core: core.clone(),
         rt: rt.handle().clone(),
+        mountpoint: mountpoint.display().to_string(),
+        socket: socket.display().to_string(),
+        remote: cfg.remote_url.clone(),
     };
+    let info = serde_json::json!({
+        "mountpoint": mountpoint.display().to_string(),
+        "socket": socket.display().to_string(),
+        "remote": cfg.remote_url,
+    });
+    rt.spawn(crate::control::server::serve(listener, core.clone(), info));
     let mut options = fuser::Config::default();
     options.mount_options = vec![
         fuser::MountOption::FSName(format!("sbxfs:{}", cfg.remote_url)),
@@ -134,6 +151,7 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     };
     unmount(&cfg.mountpoint);
     let _ = guard.join();
+    let _ = std::fs::remove_file(&socket);
     if failures.is_empty() {
         let _ = std::fs::remove_dir_all(&staging_dir);
     } else {
