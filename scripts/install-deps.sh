@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 declare -A pkg_for=(
   [fusermount3]=fuse3 [rg]=ripgrep [fzf]=fzf [gawk]=gawk [mawk]=mawk
-  [busybox]=busybox [dash]=dash [python3]=python3 [npm]=npm [git]=git [tar]=tar
+  [busybox]=busybox [dash]=dash [python3]=python3 [npm]=npm [git]=git [tar]=tar [cc]=gcc [setpriv]=util-linux
 )
 missing=()
 for bin in "${!pkg_for[@]}"; do

@@ -151,6 +151,7 @@ impl ErrorBody {
             | RemoteError::Transport(m)
             | RemoteError::TimedOut(m)
             | RemoteError::NoSpace(m) => m.clone(),
+            RemoteError::Query(q) => q.detail(),
             other => other.to_string(),
         };
         ErrorBody {

@@ -61,10 +61,33 @@ impl SearchError {
         }
     }
 
+    /// The error's details without the wording [`std::fmt::Display`] adds, so that
+    /// `from_token(token(), detail())` displays exactly as the original.
+    pub fn detail(&self) -> String {
+        match self {
+            SearchError::NotFound(m)
+            | SearchError::IsADirectory(m)
+            | SearchError::InvalidArgs(m)
+            | SearchError::Unsupported(m)
+            | SearchError::LimitExceeded(m)
+            | SearchError::Regex(m) => m.clone(),
+            SearchError::StringNotFound | SearchError::MultipleOccurrences(_) => String::new(),
+            SearchError::ReadFailed(p, r)
+            | SearchError::WriteFailed(p, r)
+            | SearchError::Io(p, r) => {
+                format!("{p}\u{1f}{r}")
+            }
+        }
+    }
+
     /// Rebuild an error from its token and message (the inverse of [`SearchError::token`] as
     /// far as the wire carries it: the message stands in for the details).
     pub fn from_token(token: &str, message: &str, count: Option<usize>) -> Option<Self> {
         let m = message.to_string();
+        let two = || match message.split_once('\u{1f}') {
+            Some((p, r)) => (p.to_string(), r.to_string()),
+            None => (message.to_string(), String::new()),
+        };
         Some(match token {
             "not_found" => SearchError::NotFound(m),
             "is_a_directory" => SearchError::IsADirectory(m),
@@ -74,9 +97,18 @@ impl SearchError {
             "invalid_regex" => SearchError::Regex(m),
             "string_not_found" => SearchError::StringNotFound,
             "multiple_occurrences" => SearchError::MultipleOccurrences(count.unwrap_or(0)),
-            "read_failed" => SearchError::ReadFailed(m, String::new()),
-            "write_failed" => SearchError::WriteFailed(m, String::new()),
-            "io_error" => SearchError::Io(m, String::new()),
+            "read_failed" => {
+                let (p, r) = two();
+                SearchError::ReadFailed(p, r)
+            }
+            "write_failed" => {
+                let (p, r) = two();
+                SearchError::WriteFailed(p, r)
+            }
+            "io_error" => {
+                let (p, r) = two();
+                SearchError::Io(p, r)
+            }
             _ => return None,
         })
     }

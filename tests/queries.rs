@@ -1,0 +1,313 @@
+//! Queries that run in the sandbox: the INFO ioctl (from Rust and from the C example), the
+//! control socket and its owner check, and the `sbxfs` commands routed through a mount giving
+//! exactly what they give run locally on the agent's root.
+
+mod common;
+
+use std::fs;
+use std::io::{BufRead, Read, Write};
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use sbxfs::control::{MountInfo, IOC_INFO, IOC_INFO_SIZE};
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    root: std::path::PathBuf,
+    agent: AgentProcess,
+    mount: MountProcess,
+}
+
+fn setup() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    fs::create_dir_all(root.join("src/net")).unwrap();
+    fs::write(
+        root.join("src/main.rs"),
+        "fn main() {\n    // TODO: port\n    serve(8080);\n}\n",
+    )
+    .unwrap();
+    fs::write(
+        root.join("src/net/server.rs"),
+        "pub fn serve(p: u16) {\n    // TODO: shutdown\n}\n",
+    )
+    .unwrap();
+    fs::write(root.join(".gitignore"), "target/\n").unwrap();
+    fs::create_dir(root.join("target")).unwrap();
+    fs::write(root.join("target/junk.rs"), "// TODO ignored\n").unwrap();
+    let log: String = (1..=5000).map(|i| format!("line {i}\n")).collect();
+    fs::write(root.join("app.log"), log).unwrap();
+    let agent = AgentProcess::start(&root);
+    let mount = MountProcess::start(&agent, &[]);
+    Setup {
+        _dir: dir,
+        root,
+        agent,
+        mount,
+    }
+}
+
+/// Raw INFO ioctl with a given command number and buffer size.
+fn raw_ioctl(path: &Path, cmd: u32, size: usize) -> Result<Vec<u8>, i32> {
+    let f = fs::File::open(path).unwrap();
+    let mut buf = vec![0u8; size.max(1)];
+    // SAFETY: the buffer is at least as large as the size encoded in `cmd` for every command
+    // this test sends (it passes `size` equal to or larger than the encoded size).
+    let rc = unsafe { libc::ioctl(f.as_raw_fd(), cmd as _, buf.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap());
+    }
+    Ok(buf)
+}
+
+fn ior(ty: u8, nr: u8, size: u32) -> u32 {
+    (2 << 30) | (size << 16) | ((ty as u32) << 8) | nr as u32
+}
+
+#[test]
+fn info_ioctl_answers_on_files_and_directories_and_refuses_malformed_requests() {
+    let s = setup();
+    for (p, want) in [
+        (s.mount.dir.clone(), ""),
+        (s.mount.dir.join("src"), "src"),
+        (s.mount.dir.join("src/main.rs"), "src/main.rs"),
+    ] {
+        let buf = raw_ioctl(&p, IOC_INFO, IOC_INFO_SIZE).unwrap();
+        let end = buf.iter().position(|&b| b == 0).unwrap();
+        let info: MountInfo = serde_json::from_slice(&buf[..end]).unwrap();
+        assert_eq!(info.path.0, want.as_bytes());
+        assert_eq!(info.remote, s.agent.url);
+        assert!(Path::new(&info.socket).exists());
+    }
+    // Another command, or the right number with the wrong size: refused, and the mount goes on.
+    assert_eq!(
+        raw_ioctl(&s.mount.dir, ior(b'S', 2, 4096), 4096),
+        Err(libc::ENOTTY)
+    );
+    assert_eq!(
+        raw_ioctl(&s.mount.dir, ior(b'S', 1, 16), 16).unwrap_err(),
+        libc::ENOTTY
+    );
+    assert_eq!(
+        raw_ioctl(&s.mount.dir.join("src"), libc::FIONREAD as u32, 8).unwrap_err(),
+        libc::ENOTTY
+    );
+    // Outside a mount the same ioctl is simply not understood.
+    assert!(raw_ioctl(s.root.as_path(), IOC_INFO, IOC_INFO_SIZE).is_err());
+    assert!(fs::read_dir(&s.mount.dir).unwrap().count() > 0);
+}
+
+#[test]
+fn the_c_example_calls_the_ioctl() {
+    let Some(cc) = require_tool("cc") else { return };
+    let out_dir = tempfile::tempdir().unwrap();
+    let exe = out_dir.path().join("sbxfs_info");
+    let st = Command::new(cc)
+        .arg("-Wall")
+        .arg("-Werror")
+        .arg("-o")
+        .arg(&exe)
+        .arg(repo_root().join("scripts/sbxfs_info.c"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let s = setup();
+    let (code, out, _) = run(Command::new(&exe).arg(s.mount.dir.join("src/net")));
+    assert_eq!(code, 0);
+    let info: MountInfo = serde_json::from_slice(out.trim_ascii()).unwrap();
+    assert_eq!(info.path.0, b"src/net");
+    let (code, _, _) = run(Command::new(&exe).arg(&s.root));
+    assert_eq!(code, 1, "not an sbxfs mount");
+}
+
+fn sbxfs_in(dir: &Path, args: &[&str]) -> (i32, String) {
+    let (code, out, err) = run(Command::new(sbxfs_bin()).current_dir(dir).args(args));
+    (
+        code,
+        String::from_utf8_lossy(&out).into_owned() + &String::from_utf8_lossy(&err),
+    )
+}
+
+#[test]
+fn commands_in_a_mount_run_in_the_sandbox_and_answer_exactly_as_locally() {
+    let s = setup();
+    let before = rt().block_on(s.agent.client().agent_stats()).unwrap();
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["grep", "TODO"],
+        vec!["grep", "--json", "-C", "1", "TODO"],
+        vec!["grep", "-i", "serve", "src"],
+        vec!["grep", "--json", "zzz-nothing"],
+        vec!["glob", "**/*.rs"],
+        vec!["glob", "--json", "src/*"],
+        vec!["fuzzy", "--json", "srvr"],
+        vec!["scan", "app.log", "--start", "4990", "--json"],
+        vec!["scan", "app.log", "--start", "10", "--end", "12"],
+        vec!["grep", "("],
+    ];
+    for args in &cases {
+        let here = sbxfs_in(&s.mount.dir, args);
+        let there = sbxfs_in(&s.root, args);
+        assert_eq!(
+            here, there,
+            "sbxfs {args:?} differs between the mount and the sandbox itself"
+        );
+    }
+    // The answers came from the sandbox: it ran the searches.
+    let after = rt().block_on(s.agent.client().agent_stats()).unwrap();
+    assert!(
+        after["greps_completed"].as_u64().unwrap()
+            >= before["greps_completed"].as_u64().unwrap() + 3
+    );
+    // A grep in the mount reads no file content through it.
+    assert!(after["bytes_read"].as_u64().unwrap() - before["bytes_read"].as_u64().unwrap() < 1000);
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Runtime::new().unwrap()
+}
+
+#[test]
+fn an_edit_through_the_mount_shows_in_cat_right_after() {
+    let s = setup();
+    let m = &s.mount.dir;
+    assert!(fs::read_to_string(m.join("src/main.rs"))
+        .unwrap()
+        .contains("8080"));
+    let (code, out) = sbxfs_in(
+        m,
+        &[
+            "edit",
+            "src/main.rs",
+            "--old",
+            "8080",
+            "--new",
+            "9090",
+            "--json",
+        ],
+    );
+    assert_eq!((code, out.trim()), (0, r#"{"count":1}"#));
+    assert!(fs::read_to_string(m.join("src/main.rs"))
+        .unwrap()
+        .contains("serve(9090)"));
+    assert!(fs::read_to_string(s.root.join("src/main.rs"))
+        .unwrap()
+        .contains("serve(9090)"));
+    // Unpushed local writes are pushed before a query answers, so it sees them.
+    fs::write(m.join("src/new.rs"), "// TODO fresh\n").unwrap();
+    let (_, out) = sbxfs_in(m, &["grep", "fresh"]);
+    assert_eq!(out, "src/new.rs:1:9:// TODO fresh\n");
+}
+
+#[test]
+fn ctl_reports_stats_status_and_flushes() {
+    let s = setup();
+    let m = &s.mount.dir;
+    let _ = fs::read(m.join("app.log")).unwrap();
+    let (code, out) = sbxfs_in(m, &["ctl", "stats"]);
+    assert_eq!(code, 0, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v["stats"]["bytes_read"].as_u64().unwrap() > 0);
+    assert!(v["remote_round_trip_ms"].as_f64().is_some());
+    let (code, out) = sbxfs_in(m, &["ctl", "status"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("\"reachable\": true"), "{out}");
+    let (code, out) = sbxfs_in(m, &["ctl", "flush"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("\"flushed\": true"));
+    let (code, _) = sbxfs_in(m, &["ctl", "invalidate", "src/main.rs"]);
+    assert_eq!(code, 0);
+    let (code, out) = sbxfs_in(&s.root, &["ctl", "stats"]);
+    assert_eq!(code, 2, "outside a mount: {out}");
+}
+
+#[test]
+fn the_control_socket_refuses_other_users() {
+    let Some(setpriv) = require_tool("setpriv") else {
+        return;
+    };
+    let s = setup();
+    let buf = raw_ioctl(&s.mount.dir, IOC_INFO, IOC_INFO_SIZE).unwrap();
+    let end = buf.iter().position(|&b| b == 0).unwrap();
+    let info: MountInfo = serde_json::from_slice(&buf[..end]).unwrap();
+    let mode = fs::metadata(&info.socket).unwrap().permissions();
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(mode.mode() & 0o777, 0o600);
+    // `nobody`, even allowed past the file permissions, is refused by the peer-credential check.
+    let client = format!(
+        "import socket; s = socket.socket(socket.AF_UNIX); s.connect({:?}); s.sendall(b'{{\"v\":1,\"op\":\"status\"}}\\n'); print(s.recv(4096).decode())",
+        info.socket
+    );
+    let out = Command::new(setpriv)
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=+dac_override",
+            "--ambient-caps=+dac_override",
+            "python3",
+            "-c",
+            &client,
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("EACCES"),
+        "stdout {text:?} stderr {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The owner is served.
+    let (code, out) = sbxfs_in(&s.mount.dir, &["ctl", "status"]);
+    assert_eq!(code, 0, "{out}");
+}
+
+#[test]
+fn interrupting_a_grep_in_a_mount_stops_the_search_in_the_sandbox() {
+    let s = setup();
+    for d in 0..40 {
+        fs::create_dir(s.root.join(format!("big{d}"))).unwrap();
+        for f in 0..40 {
+            let body: String = (0..200).map(|i| format!("needle {i}\n")).collect();
+            fs::write(s.root.join(format!("big{d}/f{f}.txt")), body).unwrap();
+        }
+    }
+    let mut child = Command::new(sbxfs_bin())
+        .current_dir(&s.mount.dir)
+        .args(["grep", "-j", "1", "needle"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.contains("needle"));
+    // Ctrl-C.
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::Signal::INT,
+    )
+    .unwrap();
+    let _ = child.wait();
+    let client = s.agent.client();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let st = rt().block_on(client.agent_stats()).unwrap();
+        if st["greps_cancelled"].as_u64() == Some(1) {
+            assert_eq!(st["greps_completed"].as_u64(), Some(0));
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sandbox kept searching: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = (
+        std::io::stdout().flush(),
+        std::io::stdin().read(&mut [0u8; 0]),
+    );
+}
