@@ -11,6 +11,8 @@
 //! - [`mount`]: `sbxfs mount`, a FUSE filesystem over any `Remote`: a thin adapter
 //!   ([`mount::fuse`]) over an async core ([`mount::core`]: inodes, caches, pushes) and write
 //!   staging ([`mount::staging`]).
+//! - [`control`]: the mount's INFO ioctl and control socket, one versioned protocol shared by
+//!   the daemon and the CLI, so `sbxfs grep` in a mount runs in the sandbox.
 //! - [`atomic`]: atomic replacement of a local file (used by the CLI's `edit`).
 //! - [`proxy`]: a delaying, byte-counting TCP proxy for tests and benchmarks.
 //! - [`cli`]: the `sbxfs` command line; `main.rs` only calls [`cli::main`].
@@ -31,7 +33,10 @@
 //! conflict that changes nothing, and the mount saves the user's version as a conflict copy.
 //!
 //! # The path of a query
-//! `sbxfs grep PATTERN DIR` (or the agent's `/v1/grep`) walks the tree once with ripgrep's
+//! `sbxfs grep PATTERN` standing in a mount asks the directory for its mount ([`control`]'s
+//! INFO ioctl), sends the query on the mount's control socket; the daemon pushes unpushed
+//! writes, then streams the agent's `/v1/grep` answer back. In the sandbox (or on a local path)
+//! the core does the work: it walks the tree once with ripgrep's
 //! `ignore` walker ([`search::walk`]), searches files in parallel with `grep-searcher`, and
 //! streams matches in walk order to a sink that can stop the search (a cap, or a client gone).
 //! `scan` streams a file through [`search::scan::LineWindow`] in 64 KiB positional reads.
