@@ -660,3 +660,49 @@ fn cargo_new_and_cargo_build_work_inside_the_mount() {
     let (code, out, err) = sh(&s.root.join("hello"), "./target/debug/hello");
     assert_eq!((code, out.as_str()), (0, "Hello, world!\n"), "{err}");
 }
+
+#[test]
+fn many_files_written_at_once_never_mix_their_contents() {
+    // Parallel builds write many files at once while saves free and the sandbox reuses inode
+    // numbers: each file must keep its own content.
+    let s = setup();
+    let m = s.mount.dir.clone();
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let m = m.clone();
+            std::thread::spawn(move || {
+                for i in 0..40 {
+                    let name = m.join(format!("t{t}-f{i}.o"));
+                    let body = format!("thread {t} file {i} ").repeat(50 + i);
+                    fs::write(&name, &body).unwrap();
+                    let tmp = m.join(format!("t{t}-f{i}.tmp"));
+                    fs::write(&tmp, body.to_uppercase()).unwrap();
+                    fs::rename(&tmp, m.join(format!("t{t}-g{i}.o"))).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    for t in 0..8 {
+        for i in 0..40 {
+            let body = format!("thread {t} file {i} ").repeat(50 + i);
+            for (name, want) in [
+                (format!("t{t}-f{i}.o"), body.clone()),
+                (format!("t{t}-g{i}.o"), body.to_uppercase()),
+            ] {
+                assert_eq!(
+                    fs::read_to_string(s.root.join(&name)).unwrap(),
+                    want,
+                    "{name} in the sandbox"
+                );
+                assert_eq!(
+                    fs::read_to_string(m.join(&name)).unwrap(),
+                    want,
+                    "{name} through the mount"
+                );
+            }
+        }
+    }
+}

@@ -170,6 +170,9 @@ struct GrepArgs {
     before_context: Option<usize>,
     #[arg(short = 'A', long, value_name = "N")]
     after_context: Option<usize>,
+    /// Print only the paths of files with matches, once each.
+    #[arg(short = 'l', long = "files-with-matches")]
+    files_with_matches: bool,
     /// Line numbers are always shown; accepted for ripgrep/grep habits.
     #[arg(short = 'n', long = "line-number")]
     _line_number: bool,
@@ -501,6 +504,7 @@ fn found(any: bool) -> i32 {
 
 fn run_grep(a: GrepArgs) -> i32 {
     let mut p = Printer::new(a.json);
+    p.files_only = a.files_with_matches;
     let context = a.context.unwrap_or(0);
     let opts = GrepOptions {
         pattern: a.pattern,

@@ -21,6 +21,9 @@ pub struct Printer {
     out: BufWriter<io::Stdout>,
     /// The reader went away: stop producing.
     closed: bool,
+    /// grep -l: print each matching file's path once.
+    pub files_only: bool,
+    last_path: Option<String>,
 }
 
 /// Join a root given on the command line and a path relative to it, for display.
@@ -44,6 +47,8 @@ impl Printer {
             colour,
             out: BufWriter::new(stdout),
             closed: false,
+            files_only: false,
+            last_path: None,
         }
     }
 
@@ -70,6 +75,17 @@ impl Printer {
 
     /// Print one match; `false` when output is closed and the search should stop.
     pub fn grep_match(&mut self, m: &GrepMatch) -> bool {
+        if self.files_only {
+            if self.last_path.as_deref() == Some(m.path.as_str()) {
+                return !self.closed;
+            }
+            self.last_path = Some(m.path.clone());
+            if self.json {
+                return self.json_line(&json!({ "path": m.path }));
+            }
+            let path = self.paint(PATH_COLOUR, &m.path);
+            return self.write(format!("{path}\n").as_bytes());
+        }
         if self.json {
             return self.json_line(m);
         }

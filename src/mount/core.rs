@@ -117,6 +117,9 @@ impl PageCache {
     }
 }
 
+/// One page fetch that several readers may wait on.
+type PageFetch = tokio::sync::OnceCell<std::result::Result<Bytes, RemoteError>>;
+
 pub struct FsCore {
     remote: Arc<dyn Remote>,
     cfg: CoreConfig,
@@ -130,6 +133,9 @@ pub struct FsCore {
     epoch: AtomicU64,
     listings: Mutex<HashMap<RemotePath, Listing>>,
     pages: Mutex<PageCache>,
+    /// Page fetches under way: concurrent reads of one page (the kernel's read-ahead and a
+    /// read racing it) share one remote call instead of each making theirs.
+    inflight: Mutex<HashMap<(Version, u64), Arc<PageFetch>>>,
     handles: Mutex<HashMap<u64, Handle>>,
     next_fh: AtomicU64,
     staged: Mutex<HashMap<NodeId, Arc<tokio::sync::Mutex<Staged>>>>,
@@ -180,6 +186,7 @@ impl FsCore {
                 bytes: 0,
                 cap,
             }),
+            inflight: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             staged: Mutex::new(HashMap::new()),
@@ -240,8 +247,14 @@ impl FsCore {
         if path.is_root() {
             return ROOT;
         }
+        // The node standing for this inode is reused only for the same path: a sandbox inode
+        // number freed by a save can be handed to a new file before the save's answer reaches
+        // us, and two files must never share a node (their writes would share a staging file).
         if let Some(&id) = by_ino.get(&ino) {
-            if nodes.get(&id).is_some_and(|n| n.remote_ino == ino) {
+            if nodes
+                .get(&id)
+                .is_some_and(|n| n.remote_ino == ino && &n.path == path)
+            {
                 return id;
             }
         }
@@ -591,24 +604,41 @@ impl FsCore {
             .ok_or_else(|| RemoteError::Invalid(format!("bad file handle {fh}")))
     }
 
-    /// One page of remote data at `version` (from the cache, or fetched).
+    /// One page of remote data at `version` (from the cache, or fetched once however many
+    /// readers want it at the same time).
     async fn page(&self, path: &RemotePath, version: &Version, page: u64) -> Result<Bytes> {
         let key = (version.clone(), page);
         if let Some(d) = self.pages.lock().expect("pages lock").get(&key) {
             self.stats.cache_hits.fetch_add(1, Ordering::Relaxed);
             return Ok(d);
         }
-        self.stats.cache_misses.fetch_add(1, Ordering::Relaxed);
-        self.call();
-        let r = self.remote.read(path, page * PAGE, PAGE as u32).await?;
-        self.stats
-            .bytes_read
-            .fetch_add(r.data.len() as u64, Ordering::Relaxed);
-        self.pages
+        let cell = self
+            .inflight
             .lock()
-            .expect("pages lock")
-            .put((r.version.clone(), page), r.data.clone());
-        Ok(r.data)
+            .expect("inflight lock")
+            .entry(key.clone())
+            .or_default()
+            .clone();
+        let result = cell
+            .get_or_init(|| async {
+                self.stats.cache_misses.fetch_add(1, Ordering::Relaxed);
+                self.call();
+                let r = self.remote.read(path, page * PAGE, PAGE as u32).await?;
+                self.stats
+                    .bytes_read
+                    .fetch_add(r.data.len() as u64, Ordering::Relaxed);
+                // Filed under the version the bytes came from (newer than the handle's if the
+                // file changed since its open), never under one they are not.
+                self.pages
+                    .lock()
+                    .expect("pages lock")
+                    .put((r.version.clone(), page), r.data.clone());
+                Ok(r.data)
+            })
+            .await
+            .clone();
+        self.inflight.lock().expect("inflight lock").remove(&key);
+        result
     }
 
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {

@@ -251,15 +251,20 @@ pub struct MountProcess {
 
 impl MountProcess {
     pub fn start(agent: &AgentProcess, extra: &[&str]) -> MountProcess {
+        Self::start_url(&agent.url, &agent.token, extra)
+    }
+
+    /// Mount a remote by URL (e.g. an agent behind a proxy).
+    pub fn start_url(url: &str, token: &str, extra: &[&str]) -> MountProcess {
         let base = tempfile::tempdir().unwrap();
         let dir = base.path().join("mnt");
         fs::create_dir(&dir).unwrap();
         let token_file = base.path().join("token");
-        fs::write(&token_file, &agent.token).unwrap();
+        fs::write(&token_file, token).unwrap();
         let log = base.path().join("mount.log");
         let mut child = Command::new(sbxfs_bin())
             .arg("mount")
-            .arg(&agent.url)
+            .arg(url)
             .arg(&dir)
             .arg("--token-file")
             .arg(&token_file)
