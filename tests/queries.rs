@@ -311,3 +311,99 @@ fn interrupting_a_grep_in_a_mount_stops_the_search_in_the_sandbox() {
         std::io::stdin().read(&mut [0u8; 0]),
     );
 }
+
+/// The QUERY ioctl with a raw request buffer.
+fn raw_query(path: &Path, request: &[u8]) -> Result<serde_json::Value, i32> {
+    use sbxfs::control::{IOC_QUERY, IOC_QUERY_SIZE};
+    let f = fs::File::open(path).unwrap();
+    let mut buf = vec![0u8; IOC_QUERY_SIZE];
+    buf[..request.len()].copy_from_slice(request);
+    // SAFETY: `buf` is exactly the size IOC_QUERY encodes.
+    let rc = unsafe { libc::ioctl(f.as_raw_fd(), IOC_QUERY as _, buf.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap());
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap();
+    Ok(serde_json::from_slice(&buf[..end]).unwrap())
+}
+
+#[test]
+fn query_ioctl_answers_small_queries_and_refuses_bad_or_oversized_ones() {
+    let s = setup();
+    let m = &s.mount.dir;
+    let v = raw_query(
+        &m.join("app.log"),
+        br#"{"v":1,"op":"scan","request":{"start_line":4999,"end_line":null,"max_bytes":100}}"#,
+    )
+    .unwrap();
+    assert_eq!(v["lines"], serde_json::json!(["line 4999", "line 5000"]));
+    let v = raw_query(
+        &m.join("src"),
+        br#"{"v":1,"op":"glob","pattern":"**/*.rs"}"#,
+    )
+    .unwrap();
+    assert_eq!(v["paths"], serde_json::json!(["main.rs", "net/server.rs"]));
+    let v = raw_query(m, br#"{"v":1,"op":"grep","options":{"pattern":"TODO"}}"#).unwrap();
+    assert_eq!(v["matches"].as_array().unwrap().len(), 2);
+    // A query error is an answer, not an errno.
+    let v = raw_query(m, br#"{"v":1,"op":"grep","options":{"pattern":"("}}"#).unwrap();
+    assert_eq!(v["error"], "invalid_regex");
+    // Malformed: not JSON, unknown op, wrong version.
+    assert_eq!(raw_query(m, b"not json"), Err(libc::EINVAL));
+    assert_eq!(
+        raw_query(m, br#"{"v":1,"op":"format-disk"}"#),
+        Err(libc::EINVAL)
+    );
+    assert_eq!(raw_query(m, br#"{"v":9,"op":"stats"}"#), Err(libc::EINVAL));
+    // An answer larger than the buffer: E2BIG (the CLI then asks the control socket).
+    let big = raw_query(
+        &m.join("app.log"),
+        br#"{"v":1,"op":"scan","request":{"start_line":1,"end_line":null,"max_bytes":1000000}}"#,
+    );
+    assert_eq!(big, Err(libc::E2BIG));
+    let (code, out) = sbxfs_in(
+        m,
+        &["scan", "app.log", "--start", "1", "--max-bytes", "1000000"],
+    );
+    assert_eq!(code, 0);
+    assert_eq!(out.lines().count(), 5000, "the CLI fell back to the socket");
+    // The mount still serves.
+    assert!(fs::read_to_string(m.join("src/main.rs"))
+        .unwrap()
+        .contains("TODO"));
+}
+
+#[test]
+fn mount_and_socket_options_work_from_outside_the_mount() {
+    let s = setup();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let m = s.mount.dir.to_str().unwrap().to_string();
+    let (code, out) = sbxfs_in(elsewhere.path(), &["grep", "TODO", "src", "--mount", &m]);
+    assert_eq!(
+        (code, out.as_str()),
+        (
+            0,
+            "main.rs:2:8:    // TODO: port\nnet/server.rs:2:8:    // TODO: shutdown\n"
+        )
+    );
+    let buf = raw_ioctl(&s.mount.dir, IOC_INFO, IOC_INFO_SIZE).unwrap();
+    let end = buf.iter().position(|&b| b == 0).unwrap();
+    let info: MountInfo = serde_json::from_slice(&buf[..end]).unwrap();
+    let (code, out) = sbxfs_in(
+        elsewhere.path(),
+        &[
+            "scan",
+            "app.log",
+            "--start",
+            "4999",
+            "--socket",
+            &info.socket,
+        ],
+    );
+    assert_eq!((code, out.as_str()), (0, "line 4999\nline 5000\n"));
+    let (code, out) = sbxfs_in(
+        elsewhere.path(),
+        &["glob", "**/server.rs", "--socket", &info.socket],
+    );
+    assert_eq!((code, out.as_str()), (0, "src/net/server.rs\n"));
+}

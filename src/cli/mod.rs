@@ -153,6 +153,52 @@ impl WalkArgs {
     }
 }
 
+/// Where a query goes when its path is not inside a mount the command can see.
+#[derive(Args, Debug, Clone, Default)]
+struct RouteArgs {
+    /// Ask this sbxfs mount; paths are then relative to its root.
+    #[arg(long, value_name = "MOUNTPOINT")]
+    mount: Option<PathBuf>,
+    /// Ask the mount listening on this control socket; paths are workspace paths.
+    #[arg(long, value_name = "PATH", conflicts_with = "mount")]
+    socket: Option<PathBuf>,
+}
+
+impl RouteArgs {
+    /// The route for `path`: forced by --socket/--mount, else found by the INFO ioctl.
+    fn route(&self, path: &std::path::Path) -> Option<crate::control::client::Route> {
+        use std::os::unix::ffi::OsStrExt;
+        let rel = |p: &std::path::Path| -> Vec<u8> {
+            let b = p.as_os_str().as_bytes();
+            let b = b.strip_prefix(b"./").unwrap_or(b);
+            if b == b"." {
+                Vec::new()
+            } else {
+                b.trim_ascii_end().to_vec()
+            }
+        };
+        if let Some(socket) = &self.socket {
+            return Some(crate::control::client::Route {
+                socket: socket.clone(),
+                path: rel(path),
+                info: crate::control::MountInfo {
+                    v: crate::control::PROTOCOL_VERSION,
+                    mountpoint: String::new(),
+                    socket: socket.display().to_string(),
+                    remote: String::new(),
+                    path: Default::default(),
+                    version: None,
+                },
+                on: None,
+            });
+        }
+        match &self.mount {
+            Some(m) => crate::control::client::route(&m.join(path)),
+            None => crate::control::client::route(path),
+        }
+    }
+}
+
 #[derive(Args, Debug)]
 struct GrepArgs {
     pattern: String,
@@ -190,6 +236,8 @@ struct GrepArgs {
     walk: WalkArgs,
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    route: RouteArgs,
 }
 
 #[derive(Args, Debug)]
@@ -199,6 +247,8 @@ struct GlobArgs {
     dir: PathBuf,
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    route: RouteArgs,
 }
 
 #[derive(Args, Debug)]
@@ -212,6 +262,8 @@ struct FuzzyArgs {
     walk: WalkArgs,
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    route: RouteArgs,
 }
 
 #[derive(Args, Debug)]
@@ -227,6 +279,8 @@ struct ScanArgs {
     max_bytes: u64,
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    route: RouteArgs,
 }
 
 #[derive(Args, Debug)]
@@ -247,6 +301,8 @@ struct EditArgs {
     all: bool,
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    route: RouteArgs,
 }
 
 /// Run the command line; returns the process exit code.
@@ -532,7 +588,7 @@ fn run_grep(a: GrepArgs) -> i32 {
         let mut remaining = opts.clone();
         remaining.max_results = opts.max_results.map(|m| m.saturating_sub(total.matches));
         remaining.max_bytes = opts.max_bytes.map(|m| m.saturating_sub(total.bytes));
-        let result = match crate::control::client::route(root) {
+        let result = match a.route.route(root) {
             // In a mount: the sandbox searches, only results cross the network.
             Some(route) => {
                 remote_grep(&route, &remaining, &mut p, prefix.as_deref(), root.is_dir())
@@ -578,7 +634,7 @@ fn run_grep(a: GrepArgs) -> i32 {
 
 fn run_glob(a: GlobArgs) -> i32 {
     let mut p = Printer::new(a.json);
-    let result = match crate::control::client::route(&a.dir) {
+    let result = match a.route.route(&a.dir) {
         Some(route) => ask(
             &route,
             crate::control::Request::Glob {
@@ -605,7 +661,7 @@ fn run_glob(a: GlobArgs) -> i32 {
 
 fn run_fuzzy(a: FuzzyArgs) -> i32 {
     let mut p = Printer::new(a.json);
-    let result = match crate::control::client::route(&a.dir) {
+    let result = match a.route.route(&a.dir) {
         Some(route) => ask(
             &route,
             crate::control::Request::Fuzzy {
@@ -642,7 +698,7 @@ fn run_scan(a: ScanArgs) -> i32 {
         end_line: a.end,
         max_bytes: a.max_bytes,
     };
-    let result = match crate::control::client::route(&a.file) {
+    let result = match a.route.route(&a.file) {
         Some(route) => ask(
             &route,
             crate::control::Request::Scan {
@@ -684,7 +740,7 @@ fn run_edit(a: EditArgs) -> i32 {
     let mut p = Printer::new(a.json);
     let texts = text_arg(a.old, a.old_file, "--old")
         .and_then(|old| Ok((old, text_arg(a.new, a.new_file, "--new")?)));
-    let result = texts.and_then(|(old, new)| match crate::control::client::route(&a.file) {
+    let result = texts.and_then(|(old, new)| match a.route.route(&a.file) {
         Some(route) => ask(
             &route,
             crate::control::Request::Edit {

@@ -27,11 +27,44 @@ pub fn mount_info(path: &Path) -> Option<MountInfo> {
 
 use std::os::unix::fs::OpenOptionsExt;
 
+/// Ask the mount holding `path` a question through the QUERY ioctl. `Err(E2BIG)` means the
+/// answer is too large for the ioctl: use the control socket instead.
+pub fn ioctl_query(path: &Path, request: &Request) -> Result<serde_json::Value, i32> {
+    use super::{IOC_QUERY, IOC_QUERY_SIZE};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+    let mut buf = vec![0u8; IOC_QUERY_SIZE];
+    let req = serde_json::to_vec(&Envelope {
+        v: PROTOCOL_VERSION,
+        request: request.clone(),
+    })
+    .map_err(|_| libc::EINVAL)?;
+    if req.len() >= IOC_QUERY_SIZE {
+        return Err(libc::E2BIG);
+    }
+    buf[..req.len()].copy_from_slice(&req);
+    // SAFETY: IOC_QUERY is an _IOWR command of size IOC_QUERY_SIZE, exactly `buf`'s length; the
+    // kernel reads and writes at most that many bytes, and `file` stays open for the call.
+    let rc = unsafe { libc::ioctl(file.as_raw_fd(), IOC_QUERY as _, buf.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO));
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    serde_json::from_slice(&buf[..end]).map_err(|_| libc::EIO)
+}
+
 /// Where a query about `path` goes: its mount's socket, and `path` inside the workspace.
 pub struct Route {
     pub socket: PathBuf,
     pub path: Vec<u8>,
     pub info: MountInfo,
+    /// The local path, for the QUERY ioctl.
+    pub on: Option<PathBuf>,
 }
 
 pub fn route(path: &Path) -> Option<Route> {
@@ -40,6 +73,7 @@ pub fn route(path: &Path) -> Option<Route> {
         socket: PathBuf::from(&info.socket),
         path: info.path.0.clone(),
         info,
+        on: Some(path.to_path_buf()),
     })
 }
 

@@ -25,6 +25,20 @@ const fn ior(ty: u8, nr: u8, size: u32) -> u32 {
     (2 << 30) | (size << 16) | ((ty as u32) << 8) | nr as u32
 }
 
+/// `_IOWR(type, nr, size)`.
+const fn iowr(ty: u8, nr: u8, size: u32) -> u32 {
+    (3 << 30) | (size << 16) | ((ty as u32) << 8) | nr as u32
+}
+
+/// Size of the QUERY buffer (request in, answer out): under FUSE's 16 KiB restricted limit.
+pub const IOC_QUERY_SIZE: usize = 16_000;
+/// `SBXFS_IOC_QUERY`: `_IOWR('S', 2, char[16000])`. In: a NUL-terminated request like the
+/// socket's (`{"v":1,"op":"scan","request":{…}}`; its `path` is ignored: the query is about the
+/// file or directory the ioctl is called on). Out: the NUL-terminated JSON answer, or `E2BIG`
+/// when it does not fit (ask the control socket, whose path INFO gives), `EINVAL` for a
+/// malformed request.
+pub const IOC_QUERY: u32 = iowr(b'S', 2, IOC_QUERY_SIZE as u32);
+
 /// Size of the INFO answer buffer: fixed by the command number, under FUSE's 16 KiB limit.
 pub const IOC_INFO_SIZE: usize = 4096;
 /// `SBXFS_IOC_INFO`: `_IOR('S', 1, char[4096])`.
@@ -76,6 +90,32 @@ pub enum Request {
         path: crate::remote::WireBytes,
     },
     Status,
+}
+
+impl Request {
+    /// The same request about another path (the ioctl's file or directory).
+    pub fn at(self, p: Vec<u8>) -> Request {
+        let w = crate::remote::WireBytes(p);
+        match self {
+            Request::Grep { options, .. } => Request::Grep { path: w, options },
+            Request::Glob { pattern, .. } => Request::Glob { path: w, pattern },
+            Request::Fuzzy { request, .. } => Request::Fuzzy { path: w, request },
+            Request::Scan { request, .. } => Request::Scan { path: w, request },
+            Request::Edit {
+                old,
+                new,
+                replace_all,
+                ..
+            } => Request::Edit {
+                path: w,
+                old,
+                new,
+                replace_all,
+            },
+            Request::Invalidate { .. } => Request::Invalidate { path: w },
+            other => other,
+        }
+    }
 }
 
 /// The envelope: the protocol version and the request.

@@ -40,6 +40,13 @@ pub async fn serve(listener: UnixListener, core: Arc<FsCore>, info: serde_json::
                 .is_ok_and(|c| c.uid() == owner || c.uid() == 0);
             if !allowed {
                 let mut s = stream;
+                // Read the request line first, so the refusal reaches a client still sending.
+                let mut scratch = [0u8; 4096];
+                let _ = tokio::time::timeout(
+                    std::time::Duration::from_secs(2),
+                    tokio::io::AsyncReadExt::read(&mut s, &mut scratch),
+                )
+                .await;
                 let _ = s
                     .write_all(&line(&json!({"error": "EACCES", "message": "only the mount's owner may use its control socket"})))
                     .await;
@@ -126,6 +133,43 @@ async fn handle(stream: UnixStream, core: Arc<FsCore>, info: serde_json::Value) 
                 Err(e) => Err(e),
             }
         }
+        other => answer_one(&core, &info, other).await,
+    };
+    let l = match answer {
+        Ok(v) => line(&v),
+        Err(e) => error_line(&e),
+    };
+    let _ = write.write_all(&l).await;
+}
+
+/// Answer a request that has one answer (everything but grep's stream): shared by the socket
+/// and the QUERY ioctl.
+pub async fn answer_one(
+    core: &Arc<FsCore>,
+    info: &serde_json::Value,
+    request: Request,
+) -> Result<serde_json::Value, RemoteError> {
+    let remote = core.remote().clone();
+    let path = |w: crate::remote::WireBytes| RemotePath::new(w.0);
+    match request {
+        Request::Grep { path: p, options } => {
+            // Collected whole: for the ioctl, whose answer must fit its buffer anyway.
+            let p = path(p)?;
+            let _ = core.flush_all().await;
+            let mut stream = remote.grep(&p, options).await?;
+            let mut matches = Vec::new();
+            while let Some(item) = stream.next().await {
+                match item? {
+                    GrepEvent::Match(m) => matches.push(m),
+                    GrepEvent::Summary { summary, truncated } => {
+                        return Ok(
+                            json!({ "matches": matches, "summary": summary, "truncated": truncated }),
+                        )
+                    }
+                }
+            }
+            Err(RemoteError::Transport("the grep answer ended early".into()))
+        }
         Request::Glob { path: p, pattern } => match path(p) {
             Ok(p) => remote
                 .glob(&p, &pattern)
@@ -188,12 +232,7 @@ async fn handle(stream: UnixStream, core: Arc<FsCore>, info: serde_json::Value) 
                 json!({ "mount": info, "reachable": reachable, "pending_commits": core.pending_count() }),
             )
         }
-    };
-    let l = match answer {
-        Ok(v) => line(&v),
-        Err(e) => error_line(&e),
-    };
-    let _ = write.write_all(&l).await;
+    }
 }
 
 async fn round_trip_ms(core: &FsCore) -> Option<f64> {

@@ -59,6 +59,50 @@ fn time_ns(t: TimeOrNow, now: i64) -> i64 {
 }
 
 impl SbxFs {
+    /// The QUERY ioctl: decode, run the query about this node on the runtime, reply.
+    fn ioctl_query(&self, node: NodeId, in_data: &[u8], out_size: u32, reply: fuser::ReplyIoctl) {
+        use crate::control::{Request as Q, IOC_QUERY_SIZE, PROTOCOL_VERSION};
+        if in_data.len() != IOC_QUERY_SIZE || (out_size as usize) != IOC_QUERY_SIZE {
+            reply.error(Errno::EINVAL);
+            return;
+        }
+        let end = in_data
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(in_data.len());
+        // Paths are optional in an ioctl request: fill one in before decoding.
+        let parsed = serde_json::from_slice::<serde_json::Value>(&in_data[..end])
+            .ok()
+            .and_then(|mut v| {
+                if v.get("v")?.as_u64()? != u64::from(PROTOCOL_VERSION) {
+                    return None;
+                }
+                if v.get("path").is_none() {
+                    v["path"] = serde_json::json!("");
+                }
+                serde_json::from_value::<Q>(v).ok()
+            });
+        let (Some(request), Ok(path)) = (parsed, self.core.path_of(node)) else {
+            reply.error(Errno::EINVAL);
+            return;
+        };
+        let request = request.at(path.as_bytes().to_vec());
+        let info = serde_json::json!({ "mountpoint": self.mountpoint, "socket": self.socket, "remote": self.remote });
+        self.spawn(move |core, _| async move {
+            let answer = match crate::control::server::answer_one(&core, &info, request).await {
+                Ok(v) => v,
+                Err(e) => serde_json::json!(crate::remote::wire::ErrorBody::from_error(&e)),
+            };
+            let mut out = serde_json::to_vec(&answer).expect("serialisable");
+            if out.len() >= IOC_QUERY_SIZE {
+                reply.error(Errno::from_i32(libc::E2BIG));
+                return;
+            }
+            out.push(0);
+            reply.ioctl(0, &out);
+        });
+    }
+
     fn ttl(&self) -> Duration {
         self.core.config().attr_ttl
     }
@@ -132,6 +176,10 @@ impl Filesystem for SbxFs {
         out_size: u32,
         reply: fuser::ReplyIoctl,
     ) {
+        if cmd == crate::control::IOC_QUERY {
+            self.ioctl_query(ino.0, in_data, out_size, reply);
+            return;
+        }
         if cmd != crate::control::IOC_INFO {
             reply.error(Errno::from_i32(libc::ENOTTY));
             return;
