@@ -210,7 +210,7 @@ pub async fn answer_one(
             "cache_hit_ratio": core.cache_hit_ratio(),
             "stats": &core.stats,
             "pending_commits": core.pending_count(),
-            "remote_round_trip_ms": round_trip_ms(&core).await,
+            "remote_round_trip_ms": round_trip_ms(core).await,
         })),
         Request::Flush => {
             let failures = core.flush_all().await;
