@@ -333,9 +333,13 @@ impl FsCore {
         path.split_last().map(|(p, _)| p).unwrap_or_default()
     }
 
+    fn staged_of(&self, node: NodeId) -> Option<Arc<tokio::sync::Mutex<Staged>>> {
+        self.staged.lock().expect("staged lock").get(&node).cloned()
+    }
+
     /// The attributes to report for a node: the staged length while writes are pending.
     fn with_staged(&self, node: NodeId, mut attr: Attr) -> Attr {
-        let staged = self.staged.lock().expect("staged lock").get(&node).cloned();
+        let staged = self.staged_of(node);
         if let Some(s) = staged {
             if let Ok(s) = s.try_lock() {
                 if s.is_dirty() {
@@ -447,7 +451,7 @@ impl FsCore {
             atime_ns,
             mtime_ns,
         };
-        let staged = self.staged.lock().expect("staged lock").get(&node).cloned();
+        let staged = self.staged_of(node);
         let mut local_override = None;
         if let Some(s) = staged {
             let mut s = s.lock().await;
@@ -474,7 +478,7 @@ impl FsCore {
             let a = self.remote.setattr(&path, remote_set).await?;
             // Our own metadata change gives the file a new version; a staged file (opened for
             // writing, nothing written) follows it rather than calling it a conflict later.
-            let staged = self.staged.lock().expect("staged lock").get(&node).cloned();
+            let staged = self.staged_of(node);
             if let Some(s) = staged {
                 let mut s = s.lock().await;
                 if !s.is_dirty() {
@@ -644,7 +648,7 @@ impl FsCore {
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
         let (node, version, _) = self.handle(fh)?;
         let path = self.path_of(node)?;
-        let staged = self.staged.lock().expect("staged lock").get(&node).cloned();
+        let staged = self.staged_of(node);
         if let Some(s) = staged {
             return self.read_staged(&path, &s, offset, size as u64).await;
         }
@@ -701,11 +705,7 @@ impl FsCore {
         }
         let path = self.path_of(node)?;
         let s = self
-            .staged
-            .lock()
-            .expect("staged lock")
-            .get(&node)
-            .cloned()
+            .staged_of(node)
             .ok_or_else(|| RemoteError::Invalid("no staged state for an open file".into()))?;
         let mut s = s.lock().await;
         for page in s.pages_to_fill(offset, data.len() as u64) {
@@ -721,7 +721,7 @@ impl FsCore {
 
     /// Push a node's staged writes (flush, fsync, release, retries).
     pub async fn push(&self, node: NodeId) -> Result<()> {
-        let Some(staged) = self.staged.lock().expect("staged lock").get(&node).cloned() else {
+        let Some(staged) = self.staged_of(node) else {
             return Ok(());
         };
         let mut s = staged.lock().await;
@@ -916,7 +916,7 @@ impl FsCore {
             .collect();
         for node in nodes {
             if self.push(node).await.is_ok() {
-                let staged = self.staged.lock().expect("staged lock").get(&node).cloned();
+                let staged = self.staged_of(node);
                 if let Some(s) = staged {
                     let g = s.lock().await;
                     if g.handles == 0 && !g.is_dirty() {

@@ -32,6 +32,20 @@ fn errno(e: &RemoteError) -> Errno {
     Errno::from_i32(e.errno())
 }
 
+fn reply_empty(reply: ReplyEmpty, r: crate::remote::Result<()>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
+fn reply_entry(reply: ReplyEntry, s: &SbxFsShared, r: crate::remote::Result<NodeAttr>) {
+    match r {
+        Ok(na) => reply.entry(&s.ttl, &s.attr(&na), Generation(0)),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
 fn time(ns: i64) -> SystemTime {
     if ns >= 0 {
         UNIX_EPOCH + Duration::from_nanos(ns as u64)
@@ -212,10 +226,7 @@ impl Filesystem for SbxFs {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let name = name_bytes(name);
         self.spawn(move |core, s| async move {
-            match core.lookup(parent.0, &name).await {
-                Ok(na) => reply.entry(&s.ttl, &s.attr(&na), Generation(0)),
-                Err(e) => reply.error(errno(&e)),
-            }
+            reply_entry(reply, &s, core.lookup(parent.0, &name).await)
         });
     }
 
@@ -290,31 +301,22 @@ impl Filesystem for SbxFs {
     ) {
         let name = name_bytes(name);
         self.spawn(move |core, s| async move {
-            match core.mkdir(parent.0, &name, mode & !umask).await {
-                Ok(na) => reply.entry(&s.ttl, &s.attr(&na), Generation(0)),
-                Err(e) => reply.error(errno(&e)),
-            }
+            reply_entry(reply, &s, core.mkdir(parent.0, &name, mode & !umask).await)
         });
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = name_bytes(name);
-        self.spawn(move |core, _| async move {
-            match core.unlink(parent.0, &name).await {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
-            }
-        });
+        self.spawn(
+            move |core, _| async move { reply_empty(reply, core.unlink(parent.0, &name).await) },
+        );
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = name_bytes(name);
-        self.spawn(move |core, _| async move {
-            match core.rmdir(parent.0, &name).await {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
-            }
-        });
+        self.spawn(
+            move |core, _| async move { reply_empty(reply, core.rmdir(parent.0, &name).await) },
+        );
     }
 
     fn symlink(
@@ -330,10 +332,7 @@ impl Filesystem for SbxFs {
             target.as_os_str().as_bytes().to_vec(),
         );
         self.spawn(move |core, s| async move {
-            match core.symlink(parent.0, &name, &target).await {
-                Ok(na) => reply.entry(&s.ttl, &s.attr(&na), Generation(0)),
-                Err(e) => reply.error(errno(&e)),
-            }
+            reply_entry(reply, &s, core.symlink(parent.0, &name, &target).await)
         });
     }
 
@@ -458,12 +457,7 @@ impl Filesystem for SbxFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        self.spawn(move |core, _| async move {
-            match core.flush(fh.0).await {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
-            }
-        });
+        self.spawn(move |core, _| async move { reply_empty(reply, core.flush(fh.0).await) });
     }
 
     fn release(
@@ -491,12 +485,7 @@ impl Filesystem for SbxFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.spawn(move |core, _| async move {
-            match core.flush(fh.0).await {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
-            }
-        });
+        self.spawn(move |core, _| async move { reply_empty(reply, core.flush(fh.0).await) });
     }
 
     fn readdir(
