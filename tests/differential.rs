@@ -231,10 +231,12 @@ impl Rig {
         divergence(&self.mount.dir, self.local.path(), self.runs, ops)
     }
 
-    /// Drop operations while the sequence still fails: the shortest failing sequence found.
+    /// Drop operations while the sequence still fails: the shortest failing sequence found
+    /// within a bounded effort (a failure is reported either way).
     fn shrink(&mut self, mut ops: Vec<Op>) -> Vec<Op> {
+        let started = std::time::Instant::now();
         let mut i = ops.len();
-        while i > 0 {
+        while i > 0 && started.elapsed() < std::time::Duration::from_secs(120) {
             i -= 1;
             let mut candidate = ops.clone();
             candidate.remove(i);
@@ -250,7 +252,13 @@ fn run_seed(rig: &mut Rig, seed: u64, steps: usize) {
     let mut rng = Rng(seed);
     let ops: Vec<Op> = (0..steps).map(|_| random_op(&mut rng)).collect();
     if let Some(first) = rig.check(&ops) {
-        let shrunk = rig.shrink(ops);
+        // Nothing after the diverging step matters.
+        let step: usize = first
+            .strip_prefix("step ")
+            .and_then(|r| r.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(ops.len() - 1);
+        let shrunk = rig.shrink(ops[..=step].to_vec());
         let why = rig.check(&shrunk).unwrap_or_default();
         panic!(
             "seed {seed} diverged: {first}\n\nshrunk to {} ops: {shrunk:#?}\n{why}",

@@ -706,3 +706,59 @@ fn many_files_written_at_once_never_mix_their_contents() {
         }
     }
 }
+
+#[test]
+fn a_hung_remote_call_does_not_block_unrelated_operations() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    fs::create_dir(&root).unwrap();
+    fs::write(root.join("cached.txt"), "already here").unwrap();
+    fs::write(root.join("uncached.txt"), "needs the network").unwrap();
+    let agent = AgentProcess::start(&root);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let proxy = rt
+        .block_on(sbxfs::proxy::Proxy::start(
+            "127.0.0.1:0".parse().unwrap(),
+            agent.addr,
+            Duration::ZERO,
+        ))
+        .unwrap();
+    let mount = MountProcess::start_url(
+        &format!("http://{}", proxy.addr),
+        &agent.token,
+        &["--attr-ttl-ms", "60000"],
+    );
+    let m = mount.dir.clone();
+    assert_eq!(
+        fs::read_to_string(m.join("cached.txt")).unwrap(),
+        "already here"
+    );
+    assert_eq!(fs::read_dir(&m).unwrap().count(), 2);
+    // The link to the sandbox goes dead: a read of an uncached file hangs in the network...
+    proxy.set_cut(true);
+    let m2 = m.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = fs::read_to_string(m2.join("uncached.txt"));
+        let _ = tx.send(r.map_err(|e| e.raw_os_error()));
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        rx.try_recv().is_err(),
+        "the uncached read should be waiting on the network"
+    );
+    // ...while what the mount already knows is served at once.
+    let t = std::time::Instant::now();
+    assert_eq!(fs::metadata(m.join("cached.txt")).unwrap().len(), 12);
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "unrelated operations waited for the hung call"
+    );
+    // The hung call ends with EIO within the client's timeouts, not never.
+    let r = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the hung read never ended");
+    assert_eq!(r.unwrap_err(), Some(libc::EIO));
+    drop(mount);
+    drop(proxy);
+}

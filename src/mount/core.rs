@@ -504,32 +504,33 @@ impl FsCore {
         })
     }
 
+    /// A directory's entries, fetched in one round trip (with every entry's attributes, which
+    /// then answer lookups for the TTL). Always fetched: a listing is what `ls` trusts.
     pub async fn readdir(&self, node: NodeId) -> Result<Vec<(Vec<u8>, NodeId, FileKind)>> {
         let path = self.path_of(node)?;
         let before = self.epoch.load(Ordering::SeqCst);
         self.call();
-        let entries = self.remote.list(&path).await?;
-        let stable = self.epoch.load(Ordering::SeqCst) == before;
-        let mut out = Vec::with_capacity(entries.len());
-        let mut map = BTreeMap::new();
-        for e in entries {
-            let child = path.join(&e.name.0)?;
-            let id = {
-                let nodes = self.nodes.lock().expect("nodes lock");
-                let mut by_ino = self.by_ino.lock().expect("by_ino lock");
-                self.id_for(&nodes, &mut by_ino, &child, e.attr.ino, false)
-            };
-            out.push((e.name.0.clone(), id, e.attr.kind));
-            map.insert(e.name.0, e.attr);
-        }
-        if stable {
+        let fetched = self.remote.list(&path).await?;
+        let entries: Vec<(Vec<u8>, Attr)> =
+            fetched.into_iter().map(|e| (e.name.0, e.attr)).collect();
+        if self.epoch.load(Ordering::SeqCst) == before {
             self.listings.lock().expect("listings lock").insert(
-                path,
+                path.clone(),
                 Listing {
-                    entries: map,
+                    entries: entries.iter().cloned().collect(),
                     fetched: Instant::now(),
                 },
             );
+        }
+        let mut out = Vec::with_capacity(entries.len());
+        for (name, attr) in entries {
+            let child = path.join(&name)?;
+            let id = {
+                let nodes = self.nodes.lock().expect("nodes lock");
+                let mut by_ino = self.by_ino.lock().expect("by_ino lock");
+                self.id_for(&nodes, &mut by_ino, &child, attr.ino, false)
+            };
+            out.push((name, id, attr.kind));
         }
         Ok(out)
     }
@@ -539,9 +540,10 @@ impl FsCore {
     pub async fn open(&self, node: NodeId, writable: bool, truncate: bool) -> Result<(u64, bool)> {
         let attr = match self.refresh(node).await {
             Ok(a) => a,
-            // The sandbox is unreachable: an open for writing still works from what we knew, so
-            // an edit can be staged now and pushed (against that version) when it is back.
-            Err(RemoteError::Transport(_) | RemoteError::TimedOut(_)) if writable => self
+            // The sandbox is unreachable: an open still works from what we knew — cached pages
+            // can be read, and an edit can be staged now and pushed (against that version)
+            // when the sandbox is back.
+            Err(RemoteError::Transport(_) | RemoteError::TimedOut(_)) => self
                 .nodes
                 .lock()
                 .expect("nodes lock")

@@ -23,8 +23,9 @@ use crate::search::scan::{ScanRequest, ScanResult};
 /// How long to wait for a connection: long enough for a far sandbox, short enough that a dead
 /// one fails an operation quickly (the mount reports EIO rather than hang).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// A metadata call or a read of at most 16 MiB.
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// A metadata call or a read of at most 16 MiB: long enough for a slow far link, short enough
+/// that an operation on a dead one fails (EIO) instead of hanging.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bytes read from a commit's source per chunk sent: large enough that a fast link is not
 /// limited by per-chunk overhead.
 pub const UPLOAD_CHUNK: usize = 256 * 1024;
@@ -86,6 +87,9 @@ impl AgentClient {
             match req.send().await {
                 Ok(resp) if resp.status().is_success() => return Ok(resp),
                 Ok(resp) => return Err(decode_error(resp).await),
+                // A call that timed out is not tried again: the caller has waited long enough
+                // (a dead link would otherwise cost ATTEMPTS timeouts per operation).
+                Err(e) if e.is_timeout() => return Err(transport(e)),
                 Err(e) => last = Some(transport(e)),
             }
         }
