@@ -762,3 +762,27 @@ fn a_hung_remote_call_does_not_block_unrelated_operations() {
     drop(mount);
     drop(proxy);
 }
+
+#[test]
+fn rsync_into_and_out_of_the_mount() {
+    if require_tool("rsync").is_none() {
+        return;
+    }
+    let s = setup();
+    let src = format!("{}/src/", env!("CARGO_MANIFEST_DIR"));
+    let (code, _, err) = sh(
+        &s.mount.dir,
+        &format!("rsync -a {src} in/ && rsync -a {src} in/"),
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, _, _) = sh(&s.root, &format!("diff -r {src} in"));
+    assert_eq!(code, 0, "rsync into the mount changed the files");
+    let out = tempfile::tempdir().unwrap();
+    let (code, _, err) = sh(
+        &s.mount.dir,
+        &format!("rsync -a in/ {}/", out.path().display()),
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, _, _) = sh(out.path(), &format!("diff -r {src} ."));
+    assert_eq!(code, 0, "rsync out of the mount changed the files");
+}
