@@ -336,6 +336,10 @@ async fn commit(
             if matches!(e.0, RemoteError::Conflict { .. }) {
                 app.stats.conflicts.fetch_add(1, Ordering::Relaxed);
             }
+            // Read the body before answering: a client still sending would otherwise see its
+            // connection reset instead of this answer (and take a conflict for a network error).
+            let mut stream = body.into_data_stream();
+            while let Some(Ok(_)) = stream.next().await {}
             return Err(e);
         }
     };

@@ -853,13 +853,9 @@ impl FsCore {
         let mut copy_name = name.to_vec();
         copy_name.extend_from_slice(format!(".sbxfs-conflict-{stamp}").as_bytes());
         let copy = parent.join(&copy_name)?;
-        let mut f = s
-            .file
-            .try_clone()
+        let reader = s
+            .reader()
             .map_err(|e| RemoteError::from_io(&e, &path.display()))?;
-        std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(0))
-            .map_err(|e| RemoteError::from_io(&e, &path.display()))?;
-        let reader = tokio::io::AsyncReadExt::take(tokio::fs::File::from_std(f), s.len);
         self.remote
             .commit(
                 &copy,

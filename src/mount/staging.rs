@@ -192,12 +192,7 @@ impl Staged {
             || (self.complete()
                 && (dirty > MAX_PATCH_BYTES || dirty as f64 > self.len as f64 * WHOLE_FILE_SHARE));
         if whole {
-            // The clone shares the file offset, which nothing else uses (all other I/O here is
-            // positional): rewind it and stream from the start.
-            let mut f = self.file.try_clone()?;
-            std::io::Seek::seek(&mut f, io::SeekFrom::Start(0))?;
-            let reader = tokio::io::AsyncReadExt::take(tokio::fs::File::from_std(f), self.len);
-            return Ok((CommitContent::Whole(Box::new(reader)), self.len));
+            return Ok((CommitContent::Whole(Box::new(self.reader()?)), self.len));
         }
         let mut ranges = Vec::with_capacity(self.dirty.len());
         for &(a, b) in &self.dirty {
@@ -211,6 +206,17 @@ impl Staged {
                 ranges,
             },
             dirty,
+        ))
+    }
+
+    /// A stream of the whole staged content from its own open file description (reopened
+    /// through /proc), so its offset is shared with no other reader of the staging file.
+    pub fn reader(&self) -> io::Result<impl tokio::io::AsyncRead + Send + Unpin + 'static> {
+        use std::os::fd::AsRawFd;
+        let f = File::open(format!("/proc/self/fd/{}", self.file.as_raw_fd()))?;
+        Ok(tokio::io::AsyncReadExt::take(
+            tokio::fs::File::from_std(f),
+            self.len,
         ))
     }
 
