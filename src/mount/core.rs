@@ -51,7 +51,6 @@ pub struct CoreConfig {
 
 /// What the kernel should forget (the adapter sends these through the FUSE notifier).
 pub trait KernelCache: Send + Sync {
-    fn invalidate_entry(&self, parent: NodeId, name: &[u8]);
     fn invalidate_data(&self, node: NodeId);
 }
 

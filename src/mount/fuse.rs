@@ -39,6 +39,13 @@ fn reply_empty(reply: ReplyEmpty, r: crate::remote::Result<()>) {
     }
 }
 
+fn reply_data(reply: ReplyData, r: crate::remote::Result<Vec<u8>>) {
+    match r {
+        Ok(d) => reply.data(&d),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
 fn reply_entry(reply: ReplyEntry, s: &SbxFsShared, r: crate::remote::Result<NodeAttr>) {
     match r {
         Ok(na) => reply.entry(&s.ttl, &s.attr(&na), Generation(0)),
@@ -282,12 +289,7 @@ impl Filesystem for SbxFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        self.spawn(move |core, _| async move {
-            match core.readlink(ino.0).await {
-                Ok(t) => reply.data(&t),
-                Err(e) => reply.error(errno(&e)),
-            }
-        });
+        self.spawn(move |core, _| async move { reply_data(reply, core.readlink(ino.0).await) });
     }
 
     fn mkdir(
@@ -420,12 +422,9 @@ impl Filesystem for SbxFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        self.spawn(move |core, _| async move {
-            match core.read(fh.0, offset, size).await {
-                Ok(d) => reply.data(&d),
-                Err(e) => reply.error(errno(&e)),
-            }
-        });
+        self.spawn(
+            move |core, _| async move { reply_data(reply, core.read(fh.0, offset, size).await) },
+        );
     }
 
     fn write(
@@ -571,18 +570,11 @@ impl Filesystem for SbxFs {
 }
 
 /// Kernel cache invalidation through the session's notifier. Each notification is sent from a
-/// thread of its own: the kernel may need a lock held by the very request that caused it (a
-/// rename holds its directories), and that request can only finish once we reply.
+/// thread of its own: the kernel may need a lock held by the very request that caused it, and
+/// that request can only finish once we reply.
 pub struct Notifier(pub Arc<fuser::Notifier>);
 
 impl KernelCache for Notifier {
-    fn invalidate_entry(&self, parent: NodeId, name: &[u8]) {
-        let (n, name) = (self.0.clone(), name.to_vec());
-        std::thread::spawn(move || {
-            let _ = n.inval_entry(INodeNo(parent), OsStr::from_bytes(&name));
-        });
-    }
-
     fn invalidate_data(&self, node: NodeId) {
         let n = self.0.clone();
         std::thread::spawn(move || {
