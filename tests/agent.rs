@@ -304,6 +304,7 @@ async fn a_one_byte_patch_into_256_mib_sends_bytes_of_the_patch_not_the_file() {
     let base = client.stat(&rp("huge.bin")).await.unwrap().version;
     let before = proxy.counters.total();
     let patch = CommitContent::Patch {
+        cut: u64::MAX,
         new_len: SIZE,
         ranges: vec![(123_456_789, Bytes::from_static(b"!"))],
     };

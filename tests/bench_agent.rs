@@ -89,6 +89,7 @@ async fn agent_throughput() {
     let before = counted.counters.total();
     let t = Instant::now();
     let patch = CommitContent::Patch {
+        cut: u64::MAX,
         new_len: 256 << 20,
         ranges: vec![(1 << 27, Bytes::from_static(b"x"))],
     };

@@ -302,6 +302,7 @@ async fn patch_commits_apply_ranges_over_the_base(b: &Backend) {
     fs::write(b.root.join("p.txt"), "0123456789").unwrap();
     let base = r.stat(&rp("p.txt")).await.unwrap().version;
     let patch = CommitContent::Patch {
+        cut: u64::MAX,
         new_len: 12,
         ranges: vec![
             (2, Bytes::from_static(b"AB")),
@@ -322,6 +323,7 @@ async fn patch_commits_apply_ranges_over_the_base(b: &Backend) {
     // Truncating patch.
     let base = r.stat(&rp("p.txt")).await.unwrap().version;
     let patch = CommitContent::Patch {
+        cut: u64::MAX,
         new_len: 3,
         ranges: vec![],
     };
@@ -339,6 +341,7 @@ async fn patch_commits_apply_ranges_over_the_base(b: &Backend) {
     // A patch over a stale base is refused.
     fs::write(b.root.join("p.txt"), "changed in the sandbox").unwrap();
     let stale = CommitContent::Patch {
+        cut: u64::MAX,
         new_len: 3,
         ranges: vec![(0, Bytes::from_static(b"zz"))],
     };
@@ -359,6 +362,7 @@ async fn patch_commits_apply_ranges_over_the_base(b: &Backend) {
         b"changed in the sandbox"
     );
     let missing = CommitContent::Patch {
+        cut: u64::MAX,
         new_len: 1,
         ranges: vec![],
     };
@@ -405,21 +409,25 @@ async fn namespace_operations_and_their_errors(b: &Backend) {
         Err(RemoteError::NotFound(_))
     ));
 
-    r.rename(&rp("f"), &rp("g"), false).await.unwrap();
+    r.rename(&rp("f"), &rp("g"), RenameMode::Replace)
+        .await
+        .unwrap();
     assert!(b.root.join("g").exists() && !b.root.join("f").exists());
     r.create(&rp("h"), 0o644).await.unwrap();
     assert!(matches!(
-        r.rename(&rp("g"), &rp("h"), true).await,
+        r.rename(&rp("g"), &rp("h"), RenameMode::NoReplace).await,
         Err(RemoteError::Exists(_))
     ));
-    r.rename(&rp("g"), &rp("h"), false).await.unwrap();
+    r.rename(&rp("g"), &rp("h"), RenameMode::Replace)
+        .await
+        .unwrap();
     r.mkdir(&rp("e"), 0o755).await.unwrap();
     assert!(matches!(
-        r.rename(&rp("e"), &rp("d"), false).await,
+        r.rename(&rp("e"), &rp("d"), RenameMode::Replace).await,
         Err(RemoteError::NotEmpty(_))
     ));
     assert!(matches!(
-        r.rename(&rp("zzz"), &rp("q"), false).await,
+        r.rename(&rp("zzz"), &rp("q"), RenameMode::Replace).await,
         Err(RemoteError::NotFound(_))
     ));
 

@@ -61,12 +61,15 @@ fn ts_ns(t: rfs::StatxTimestamp) -> i64 {
 }
 
 fn version_of(st: &rfs::Statx) -> Version {
+    // Not the ctime: a rename, chmod or link changes it but not the content, and a file
+    // renamed while open must keep its base version.
     Version(format!(
-        "{:x}-{:x}-{:x}-{:x}",
+        "{:x}:{:x}-{:x}-{:x}-{:x}",
+        st.stx_dev_major,
+        st.stx_dev_minor,
         st.stx_ino,
         st.stx_size,
         ts_ns(st.stx_mtime),
-        ts_ns(st.stx_ctime)
     ))
 }
 
@@ -76,6 +79,10 @@ fn attr_of(st: &rfs::Statx, symlink_target: Option<Vec<u8>>) -> Attr {
         libc::S_IFREG => FileKind::File,
         libc::S_IFDIR => FileKind::Dir,
         libc::S_IFLNK => FileKind::Symlink,
+        libc::S_IFIFO => FileKind::Fifo,
+        libc::S_IFSOCK => FileKind::Socket,
+        libc::S_IFCHR => FileKind::CharDevice,
+        libc::S_IFBLK => FileKind::BlockDevice,
         _ => FileKind::Other,
     };
     Attr {
@@ -87,8 +94,10 @@ fn attr_of(st: &rfs::Statx, symlink_target: Option<Vec<u8>>) -> Attr {
         atime_ns: ts_ns(st.stx_atime),
         mtime_ns: ts_ns(st.stx_mtime),
         ctime_ns: ts_ns(st.stx_ctime),
+        dev: libc::makedev(st.stx_dev_major, st.stx_dev_minor),
         ino: st.stx_ino,
         nlink: u64::from(st.stx_nlink),
+        rdev: libc::makedev(st.stx_rdev_major, st.stx_rdev_minor),
         symlink_target: symlink_target.map(WireBytes),
         version: version_of(st),
     }

@@ -449,6 +449,7 @@ impl FsCore {
             size: None,
             atime_ns,
             mtime_ns,
+            ..SetAttr::default()
         };
         let staged = self.staged_of(node);
         let mut local_override = None;
@@ -1078,7 +1079,18 @@ impl FsCore {
         }
         let replaced = self.node_of_path(&to).ok();
         self.call();
-        let r = self.remote.rename(&from, &to, no_replace).await;
+        let r = self
+            .remote
+            .rename(
+                &from,
+                &to,
+                if no_replace {
+                    crate::remote::RenameMode::NoReplace
+                } else {
+                    crate::remote::RenameMode::Replace
+                },
+            )
+            .await;
         self.invalidate_listing(&from_dir);
         self.invalidate_listing(&to_dir);
         r?;

@@ -64,6 +64,10 @@ fn time(ns: i64) -> SystemTime {
 fn kind(k: FileKind) -> FileType {
     match k {
         FileKind::File | FileKind::Other => FileType::RegularFile,
+        FileKind::Fifo => FileType::NamedPipe,
+        FileKind::Socket => FileType::Socket,
+        FileKind::CharDevice => FileType::CharDevice,
+        FileKind::BlockDevice => FileType::BlockDevice,
         FileKind::Dir => FileType::Directory,
         FileKind::Symlink => FileType::Symlink,
     }

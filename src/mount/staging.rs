@@ -202,6 +202,7 @@ impl Staged {
         }
         Ok((
             CommitContent::Patch {
+                cut: self.base_size,
                 new_len: self.len,
                 ranges,
             },

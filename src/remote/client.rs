@@ -203,6 +203,64 @@ fn p(path: &RemotePath) -> (&'static str, Vec<u8>) {
 
 #[async_trait]
 impl Remote for AgentClient {
+    async fn mknod(
+        &self,
+        _path: &RemotePath,
+        _kind: SpecialKind,
+        _mode: u32,
+        _rdev: u64,
+    ) -> Result<Attr> {
+        Err(RemoteError::Unsupported("mknod (not yet)".into()))
+    }
+
+    async fn link(&self, _existing: &RemotePath, _new: &RemotePath) -> Result<Attr> {
+        Err(RemoteError::Unsupported("link (not yet)".into()))
+    }
+
+    async fn getxattr(&self, _path: &RemotePath, _name: &[u8]) -> Result<Vec<u8>> {
+        Err(RemoteError::Unsupported("xattrs (not yet)".into()))
+    }
+
+    async fn listxattr(&self, _path: &RemotePath) -> Result<Vec<Vec<u8>>> {
+        Err(RemoteError::Unsupported("xattrs (not yet)".into()))
+    }
+
+    async fn setxattr(
+        &self,
+        _path: &RemotePath,
+        _name: &[u8],
+        _value: &[u8],
+        _flags: XattrFlags,
+    ) -> Result<()> {
+        Err(RemoteError::Unsupported("xattrs (not yet)".into()))
+    }
+
+    async fn removexattr(&self, _path: &RemotePath, _name: &[u8]) -> Result<()> {
+        Err(RemoteError::Unsupported("xattrs (not yet)".into()))
+    }
+
+    async fn fallocate(
+        &self,
+        _path: &RemotePath,
+        _offset: u64,
+        _len: u64,
+        _keep_size: bool,
+    ) -> Result<Attr> {
+        Err(RemoteError::Unsupported("fallocate (not yet)".into()))
+    }
+
+    async fn copy_range(
+        &self,
+        _src: &RemotePath,
+        _src_offset: u64,
+        _dst: &RemotePath,
+        _dst_offset: u64,
+        _len: u64,
+        _dst_base: Option<Version>,
+    ) -> Result<(u64, Attr)> {
+        Err(RemoteError::Unsupported("copy_range (not yet)".into()))
+    }
+
     async fn info(&self) -> Result<RemoteInfo> {
         self.get_json("info", &[]).await
     }
@@ -271,9 +329,14 @@ impl Remote for AgentClient {
             CommitContent::Whole(reader) => reqwest::Body::wrap_stream(
                 tokio_util::io::ReaderStream::with_capacity(reader, UPLOAD_CHUNK),
             ),
-            CommitContent::Patch { new_len, ranges } => {
+            CommitContent::Patch {
+                cut,
+                new_len,
+                ranges,
+            } => {
                 q.push(("patch", b"1".to_vec()));
                 let header = PatchHeader {
+                    cut,
                     new_len,
                     ranges: ranges.iter().map(|(o, b)| [*o, b.len() as u64]).collect(),
                 };
@@ -331,10 +394,12 @@ impl Remote for AgentClient {
             .map(|_| ())
     }
 
-    async fn rename(&self, from: &RemotePath, to: &RemotePath, no_replace: bool) -> Result<()> {
+    async fn rename(&self, from: &RemotePath, to: &RemotePath, mode: RenameMode) -> Result<()> {
         let mut q = vec![p(from), ("to", to.as_bytes().to_vec())];
-        if no_replace {
-            q.push(("noreplace", b"1".to_vec()));
+        match mode {
+            RenameMode::Replace => {}
+            RenameMode::NoReplace => q.push(("noreplace", b"1".to_vec())),
+            RenameMode::Exchange => q.push(("exchange", b"1".to_vec())),
         }
         self.post_json::<serde_json::Value>("rename", &q, None, false)
             .await

@@ -28,6 +28,12 @@ pub enum RemoteError {
     Invalid(String),
     #[error("too large: {0}")]
     TooLarge(String),
+    /// A file size past what the sandbox allows (`EFBIG`).
+    #[error("{0}: file too large")]
+    FileTooBig(String),
+    /// No extended attribute by that name (`ENODATA`).
+    #[error("{0}: no such attribute")]
+    NoAttr(String),
     #[error("not supported: {0}")]
     Unsupported(String),
     /// The file changed since the version the caller named; nothing was written.
@@ -68,6 +74,8 @@ impl RemoteError {
             RemoteError::NameTooLong(_) => libc::ENAMETOOLONG,
             RemoteError::Invalid(_) => libc::EINVAL,
             RemoteError::TooLarge(_) => libc::E2BIG,
+            RemoteError::FileTooBig(_) => libc::EFBIG,
+            RemoteError::NoAttr(_) => libc::ENODATA,
             RemoteError::Unsupported(_) => libc::EOPNOTSUPP,
             // A conflict is reported to the writer as an I/O error; the mount keeps the data.
             RemoteError::Conflict { .. } => libc::EIO,
@@ -99,6 +107,8 @@ impl RemoteError {
             RemoteError::NameTooLong(_) => "ENAMETOOLONG",
             RemoteError::Invalid(_) => "EINVAL",
             RemoteError::TooLarge(_) => "E2BIG",
+            RemoteError::FileTooBig(_) => "EFBIG",
+            RemoteError::NoAttr(_) => "ENODATA",
             RemoteError::Unsupported(_) => "EOPNOTSUPP",
             RemoteError::Conflict { .. } => "conflict",
             RemoteError::Unauthorized(_) => "unauthorized",
@@ -127,7 +137,8 @@ impl RemoteError {
             libc::ENOSPC | libc::EDQUOT => RemoteError::NoSpace(p),
             libc::EOPNOTSUPP => RemoteError::Unsupported(p),
             libc::ELOOP => RemoteError::Invalid(format!("{p}: too many levels of symbolic links")),
-            libc::EFBIG => RemoteError::TooLarge(p),
+            libc::EFBIG => RemoteError::FileTooBig(p),
+            libc::ENODATA => RemoteError::NoAttr(p),
             e => RemoteError::Io(p, std::io::Error::from_raw_os_error(e).to_string()),
         }
     }
@@ -160,6 +171,8 @@ impl RemoteError {
             "ENAMETOOLONG" => RemoteError::NameTooLong(m),
             "EINVAL" => RemoteError::Invalid(m),
             "E2BIG" => RemoteError::TooLarge(m),
+            "EFBIG" => RemoteError::FileTooBig(m),
+            "ENODATA" => RemoteError::NoAttr(m),
             "EOPNOTSUPP" => RemoteError::Unsupported(m),
             "ENOSPC" => RemoteError::NoSpace(m),
             "ETIMEDOUT" => RemoteError::TimedOut(m),

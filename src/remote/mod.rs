@@ -122,7 +122,9 @@ impl fmt::Debug for RemotePath {
     }
 }
 
-/// Changes whenever a file's content may have changed (inode, size, mtime and ctime).
+/// Identifies a file's content across the whole workspace: device, inode, size and mtime. It
+/// changes whenever the content may have changed, and not for a rename, `chmod` or `link`
+/// (which change only the ctime), so a file renamed while open keeps its base version.
 #[derive(Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
 pub struct Version(pub String);
 
@@ -138,7 +140,46 @@ pub enum FileKind {
     File,
     Dir,
     Symlink,
+    Fifo,
+    Socket,
+    CharDevice,
+    BlockDevice,
+    /// Anything else (never made through the mount).
     Other,
+}
+
+/// The special files [`Remote::mknod`] makes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SpecialKind {
+    Fifo,
+    Socket,
+    CharDevice,
+    BlockDevice,
+}
+
+/// How [`Remote::rename`] treats an existing target (`renameat2` flags).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RenameMode {
+    /// Replace the target if there is one (plain `rename(2)`).
+    #[default]
+    Replace,
+    /// Fail with `Exists` if the target exists (`RENAME_NOREPLACE`).
+    NoReplace,
+    /// Swap the two names atomically; both must exist (`RENAME_EXCHANGE`).
+    Exchange,
+}
+
+/// `setxattr` flags: at most one of the two.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct XattrFlags {
+    /// Fail with `Exists` if the attribute exists (`XATTR_CREATE`).
+    #[serde(default)]
+    pub create: bool,
+    /// Fail with `NoAttr` if it does not (`XATTR_REPLACE`).
+    #[serde(default)]
+    pub replace: bool,
 }
 
 /// What a file is, as the sandbox sees it (its own inode numbers and nanosecond times).
@@ -153,8 +194,14 @@ pub struct Attr {
     pub atime_ns: i64,
     pub mtime_ns: i64,
     pub ctime_ns: i64,
+    /// The sandbox's device and inode numbers: together, the file's identity.
+    #[serde(default)]
+    pub dev: u64,
     pub ino: u64,
     pub nlink: u64,
+    /// Device number of a character or block device (0 otherwise).
+    #[serde(default)]
+    pub rdev: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub symlink_target: Option<WireBytes>,
     pub version: Version,
@@ -183,9 +230,12 @@ pub struct ReadResult {
 pub enum CommitContent {
     /// The whole new file, streamed (never held in memory whole).
     Whole(Box<dyn tokio::io::AsyncRead + Send + Unpin>),
-    /// New bytes over the base version: each range written at its offset, then the file cut or
-    /// extended to `new_len`.
+    /// New bytes over the base version. Applied in this order: the base cut to `cut` bytes
+    /// (the lowest length the file had since the base; bytes past it are gone, and read as
+    /// zeros if the file grows again), each range written at its offset, then the file cut or
+    /// extended to `new_len`. `cut >= base size` means nothing was cut.
     Patch {
+        cut: u64,
         new_len: u64,
         ranges: Vec<(u64, Bytes)>,
     },
@@ -195,10 +245,14 @@ impl fmt::Debug for CommitContent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             CommitContent::Whole(_) => f.write_str("Whole(..)"),
-            CommitContent::Patch { new_len, ranges } => {
+            CommitContent::Patch {
+                cut,
+                new_len,
+                ranges,
+            } => {
                 write!(
                     f,
-                    "Patch {{ new_len: {new_len}, ranges: {} }}",
+                    "Patch {{ cut: {cut}, new_len: {new_len}, ranges: {} }}",
                     ranges.len()
                 )
             }
@@ -211,10 +265,13 @@ impl fmt::Debug for CommitContent {
 pub struct CommitOptions {
     /// Fail with a conflict unless the file is at this version (a missing file never is).
     pub base: Option<Version>,
-    /// Mode for a file the commit creates (default 0644); an existing file keeps its mode.
+    /// Mode for a file the commit creates (default 0644), exactly (no umask applies); an
+    /// existing file keeps its mode.
     pub create_mode: Option<u32>,
 }
 
+/// Attributes to change; a final symlink is never followed (its own times change; a mode on a
+/// symlink is `Unsupported`, as on Linux). `uid`/`gid` are the sandbox's numbers.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SetAttr {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -225,6 +282,10 @@ pub struct SetAttr {
     pub atime_ns: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mtime_ns: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gid: Option<u32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -317,16 +378,67 @@ pub trait Remote: Send + Sync {
     ) -> Result<Attr>;
 
     // --- namespace
-    /// Create an empty file; fails with `Exists` if the name is taken.
+    /// Create an empty file with exactly `mode` (no umask); fails with `Exists` if the name
+    /// is taken.
     async fn create(&self, path: &RemotePath, mode: u32) -> Result<Attr>;
+    /// Make a directory with exactly `mode` (no umask).
     async fn mkdir(&self, path: &RemotePath, mode: u32) -> Result<Attr>;
+    /// Make a FIFO, a socket or (where the sandbox allows it) a device, with exactly `mode`.
+    async fn mknod(
+        &self,
+        path: &RemotePath,
+        kind: SpecialKind,
+        mode: u32,
+        rdev: u64,
+    ) -> Result<Attr>;
     async fn unlink(&self, path: &RemotePath) -> Result<()>;
     async fn rmdir(&self, path: &RemotePath) -> Result<()>;
-    async fn rename(&self, from: &RemotePath, to: &RemotePath, no_replace: bool) -> Result<()>;
+    async fn rename(&self, from: &RemotePath, to: &RemotePath, mode: RenameMode) -> Result<()>;
+    /// A new name `new` for the existing file `existing` (a hard link); answers the file's
+    /// attributes (its `nlink` one more).
+    async fn link(&self, existing: &RemotePath, new: &RemotePath) -> Result<Attr>;
     async fn symlink(&self, path: &RemotePath, target: &[u8]) -> Result<Attr>;
     async fn readlink(&self, path: &RemotePath) -> Result<Vec<u8>>;
     async fn setattr(&self, path: &RemotePath, attr: SetAttr) -> Result<Attr>;
     async fn statfs(&self) -> Result<StatFs>;
+
+    // --- extended attributes (a final symlink is not followed)
+    /// The value of one attribute (`NoAttr` if it has none by that name).
+    async fn getxattr(&self, path: &RemotePath, name: &[u8]) -> Result<Vec<u8>>;
+    async fn listxattr(&self, path: &RemotePath) -> Result<Vec<Vec<u8>>>;
+    async fn setxattr(
+        &self,
+        path: &RemotePath,
+        name: &[u8],
+        value: &[u8],
+        flags: XattrFlags,
+    ) -> Result<()>;
+    async fn removexattr(&self, path: &RemotePath, name: &[u8]) -> Result<()>;
+
+    // --- data operations done in the sandbox (no bytes cross)
+    /// `fallocate(2)` mode 0 (or `KEEP_SIZE`): make sure `[offset, offset+len)` is allocated,
+    /// growing the file unless `keep_size`. In place (the content does not change).
+    async fn fallocate(
+        &self,
+        path: &RemotePath,
+        offset: u64,
+        len: u64,
+        keep_size: bool,
+    ) -> Result<Attr>;
+    /// Copy `len` bytes of `src` at `src_offset` into `dst` at `dst_offset`, as an atomic
+    /// commit of `dst` (temp copy, then rename) checked against `dst_base` like
+    /// [`Remote::commit`]. Answers the bytes copied (fewer at `src`'s end) and `dst`'s new
+    /// attributes.
+    #[allow(clippy::too_many_arguments)]
+    async fn copy_range(
+        &self,
+        src: &RemotePath,
+        src_offset: u64,
+        dst: &RemotePath,
+        dst_offset: u64,
+        len: u64,
+        dst_base: Option<Version>,
+    ) -> Result<(u64, Attr)>;
 
     // --- queries, answered next to the data
     async fn scan(&self, path: &RemotePath, req: ScanRequest) -> Result<ScanResult>;

@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{RemoteError, RemotePath};
 
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 pub const VERSION_HEADER: &str = "x-sbxfs-version";
 /// Largest read one request may ask for: big enough for read-ahead windows, small enough that
 /// one request cannot pin much memory in the agent.
@@ -146,6 +146,8 @@ impl ErrorBody {
             | RemoteError::NameTooLong(m)
             | RemoteError::Invalid(m)
             | RemoteError::TooLarge(m)
+            | RemoteError::FileTooBig(m)
+            | RemoteError::NoAttr(m)
             | RemoteError::Unsupported(m)
             | RemoteError::Unauthorized(m)
             | RemoteError::Transport(m)
@@ -182,6 +184,8 @@ pub fn status_for(e: &RemoteError) -> u16 {
         RemoteError::Access(_) | RemoteError::Perm(_) => 403,
         RemoteError::Unauthorized(_) => 401,
         RemoteError::TooLarge(_) => 413,
+        RemoteError::NoAttr(_) => 404,
+        RemoteError::FileTooBig(_) => 400,
         RemoteError::Unsupported(_) => 501,
         RemoteError::Transport(_) | RemoteError::Io(..) | RemoteError::NoSpace(_) => 500,
         RemoteError::TimedOut(_) => 504,
@@ -197,9 +201,16 @@ pub fn status_for(e: &RemoteError) -> u16 {
 /// The first line of a patch commit's body; the ranges' bytes follow it, in order.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PatchHeader {
+    /// The lowest length since the base ([`super::CommitContent::Patch`]); absent: no cut.
+    #[serde(default = "no_cut")]
+    pub cut: u64,
     pub new_len: u64,
     /// `[offset, length]` of each range.
     pub ranges: Vec<[u64; 2]>,
+}
+
+fn no_cut() -> u64 {
+    u64::MAX
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
