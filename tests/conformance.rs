@@ -534,7 +534,7 @@ async fn awkward_names_round_trip(b: &Backend) {
     assert_eq!(listed, want);
     let from = RemotePath::new(b"non-utf8 \xff\xfe".to_vec()).unwrap();
     let to = RemotePath::new(b"renamed \xfe\nok".to_vec()).unwrap();
-    r.rename(&from, &to, true).await.unwrap();
+    r.rename(&from, &to, RenameMode::NoReplace).await.unwrap();
     assert!(b
         .root
         .join(std::ffi::OsStr::from_bytes(b"renamed \xfe\nok"))
