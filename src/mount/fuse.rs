@@ -1,6 +1,8 @@
 //! The FUSE adapter: decodes each request, runs the core's async operation on the runtime, and
 //! turns its result into a reply. A callback never waits on the network: it hands the request to
-//! a task and returns, so a slow remote call never blocks unrelated operations.
+//! a task (with a tracing span naming the operation and node) and returns, so a slow remote
+//! call never blocks unrelated operations. Every error reply goes through [`fail`], the one
+//! place a core error becomes an errno (and is logged).
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -8,15 +10,17 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
-    TimeOrNow, WriteFlags,
+    CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use tokio::runtime::Handle;
+use tracing::Instrument;
 
-use super::core::{FsCore, KernelCache, NodeAttr, NodeId};
-use crate::remote::{FileKind, RemoteError};
+use super::core::{FsCore, KernelCache, NodeAttr};
+use super::inode::NodeId;
+use crate::remote::{FileKind, RemoteError, RenameMode, SpecialKind, XattrFlags};
 
 pub struct SbxFs {
     pub core: Arc<FsCore>,
@@ -27,29 +31,52 @@ pub struct SbxFs {
     pub remote: String,
 }
 
-/// The one place a core error becomes an errno.
-fn errno(e: &RemoteError) -> Errno {
-    Errno::from_i32(e.errno())
+/// The one place a core error becomes an errno. Expected answers (a name that is not there,
+/// an attribute that is not set) are logged at debug; failures of the sandbox at warn.
+fn fail(op: &str, e: &RemoteError) -> Errno {
+    let errno = e.errno();
+    match errno {
+        libc::EIO | libc::ENOSPC | libc::EFBIG => tracing::warn!(op, "{e}"),
+        _ => tracing::debug!(op, errno, "{e}"),
+    }
+    Errno::from_i32(errno)
 }
 
-fn reply_empty(reply: ReplyEmpty, r: crate::remote::Result<()>) {
+fn reply_empty(reply: ReplyEmpty, op: &str, r: crate::remote::Result<()>) {
     match r {
         Ok(()) => reply.ok(),
-        Err(e) => reply.error(errno(&e)),
+        Err(e) => reply.error(fail(op, &e)),
     }
 }
 
-fn reply_data(reply: ReplyData, r: crate::remote::Result<Vec<u8>>) {
+fn reply_data(reply: ReplyData, op: &str, r: crate::remote::Result<Vec<u8>>) {
     match r {
         Ok(d) => reply.data(&d),
-        Err(e) => reply.error(errno(&e)),
+        Err(e) => reply.error(fail(op, &e)),
     }
 }
 
-fn reply_entry(reply: ReplyEntry, s: &SbxFsShared, r: crate::remote::Result<NodeAttr>) {
+/// An entry reply. fuser puts the attributes' `ino` in the entry's node id, so the entry
+/// carries our node id with attributes valid for no time: the kernel asks GETATTR before the
+/// next `stat`, and that answer carries the sandbox's inode number as `st_ino`.
+fn reply_entry(reply: ReplyEntry, s: &Shared, op: &str, r: crate::remote::Result<NodeAttr>) {
     match r {
-        Ok(na) => reply.entry(&s.ttl, &s.attr(&na), Generation(0)),
-        Err(e) => reply.error(errno(&e)),
+        Ok(na) => reply.entry_with_ttls(
+            &Duration::ZERO,
+            &s.ttl,
+            &s.attr(&na, na.node.0),
+            Generation(0),
+        ),
+        Err(e) => reply.error(fail(op, &e)),
+    }
+}
+
+fn reply_xattr(reply: ReplyXattr, size: u32, op: &str, r: crate::remote::Result<Vec<u8>>) {
+    match r {
+        Ok(d) if size == 0 => reply.size(d.len() as u32),
+        Ok(d) if d.len() > size as usize => reply.error(Errno::from_i32(libc::ERANGE)),
+        Ok(d) => reply.data(&d),
+        Err(e) => reply.error(fail(op, &e)),
     }
 }
 
@@ -64,12 +91,12 @@ fn time(ns: i64) -> SystemTime {
 fn kind(k: FileKind) -> FileType {
     match k {
         FileKind::File | FileKind::Other => FileType::RegularFile,
+        FileKind::Dir => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
         FileKind::Fifo => FileType::NamedPipe,
         FileKind::Socket => FileType::Socket,
         FileKind::CharDevice => FileType::CharDevice,
         FileKind::BlockDevice => FileType::BlockDevice,
-        FileKind::Dir => FileType::Directory,
-        FileKind::Symlink => FileType::Symlink,
     }
 }
 
@@ -81,6 +108,47 @@ fn time_ns(t: TimeOrNow, now: i64) -> i64 {
             Err(e) => -(e.duration().as_nanos() as i64),
         },
     }
+}
+
+/// What a reply task needs to build attributes without borrowing the adapter.
+pub struct Shared {
+    ttl: Duration,
+    uid: u32,
+    gid: u32,
+}
+
+impl Shared {
+    /// Attributes as the kernel sees them, with `ino` as given (our node id in entry replies,
+    /// the sandbox's inode number in attribute replies).
+    fn attr(&self, na: &NodeAttr, ino: u64) -> FileAttr {
+        let a = &na.attr;
+        FileAttr {
+            ino: INodeNo(ino),
+            size: a.size,
+            blocks: a.size.div_ceil(512),
+            atime: time(a.atime_ns),
+            mtime: time(a.mtime_ns),
+            ctime: time(a.ctime_ns),
+            crtime: time(a.ctime_ns),
+            kind: kind(a.kind),
+            perm: (a.mode & 0o7777) as u16,
+            nlink: a.nlink.min(u32::MAX as u64) as u32,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: a.rdev as u32,
+            blksize: 128 * 1024,
+            flags: 0,
+        }
+    }
+
+    /// Attributes for a GETATTR/SETATTR reply: `st_ino` is the sandbox's.
+    fn stat(&self, na: &NodeAttr) -> FileAttr {
+        self.attr(na, na.attr.ino)
+    }
+}
+
+fn name_bytes(name: &OsStr) -> Vec<u8> {
+    name.as_bytes().to_vec()
 }
 
 impl SbxFs {
@@ -113,7 +181,7 @@ impl SbxFs {
         };
         let request = request.at(path.as_bytes().to_vec());
         let info = serde_json::json!({ "mountpoint": self.mountpoint, "socket": self.socket, "remote": self.remote });
-        self.spawn(move |core, _| async move {
+        self.spawn("ioctl", node.0, move |core, _| async move {
             let answer = match crate::control::server::answer_one(&core, &info, request).await {
                 Ok(v) => v,
                 Err(e) => serde_json::json!(crate::remote::wire::ErrorBody::from_error(&e)),
@@ -132,61 +200,35 @@ impl SbxFs {
         self.core.config().attr_ttl
     }
 
-    /// Run `op` on the runtime and reply from there.
-    fn spawn<F>(&self, f: impl FnOnce(Arc<FsCore>, Arc<SbxFsShared>) -> F + Send + 'static)
-    where
+    /// Run `op` on the runtime, in a span naming the request, and reply from there.
+    fn spawn<F>(
+        &self,
+        op: &'static str,
+        node: u64,
+        f: impl FnOnce(Arc<FsCore>, Arc<Shared>) -> F + Send + 'static,
+    ) where
         F: std::future::Future<Output = ()> + Send + 'static,
     {
-        let shared = Arc::new(SbxFsShared {
+        let shared = Arc::new(Shared {
             ttl: self.ttl(),
             uid: self.core.config().uid,
             gid: self.core.config().gid,
         });
         let core = self.core.clone();
-        self.rt.spawn(f(core, shared));
+        let span = tracing::debug_span!("fuse", op, node);
+        self.rt.spawn(f(core, shared).instrument(span));
     }
-}
-
-/// What a reply task needs to build attributes without borrowing the adapter.
-pub struct SbxFsShared {
-    ttl: Duration,
-    uid: u32,
-    gid: u32,
-}
-
-impl SbxFsShared {
-    fn attr(&self, na: &NodeAttr) -> FileAttr {
-        let a = &na.attr;
-        FileAttr {
-            ino: INodeNo(na.node),
-            size: a.size,
-            blocks: a.size.div_ceil(512),
-            atime: time(a.atime_ns),
-            mtime: time(a.mtime_ns),
-            ctime: time(a.ctime_ns),
-            crtime: time(a.ctime_ns),
-            kind: kind(a.kind),
-            perm: (a.mode & 0o7777) as u16,
-            nlink: a.nlink.max(1) as u32,
-            uid: self.uid,
-            gid: self.gid,
-            rdev: 0,
-            blksize: 128 * 1024,
-            flags: 0,
-        }
-    }
-}
-
-fn name_bytes(name: &OsStr) -> Vec<u8> {
-    name.as_bytes().to_vec()
 }
 
 impl Filesystem for SbxFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_write(1024 * 1024);
         let _ = config.set_max_readahead(1024 * 1024);
-        // ioctls on directories too: `sbxfs grep` asks the directory it stands in.
-        let _ = config.add_capabilities(fuser::InitFlags::FUSE_HAS_IOCTL_DIR);
+        // ioctls on directories too: `sbxfs grep` asks the directory it stands in. O_TRUNC in
+        // OPEN itself: a SETATTR of the size is then always an explicit truncate.
+        let _ = config.add_capabilities(
+            fuser::InitFlags::FUSE_HAS_IOCTL_DIR | fuser::InitFlags::FUSE_ATOMIC_O_TRUNC,
+        );
         Ok(())
     }
 
@@ -202,7 +244,7 @@ impl Filesystem for SbxFs {
         reply: fuser::ReplyIoctl,
     ) {
         if cmd == crate::control::IOC_QUERY {
-            self.ioctl_query(ino.0, in_data, out_size, reply);
+            self.ioctl_query(NodeId(ino.0), in_data, out_size, reply);
             return;
         }
         if cmd != crate::control::IOC_INFO {
@@ -213,7 +255,7 @@ impl Filesystem for SbxFs {
             reply.error(Errno::EINVAL);
             return;
         }
-        let Ok(path) = self.core.path_of(ino.0) else {
+        let Ok(path) = self.core.path_of(NodeId(ino.0)) else {
             reply.error(Errno::ENOENT);
             return;
         };
@@ -223,7 +265,7 @@ impl Filesystem for SbxFs {
             socket: self.socket.clone(),
             remote: self.remote.clone(),
             path: crate::remote::WireBytes(path.as_bytes().to_vec()),
-            version: self.core.cached_version(ino.0),
+            version: self.core.cached_version(NodeId(ino.0)),
         };
         let mut out = serde_json::to_vec(&info).expect("serialisable");
         if out.len() >= crate::control::IOC_INFO_SIZE {
@@ -236,23 +278,20 @@ impl Filesystem for SbxFs {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let name = name_bytes(name);
-        self.spawn(move |core, s| async move {
-            reply_entry(reply, &s, core.lookup(parent.0, &name).await)
+        self.spawn("lookup", parent.0, move |core, s| async move {
+            reply_entry(reply, &s, "lookup", core.lookup(NodeId(parent.0), &name).await)
         });
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        self.core.forget(ino.0, nlookup);
+        self.core.forget(NodeId(ino.0), nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.spawn(move |core, s| async move {
-            match core.getattr(ino.0).await {
-                Ok(mut na) => {
-                    na.node = ino.0;
-                    reply.attr(&s.ttl, &s.attr(&na))
-                }
-                Err(e) => reply.error(errno(&e)),
+        self.spawn("getattr", ino.0, move |core, s| async move {
+            match core.getattr(NodeId(ino.0)).await {
+                Ok(na) => reply.attr(&s.ttl, &s.stat(&na)),
+                Err(e) => reply.error(fail("getattr", &e)),
             }
         });
     }
@@ -268,32 +307,39 @@ impl Filesystem for SbxFs {
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
+        fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        self.spawn(move |core, s| async move {
+        self.spawn("setattr", ino.0, move |core, s| async move {
             let now = core.now_ns();
             let at = atime.map(|t| time_ns(t, now));
             let mt = mtime.map(|t| time_ns(t, now));
-            match core
-                .setattr(ino.0, mode.map(|m| m & 0o7777), (uid, gid), size, at, mt)
-                .await
-            {
-                Ok(mut na) => {
-                    na.node = ino.0;
-                    reply.attr(&s.ttl, &s.attr(&na))
-                }
-                Err(e) => reply.error(errno(&e)),
+            let r = core
+                .setattr(
+                    NodeId(ino.0),
+                    fh.map(|f| f.0),
+                    mode.map(|m| m & 0o7777),
+                    (uid, gid),
+                    size,
+                    at,
+                    mt,
+                )
+                .await;
+            match r {
+                Ok(na) => reply.attr(&s.ttl, &s.stat(&na)),
+                Err(e) => reply.error(fail("setattr", &e)),
             }
         });
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        self.spawn(move |core, _| async move { reply_data(reply, core.readlink(ino.0).await) });
+        self.spawn("readlink", ino.0, move |core, _| async move {
+            reply_data(reply, "readlink", core.readlink(NodeId(ino.0)).await)
+        });
     }
 
     fn mkdir(
@@ -306,23 +352,56 @@ impl Filesystem for SbxFs {
         reply: ReplyEntry,
     ) {
         let name = name_bytes(name);
-        self.spawn(move |core, s| async move {
-            reply_entry(reply, &s, core.mkdir(parent.0, &name, mode & !umask).await)
+        self.spawn("mkdir", parent.0, move |core, s| async move {
+            let r = core.mkdir(NodeId(parent.0), &name, mode & !umask).await;
+            reply_entry(reply, &s, "mkdir", r)
+        });
+    }
+
+    fn mknod(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let name = name_bytes(name);
+        let kind = match mode & libc::S_IFMT {
+            libc::S_IFIFO => Some(SpecialKind::Fifo),
+            libc::S_IFSOCK => Some(SpecialKind::Socket),
+            libc::S_IFCHR => Some(SpecialKind::CharDevice),
+            libc::S_IFBLK => Some(SpecialKind::BlockDevice),
+            _ => None,
+        };
+        let perm = mode & !umask & 0o7777;
+        self.spawn("mknod", parent.0, move |core, s| async move {
+            let r = match kind {
+                Some(k) => {
+                    core.mknod(NodeId(parent.0), &name, k, perm, u64::from(rdev))
+                        .await
+                }
+                // A regular file made by mknod: created, not opened.
+                None => core.make_file(NodeId(parent.0), &name, perm).await,
+            };
+            reply_entry(reply, &s, "mknod", r)
         });
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = name_bytes(name);
-        self.spawn(
-            move |core, _| async move { reply_empty(reply, core.unlink(parent.0, &name).await) },
-        );
+        self.spawn("unlink", parent.0, move |core, _| async move {
+            reply_empty(reply, "unlink", core.unlink(NodeId(parent.0), &name).await)
+        });
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = name_bytes(name);
-        self.spawn(
-            move |core, _| async move { reply_empty(reply, core.rmdir(parent.0, &name).await) },
-        );
+        self.spawn("rmdir", parent.0, move |core, _| async move {
+            reply_empty(reply, "rmdir", core.rmdir(NodeId(parent.0), &name).await)
+        });
     }
 
     fn symlink(
@@ -337,8 +416,9 @@ impl Filesystem for SbxFs {
             name_bytes(link_name),
             target.as_os_str().as_bytes().to_vec(),
         );
-        self.spawn(move |core, s| async move {
-            reply_entry(reply, &s, core.symlink(parent.0, &name, &target).await)
+        self.spawn("symlink", parent.0, move |core, s| async move {
+            let r = core.symlink(NodeId(parent.0), &name, &target).await;
+            reply_entry(reply, &s, "symlink", r)
         });
     }
 
@@ -352,56 +432,52 @@ impl Filesystem for SbxFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        if flags.contains(RenameFlags::RENAME_EXCHANGE)
-            || flags.contains(RenameFlags::RENAME_WHITEOUT)
-        {
+        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
             reply.error(Errno::EINVAL);
             return;
         }
-        let no_replace = flags.contains(RenameFlags::RENAME_NOREPLACE);
+        let mode = if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+            RenameMode::Exchange
+        } else if flags.contains(RenameFlags::RENAME_NOREPLACE) {
+            RenameMode::NoReplace
+        } else {
+            RenameMode::Replace
+        };
         let (name, newname) = (name_bytes(name), name_bytes(newname));
-        self.spawn(move |core, _| async move {
-            match core
-                .rename(parent.0, &name, newparent.0, &newname, no_replace)
-                .await
-            {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
-            }
+        self.spawn("rename", parent.0, move |core, _| async move {
+            let r = core
+                .rename(
+                    NodeId(parent.0),
+                    &name,
+                    NodeId(newparent.0),
+                    &newname,
+                    mode,
+                )
+                .await;
+            reply_empty(reply, "rename", r)
         });
     }
 
     fn link(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _newparent: INodeNo,
-        _newname: &OsStr,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        // Hard links would make a path-keyed remote ambiguous: refused, as on many network mounts.
-        reply.error(Errno::EPERM);
-    }
-
-    fn mknod(
-        &self,
-        _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _mode: u32,
-        _umask: u32,
-        _rdev: u32,
-        reply: ReplyEntry,
-    ) {
-        // Devices, FIFOs and sockets do not cross to a sandbox.
-        reply.error(Errno::EPERM);
+        let name = name_bytes(newname);
+        self.spawn("link", ino.0, move |core, s| async move {
+            let r = core.link(NodeId(ino.0), NodeId(newparent.0), &name).await;
+            reply_entry(reply, &s, "link", r)
+        });
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let writable = !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY);
         let truncate = flags.0 & libc::O_TRUNC != 0;
-        self.spawn(move |core, _| async move {
-            match core.open(ino.0, writable, truncate).await {
+        self.spawn("open", ino.0, move |core, _| async move {
+            match core.open(NodeId(ino.0), writable, truncate).await {
                 Ok((fh, keep)) => {
                     let f = if keep {
                         FopenFlags::FOPEN_KEEP_CACHE
@@ -410,7 +486,7 @@ impl Filesystem for SbxFs {
                     };
                     reply.opened(FileHandle(fh), f)
                 }
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(fail("open", &e)),
             }
         });
     }
@@ -418,7 +494,7 @@ impl Filesystem for SbxFs {
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -426,15 +502,15 @@ impl Filesystem for SbxFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        self.spawn(
-            move |core, _| async move { reply_data(reply, core.read(fh.0, offset, size).await) },
-        );
+        self.spawn("read", ino.0, move |core, _| async move {
+            reply_data(reply, "read", core.read(fh.0, offset, size).await)
+        });
     }
 
     fn write(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
@@ -444,10 +520,10 @@ impl Filesystem for SbxFs {
         reply: ReplyWrite,
     ) {
         let data = data.to_vec();
-        self.spawn(move |core, _| async move {
+        self.spawn("write", ino.0, move |core, _| async move {
             match core.write(fh.0, offset, &data).await {
                 Ok(n) => reply.written(n),
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(fail("write", &e)),
             }
         });
     }
@@ -455,26 +531,29 @@ impl Filesystem for SbxFs {
     fn flush(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        self.spawn(move |core, _| async move { reply_empty(reply, core.flush(fh.0).await) });
+        self.spawn("flush", ino.0, move |core, _| async move {
+            reply_empty(reply, "flush", core.flush(fh.0).await)
+        });
     }
 
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.spawn(move |core, _| async move {
-            // release cannot report an error to close(): a failed push is kept and retried.
+        self.spawn("release", ino.0, move |core, _| async move {
+            // release cannot report an error to close(): a failed push is kept, retried, and
+            // reported by the file's next fsync/close and in `ctl status`.
             let _ = core.release(fh.0).await;
             reply.ok();
         });
@@ -483,53 +562,77 @@ impl Filesystem for SbxFs {
     fn fsync(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.spawn(move |core, _| async move { reply_empty(reply, core.flush(fh.0).await) });
+        self.spawn("fsync", ino.0, move |core, _| async move {
+            reply_empty(reply, "fsync", core.fsync(fh.0).await)
+        });
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.core.opendir(NodeId(ino.0)) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(fail("opendir", &e)),
+        }
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.core.releasedir(fh.0);
+        reply.ok();
     }
 
     fn readdir(
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        self.spawn(move |core, _| async move {
-            match core.readdir(ino.0).await {
+        self.spawn("readdir", ino.0, move |core, _| async move {
+            match core.readdir(fh.0, offset).await {
                 Ok(entries) => {
-                    let dots = [
-                        (b".".to_vec(), ino.0, FileKind::Dir),
-                        (b"..".to_vec(), ino.0, FileKind::Dir),
-                    ];
-                    for (i, (name, node, k)) in dots
-                        .into_iter()
-                        .chain(entries)
-                        .enumerate()
-                        .skip(offset as usize)
-                    {
+                    for (i, e) in entries.iter().enumerate().skip(offset as usize) {
                         if reply.add(
-                            INodeNo(node),
+                            INodeNo(e.ino),
                             (i + 1) as u64,
-                            kind(k),
-                            OsStr::from_bytes(&name),
+                            kind(e.kind),
+                            OsStr::from_bytes(&e.name),
                         ) {
                             break;
                         }
                     }
                     reply.ok()
                 }
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(fail("readdir", &e)),
             }
         });
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        self.spawn(move |core, _| async move {
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        // Namespace changes are made in the sandbox as they happen.
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        self.spawn("statfs", ino.0, move |core, _| async move {
             match core.statfs().await {
                 Ok(s) => reply.statfs(
                     s.blocks,
@@ -541,7 +644,106 @@ impl Filesystem for SbxFs {
                     s.name_max as u32,
                     s.block_size as u32,
                 ),
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(fail("statfs", &e)),
+            }
+        });
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let (name, value) = (name_bytes(name), value.to_vec());
+        let flags = XattrFlags {
+            create: flags & libc::XATTR_CREATE != 0,
+            replace: flags & libc::XATTR_REPLACE != 0,
+        };
+        self.spawn("setxattr", ino.0, move |core, _| async move {
+            let r = core.setxattr(NodeId(ino.0), &name, &value, flags).await;
+            reply_empty(reply, "setxattr", r)
+        });
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let name = name_bytes(name);
+        self.spawn("getxattr", ino.0, move |core, _| async move {
+            let r = core.getxattr(NodeId(ino.0), &name).await;
+            reply_xattr(reply, size, "getxattr", r)
+        });
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        self.spawn("listxattr", ino.0, move |core, _| async move {
+            let r = core.listxattr(NodeId(ino.0)).await.map(|names| {
+                let mut out = Vec::new();
+                for n in names {
+                    out.extend_from_slice(&n);
+                    out.push(0);
+                }
+                out
+            });
+            reply_xattr(reply, size, "listxattr", r)
+        });
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = name_bytes(name);
+        self.spawn("removexattr", ino.0, move |core, _| async move {
+            let r = core.removexattr(NodeId(ino.0), &name).await;
+            reply_empty(reply, "removexattr", r)
+        });
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        if mode & !libc::FALLOC_FL_KEEP_SIZE != 0 {
+            // Punching holes and the like change content: not done in place in the sandbox.
+            reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+            return;
+        }
+        let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+        self.spawn("fallocate", ino.0, move |core, _| async move {
+            let r = core
+                .fallocate(NodeId(ino.0), offset, length, keep_size)
+                .await;
+            reply_empty(reply, "fallocate", r)
+        });
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        _ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        self.spawn("copy_file_range", ino_in.0, move |core, _| async move {
+            let r = core
+                .copy_range(fh_in.0, offset_in, fh_out.0, offset_out, len)
+                .await;
+            match r {
+                Ok(n) => reply.written(n.min(u32::MAX as u64) as u32),
+                Err(e) => reply.error(fail("copy_file_range", &e)),
             }
         });
     }
@@ -558,16 +760,32 @@ impl Filesystem for SbxFs {
     ) {
         let name = name_bytes(name);
         let exclusive = flags & libc::O_EXCL != 0;
-        self.spawn(move |core, s| async move {
-            match core.create(parent.0, &name, mode & !umask, exclusive).await {
-                Ok((na, fh)) => reply.created(
-                    &s.ttl,
-                    &s.attr(&na),
-                    Generation(0),
-                    FileHandle(fh),
-                    FopenFlags::empty(),
-                ),
-                Err(e) => reply.error(errno(&e)),
+        let truncate = flags & libc::O_TRUNC != 0;
+        let kernel = self.core.clone();
+        self.spawn("create", parent.0, move |core, s| async move {
+            let r = core
+                .create(
+                    NodeId(parent.0),
+                    &name,
+                    mode & !umask,
+                    exclusive,
+                    truncate,
+                )
+                .await;
+            match r {
+                Ok((na, fh)) => {
+                    reply.created(
+                        &s.ttl,
+                        &s.attr(&na, na.node.0),
+                        Generation(0),
+                        FileHandle(fh),
+                        FopenFlags::empty(),
+                    );
+                    // The reply's attributes carry our node id as st_ino: have the kernel ask
+                    // again, for the sandbox's.
+                    kernel.invalidate_kernel_attr(na.node);
+                }
+                Err(e) => reply.error(fail("create", &e)),
             }
         });
     }
@@ -582,7 +800,14 @@ impl KernelCache for Notifier {
     fn invalidate_data(&self, node: NodeId) {
         let n = self.0.clone();
         std::thread::spawn(move || {
-            let _ = n.inval_inode(INodeNo(node), 0, 0);
+            let _ = n.inval_inode(INodeNo(node.0), 0, 0);
+        });
+    }
+
+    fn invalidate_attr(&self, node: NodeId) {
+        let n = self.0.clone();
+        std::thread::spawn(move || {
+            let _ = n.inval_inode(INodeNo(node.0), -1, 0);
         });
     }
 }

@@ -1,12 +1,20 @@
 //! `sbxfs mount REMOTE MOUNTPOINT`: the FUSE filesystem over any [`crate::remote::Remote`].
 //!
-//! [`fuse`] is the thin adapter; [`core`] holds inodes, caches and the write path;
-//! [`staging`] the local state of files being written. The daemon runs in the foreground:
-//! SIGTERM or SIGINT (or `sbxfs umount`) push pending writes, then unmount.
+//! [`fuse`] is the thin adapter over [`core`], the filesystem operations, which work over
+//! [`inode`] (the inode table), [`meta`] (listings), [`pages`] (the page cache), [`handles`]
+//! (open files and directories) and [`writeback`] (pushes, retries, conflicts) with
+//! [`staging`] (the durable image of a file being written). The daemon runs in the
+//! foreground: SIGTERM or SIGINT (or `sbxfs umount`) push pending writes, then unmount.
 
 pub mod core;
 pub mod fuse;
+pub mod handles;
+pub mod inode;
+pub mod meta;
+pub mod pages;
 pub mod staging;
+pub mod state;
+pub mod writeback;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -23,8 +31,8 @@ use crate::remote::{Remote, RemotePath};
 pub const DEFAULT_ATTR_TTL: Duration = Duration::from_secs(1);
 /// Page cache size: a working set of source files many times over.
 pub const DEFAULT_CACHE_BYTES: u64 = 512 * 1024 * 1024;
-/// How often failed pushes are retried.
-pub const RETRY_INTERVAL: Duration = Duration::from_secs(2);
+/// How often failed pushes are looked at (each is retried with its own backoff).
+pub const RETRY_INTERVAL: Duration = Duration::from_secs(1);
 /// FUSE threads: each only decodes and hands off, so a few suffice.
 pub const FUSE_THREADS: usize = 4;
 
@@ -45,17 +53,21 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
         .build()?;
     let token = String::from_utf8(cfg.token.clone()).context("the token must be UTF-8")?;
     let client = AgentClient::new(&cfg.remote_url, &token)?;
-    let remote: Arc<dyn Remote> = Arc::new(client);
+    // Every call has a deadline: a sandbox that stops answering blocks nothing for good.
+    let remote: Arc<dyn Remote> = Arc::new(crate::remote::deadline::Deadlines::new(client));
     let root = rt
         .block_on(remote.stat(&RemotePath::root()))
         .with_context(|| format!("cannot reach the sandbox at {}", cfg.remote_url))?;
-    // Outside /tmp's cleaners' reach is the user's business (`--staging-dir`); the default
-    // keeps unpushed files where the exit message points.
+    // Private, and the same for every mount of this remote: a daemon that was killed leaves
+    // its unpushed edits there, and the next mount pushes them.
     let staging_dir = match &cfg.staging_dir {
-        Some(d) => d.clone(),
-        None => std::env::temp_dir().join(format!("sbxfs-staging-{}", std::process::id())),
+        Some(d) => {
+            state::ensure_private_dir(d)
+                .with_context(|| format!("staging directory {}", d.display()))?;
+            d.clone()
+        }
+        None => state::staging_dir_for(&cfg.remote_url).context("staging directory")?,
     };
-    std::fs::create_dir_all(&staging_dir)?;
     let core = FsCore::new(
         remote,
         CoreConfig {
@@ -112,6 +124,14 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
 
     let retry_core = core.clone();
     rt.spawn(async move {
+        let (done, left) = retry_core.recover_staged().await;
+        if done + left > 0 {
+            tracing::info!(
+                pushed = done,
+                kept = left,
+                "unpushed edits from an earlier mount of this sandbox"
+            );
+        }
         loop {
             tokio::time::sleep(RETRY_INTERVAL).await;
             retry_core.retry_pending().await;
@@ -152,14 +172,12 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     unmount(&cfg.mountpoint);
     let _ = guard.join();
     let _ = std::fs::remove_file(&socket);
-    if failures.is_empty() {
-        let _ = std::fs::remove_dir_all(&staging_dir);
-    } else {
+    if !failures.is_empty() {
         for f in &saved {
             eprintln!("sbxfs: not pushed, kept in {}", f.display());
         }
         anyhow::bail!(
-            "{} file(s) could not be pushed to the sandbox; their content is kept in {}",
+            "{} file(s) could not be pushed to the sandbox; copies are in {}/unpushed, and the next mount of this sandbox pushes them",
             failures.len(),
             staging_dir.display()
         );

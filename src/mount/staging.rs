@@ -1,11 +1,16 @@
-//! Write staging: what a file open for writing holds locally until it is pushed.
+//! Write staging: the exact image of a file open for writing, held locally until it is pushed.
 //!
-//! A staged file is a local temp file standing for the remote file at its `base` version, plus
-//! what the user wrote: the pages present locally (fetched from the remote only where a partial
-//! overwrite needs the old bytes), the dirty byte ranges, and the new length. Pushing sends the
-//! dirty ranges as a patch over the base (or the whole file when it is new or mostly rewritten),
-//! naming the base version, so the sandbox applies it with an atomic rename or refuses it as a
-//! conflict. Until a push succeeds, nothing is dropped: the staged file stays, and is retried.
+//! A staged file is a local file standing for the remote file at its `base` version, plus what
+//! the user did to it: the dirty byte ranges, the lowest length it had since the base (`cut`:
+//! base bytes past it are gone and read as zeros if the file grows again), and its current
+//! length. Writes never fetch anything: a page holding old bytes is fetched only when someone
+//! reads it, and filled around the dirty ranges. Pushing sends the dirty ranges as a patch over
+//! the base (or the whole file when it is new or mostly rewritten and wholly local), naming the
+//! base version, so the sandbox applies it with an atomic rename or refuses it as a conflict.
+//!
+//! Staging is durable: the file is named, in the mount's private staging directory, beside a
+//! small journal ([`Journal`]: what it stands for, and every write and truncation since the
+//! base), so a daemon that was killed finds its unpushed edits at the next mount.
 
 use std::collections::BTreeSet;
 use std::fs::File;
@@ -16,8 +21,7 @@ use bytes::Bytes;
 
 use crate::remote::{CommitContent, Version};
 
-/// Size of a staging page: the unit fetched from the remote when a write covers part of it.
-pub const PAGE: u64 = 128 * 1024;
+pub use super::pages::PAGE;
 /// A push sends the whole file instead of a patch once the dirty bytes exceed this share of it
 /// (and every page is local): the patch would save little and hold the ranges in memory.
 const WHOLE_FILE_SHARE: f64 = 0.5;
@@ -29,7 +33,8 @@ pub struct Staged {
     /// The remote version the staged content is based on; `None` for a file that does not exist
     /// remotely yet.
     pub base: Option<Version>,
-    /// Size of the base version.
+    /// Bytes of the base version still part of the file: the base's size, lowered by every
+    /// truncation since (the `cut` a patch carries).
     pub base_size: u64,
     /// Current length of the staged file.
     pub len: u64,
@@ -46,6 +51,10 @@ pub struct Staged {
     /// Mode and times set while writes were staged: applied after the next push, so they are
     /// not lost to the commit's rename (`cp -a`, `tar -x` set them before closing).
     pub pending_attr: crate::remote::SetAttr,
+    /// Modification time of the staged content (set by each write, or by utimens).
+    pub mtime_ns: Option<i64>,
+    /// The durable record of this staged file (none in unit tests).
+    pub journal: Option<Journal>,
 }
 
 impl Staged {
@@ -61,7 +70,21 @@ impl Staged {
             handles: 0,
             failed: false,
             pending_attr: crate::remote::SetAttr::default(),
+            mtime_ns: None,
+            journal: None,
         }
+    }
+
+    /// Pages of the base that are not local and overlap `[offset, offset+len)` (what a read
+    /// of that range must fetch first).
+    pub fn missing_in(&self, offset: u64, len: u64) -> Vec<u64> {
+        let end = (offset + len).min(self.len).min(self.base_size);
+        if offset >= end {
+            return Vec::new();
+        }
+        (offset / PAGE..=(end - 1) / PAGE)
+            .filter(|p| !self.page_present(*p))
+            .collect()
     }
 
     pub fn is_dirty(&self) -> bool {
@@ -77,30 +100,15 @@ impl Staged {
         page * PAGE >= self.base_size || self.present.contains(&page)
     }
 
-    /// Pages that must be fetched before writing `len` bytes at `offset`: those partly covered
-    /// and holding old bytes.
-    pub fn pages_to_fill(&self, offset: u64, len: u64) -> Vec<u64> {
-        if len == 0 {
-            return Vec::new();
-        }
-        let end = offset + len;
-        let mut out = Vec::new();
-        for page in [offset / PAGE, (end - 1) / PAGE] {
-            let (p_start, p_end) = (page * PAGE, (page + 1) * PAGE);
-            let fully_covered = offset <= p_start && end >= p_end.min(self.base_size.max(end));
-            if !self.page_present(page) && !fully_covered && !out.contains(&page) {
-                out.push(page);
-            }
-        }
-        out
-    }
-
     /// Put fetched base bytes of `page` in place (only where the user has not written).
     pub fn fill_page(&mut self, page: u64, data: &[u8]) -> io::Result<()> {
         if self.present.contains(&page) {
             return Ok(());
         }
         let start = page * PAGE;
+        // Base bytes past the cut are gone (truncated since the base): never bring them back.
+        let keep = self.base_size.saturating_sub(start).min(data.len() as u64) as usize;
+        let data = &data[..keep];
         let end = start + data.len() as u64;
         // Write the old bytes around any dirty ranges inside the page.
         let mut at = start;
@@ -122,6 +130,9 @@ impl Staged {
     }
 
     pub fn write(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
+        if let Some(j) = &mut self.journal {
+            j.record(&format!("w {offset} {}", data.len()))?;
+        }
         self.file.write_all_at(data, offset)?;
         let end = offset + data.len() as u64;
         // Pages entirely covered are local now.
@@ -157,6 +168,9 @@ impl Staged {
     }
 
     pub fn truncate(&mut self, len: u64) -> io::Result<()> {
+        if let Some(j) = &mut self.journal {
+            j.record(&format!("t {len}"))?;
+        }
         self.file.set_len(len)?;
         self.dirty = self
             .dirty
@@ -223,12 +237,71 @@ impl Staged {
 
     /// The push of the current content succeeded: it is the new base.
     pub fn pushed(&mut self, version: Version, size: u64) {
-        self.base = Some(version);
+        // Pages wholly past the old cut hold only local bytes: they stay local under the new
+        // base. Pages never fetched are the new base's too (the push changed only what was
+        // written, and fills always write around nothing dirty from now on).
+        for p in self.base_size.div_ceil(PAGE)..size.div_ceil(PAGE) {
+            self.present.insert(p);
+        }
+        self.base = Some(version.clone());
         self.base_size = size;
         self.dirty.clear();
         self.len_changed = false;
         self.failed = false;
-        // Everything written is local; pages never fetched are still the remote's.
+        if let Some(j) = &mut self.journal {
+            let _ = j.rebase(Some(version), size);
+        }
+    }
+
+    /// The sandbox changed the (clean) file itself: follow its new version, keeping nothing
+    /// local (pages are fetched again when read).
+    pub fn rebase_remote(&mut self, version: Version, size: u64) -> io::Result<()> {
+        self.file.set_len(0)?;
+        self.file.set_len(size)?;
+        self.present.clear();
+        self.dirty.clear();
+        self.len_changed = false;
+        self.base = Some(version.clone());
+        self.base_size = size;
+        self.len = size;
+        if let Some(j) = &mut self.journal {
+            j.rebase(Some(version), size)?;
+        }
+        Ok(())
+    }
+
+    pub fn dirty_ranges(&self) -> &[(u64, u64)] {
+        &self.dirty
+    }
+
+    /// Rebuild the state a journal recorded (after a restart): dirty ranges, cut and length.
+    pub fn replay(&mut self, ops: &[JournalOp]) {
+        for op in ops {
+            match *op {
+                JournalOp::Write { offset, len } => {
+                    let end = offset + len;
+                    for p in offset.div_ceil(PAGE)..end / PAGE {
+                        self.present.insert(p);
+                    }
+                    self.add_dirty(offset, end);
+                    if end > self.len {
+                        self.len = end;
+                        self.len_changed = true;
+                    }
+                }
+                JournalOp::Truncate(len) => {
+                    self.dirty = self
+                        .dirty
+                        .iter()
+                        .filter(|(a, _)| *a < len)
+                        .map(|&(a, b)| (a, b.min(len)))
+                        .collect();
+                    self.base_size = self.base_size.min(len);
+                    self.len = len;
+                    self.len_changed = true;
+                }
+            }
+        }
     }
 
     /// Read staged bytes (only from present pages; the caller fetches the rest).
@@ -249,6 +322,178 @@ impl Staged {
     }
 }
 
+/// One recorded change to a staged file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JournalOp {
+    Write { offset: u64, len: u64 },
+    Truncate(u64),
+}
+
+/// What a staged file stands for, kept beside it (`N.meta`).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct JournalMeta {
+    /// The file's path in the sandbox when it was last recorded.
+    pub path: crate::remote::WireBytes,
+    pub base: Option<Version>,
+    pub base_size: u64,
+    /// Mode for a file the push creates.
+    pub mode: Option<u32>,
+}
+
+/// The durable record of a staged file: `N.data` (the content), `N.meta` ([`JournalMeta`],
+/// rewritten on rare events: a push, a rename) and `N.log` (one line per write or truncation,
+/// appended as they happen, so a daemon killed at any point leaves a record of every byte it
+/// accepted).
+pub struct Journal {
+    dir: std::path::PathBuf,
+    id: u64,
+    log: File,
+    meta: JournalMeta,
+}
+
+fn create_private(path: &std::path::Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
+impl Journal {
+    /// A new staged file in `dir`: answers the journal and the (empty) data file.
+    pub fn create(dir: &std::path::Path, meta: JournalMeta) -> io::Result<(Journal, File)> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        loop {
+            let id = (std::process::id() as u64) << 32
+                | NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let data = match create_private(&dir.join(format!("{id}.data"))) {
+                Ok(f) => f,
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e),
+            };
+            let log = create_private(&dir.join(format!("{id}.log")))?;
+            let j = Journal {
+                dir: dir.to_path_buf(),
+                id,
+                log,
+                meta,
+            };
+            j.write_meta()?;
+            return Ok((j, data));
+        }
+    }
+
+    fn write_meta(&self) -> io::Result<()> {
+        let tmp = self.dir.join(format!("{}.meta.tmp", self.id));
+        let _ = std::fs::remove_file(&tmp);
+        let mut f = create_private(&tmp)?;
+        use std::io::Write;
+        f.write_all(&serde_json::to_vec(&self.meta).expect("serialisable"))?;
+        std::fs::rename(tmp, self.dir.join(format!("{}.meta", self.id)))
+    }
+
+    fn record(&mut self, line: &str) -> io::Result<()> {
+        use std::io::Write;
+        self.log.write_all(format!("{line}\n").as_bytes())
+    }
+
+    /// The content was pushed: it is the new base, and the log starts over.
+    pub fn rebase(&mut self, base: Option<Version>, size: u64) -> io::Result<()> {
+        self.meta.base = base;
+        self.meta.base_size = size;
+        self.write_meta()?;
+        self.log.set_len(0)?;
+        use std::io::Seek;
+        self.log.seek(io::SeekFrom::Start(0))?;
+        Ok(())
+    }
+
+    /// The file has a new path (renamed through the mount).
+    pub fn moved(&mut self, path: &crate::remote::RemotePath) -> io::Result<()> {
+        self.meta.path = crate::remote::WireBytes(path.as_bytes().to_vec());
+        self.write_meta()
+    }
+
+    /// Nothing is left to push: remove the record.
+    pub fn remove(self) {
+        for ext in ["data", "log", "meta"] {
+            let _ = std::fs::remove_file(self.dir.join(format!("{}.{ext}", self.id)));
+        }
+    }
+
+    pub fn data_path(&self) -> std::path::PathBuf {
+        self.dir.join(format!("{}.data", self.id))
+    }
+
+    /// Every staged file recorded in `dir` (left by a daemon that did not finish).
+    pub fn recover(dir: &std::path::Path) -> Vec<(Journal, File, Vec<JournalOp>)> {
+        let mut out = Vec::new();
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return out;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(id) = name.strip_suffix(".meta").and_then(|s| s.parse::<u64>().ok()) else {
+                continue;
+            };
+            let open = |ext: &str| {
+                use std::os::unix::fs::OpenOptionsExt;
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                    .open(dir.join(format!("{id}.{ext}")))
+            };
+            let (Ok(meta), Ok(data), Ok(log)) = (
+                std::fs::read(dir.join(&name)),
+                open("data"),
+                open("log"),
+            ) else {
+                continue;
+            };
+            let Ok(meta) = serde_json::from_slice::<JournalMeta>(&meta) else {
+                continue;
+            };
+            let text = std::fs::read_to_string(dir.join(format!("{id}.log"))).unwrap_or_default();
+            let ops = text
+                .lines()
+                .filter_map(|l| {
+                    let mut w = l.split(' ');
+                    match (w.next(), w.next(), w.next()) {
+                        (Some("w"), Some(o), Some(n)) => Some(JournalOp::Write {
+                            offset: o.parse().ok()?,
+                            len: n.parse().ok()?,
+                        }),
+                        (Some("t"), Some(n), None) => Some(JournalOp::Truncate(n.parse().ok()?)),
+                        _ => None,
+                    }
+                })
+                .collect();
+            use std::io::Seek;
+            let mut log = log;
+            let _ = log.seek(io::SeekFrom::End(0));
+            out.push((
+                Journal {
+                    dir: dir.to_path_buf(),
+                    id,
+                    log,
+                    meta,
+                },
+                data,
+                ops,
+            ));
+        }
+        out
+    }
+
+    pub fn meta(&self) -> &JournalMeta {
+        &self.meta
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -259,11 +504,55 @@ mod tests {
     }
 
     #[test]
-    fn partial_page_writes_need_the_old_bytes_full_pages_do_not() {
-        let s = staged(&vec![0u8; 3 * PAGE as usize]);
-        assert_eq!(s.pages_to_fill(10, 5), vec![0]);
-        assert_eq!(s.pages_to_fill(PAGE, PAGE), Vec::<u64>::new());
-        assert_eq!(s.pages_to_fill(PAGE - 1, 2), vec![0, 1]);
+    fn writes_fetch_nothing_reads_need_only_untouched_base_pages() {
+        let mut s = staged(&vec![0u8; 3 * PAGE as usize]);
+        s.write(10, b"x").unwrap();
+        assert_eq!(s.missing_in(0, 3 * PAGE), vec![0, 1, 2]);
+        s.write(PAGE, &vec![1u8; PAGE as usize]).unwrap();
+        assert_eq!(s.missing_in(0, 3 * PAGE), vec![0, 2]);
+    }
+
+    #[test]
+    fn truncated_base_bytes_never_come_back() {
+        // 20,000 old bytes, cut to 100, then a write far past it: old bytes 100.. are zeros.
+        let mut s = staged(&[b'A'; 20_000]);
+        s.truncate(100).unwrap();
+        s.write(30_000, b"0123456789").unwrap();
+        s.fill_page(0, &[b'A'; 20_000]).unwrap();
+        let all = s.read_local(0, s.len).unwrap();
+        assert_eq!(all.len(), 30_010);
+        assert!(all[..100].iter().all(|&b| b == b'A'));
+        assert!(all[100..30_000].iter().all(|&b| b == 0));
+        match s.content().unwrap().0 {
+            CommitContent::Patch { cut, new_len, .. } => assert_eq!((cut, new_len), (100, 30_010)),
+            CommitContent::Whole(_) => {}
+        }
+    }
+
+    #[test]
+    fn a_journal_replays_to_the_same_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = JournalMeta {
+            path: crate::remote::WireBytes(b"f".to_vec()),
+            base: Some(Version("v1".into())),
+            base_size: 1000,
+            mode: None,
+        };
+        let (j, file) = Journal::create(dir.path(), meta).unwrap();
+        let mut s = Staged::new(file, Some(Version("v1".into())), 1000);
+        s.journal = Some(j);
+        s.write(10, b"abc").unwrap();
+        s.truncate(500).unwrap();
+        s.write(600, b"zz").unwrap();
+        let (dirty, len, cut) = (s.dirty.clone(), s.len, s.base_size);
+        drop(s);
+        let mut found = Journal::recover(dir.path());
+        assert_eq!(found.len(), 1);
+        let (j, file, ops) = found.pop().unwrap();
+        let mut r = Staged::new(file, j.meta().base.clone(), j.meta().base_size);
+        r.replay(&ops);
+        assert_eq!((r.dirty.clone(), r.len, r.base_size), (dirty, len, cut));
+        assert_eq!(r.read_local(10, 3).unwrap(), b"abc");
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! version it was based on, so a write never silently overwrites a change made in the sandbox.
 
 pub mod client;
+pub mod deadline;
 pub mod error;
 pub mod wire;
 

@@ -1,0 +1,134 @@
+//! Open handles. A file handle is bound to its node (never to a path), so it keeps working
+//! across renames and after an unlink. A directory handle lists once, on its first read, and
+//! serves every continuation from that snapshot: offsets stay meaningful however the
+//! directory changes meanwhile.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::inode::NodeId;
+use crate::remote::{FileKind, RemoteError, Result, Version};
+
+pub struct OpenFile {
+    pub node: NodeId,
+    /// The version seen at open (pages of an unstaged file are read at it).
+    pub version: Version,
+    pub writable: bool,
+    /// Written (or truncated) through this handle since its last flush.
+    pub wrote: AtomicBool,
+}
+
+/// One entry of a directory snapshot (`ino` is the sandbox's, for `d_ino`).
+#[derive(Clone, Debug)]
+pub struct DirEntryOut {
+    pub name: Vec<u8>,
+    pub ino: u64,
+    pub kind: FileKind,
+}
+
+struct OpenDir {
+    node: NodeId,
+    snapshot: Option<Arc<Vec<DirEntryOut>>>,
+}
+
+#[derive(Default)]
+pub struct Handles {
+    files: Mutex<HashMap<u64, Arc<OpenFile>>>,
+    dirs: Mutex<HashMap<u64, OpenDir>>,
+    next: AtomicU64,
+}
+
+impl Handles {
+    fn next(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    pub fn open_file(&self, f: OpenFile) -> u64 {
+        let fh = self.next();
+        self.files
+            .lock()
+            .expect("handles lock")
+            .insert(fh, Arc::new(f));
+        fh
+    }
+
+    pub fn file(&self, fh: u64) -> Result<Arc<OpenFile>> {
+        self.files
+            .lock()
+            .expect("handles lock")
+            .get(&fh)
+            .cloned()
+            .ok_or_else(|| RemoteError::Invalid(format!("bad file handle {fh}")))
+    }
+
+    pub fn close_file(&self, fh: u64) -> Option<Arc<OpenFile>> {
+        self.files.lock().expect("handles lock").remove(&fh)
+    }
+
+    /// Handles open on a node.
+    pub fn open_on(&self, node: NodeId) -> usize {
+        self.files
+            .lock()
+            .expect("handles lock")
+            .values()
+            .filter(|f| f.node == node)
+            .count()
+    }
+
+    pub fn open_dir(&self, node: NodeId) -> u64 {
+        let fh = self.next();
+        self.dirs.lock().expect("handles lock").insert(
+            fh,
+            OpenDir {
+                node,
+                snapshot: None,
+            },
+        );
+        fh
+    }
+
+    pub fn dir(&self, fh: u64) -> Result<(NodeId, Option<Arc<Vec<DirEntryOut>>>)> {
+        self.dirs
+            .lock()
+            .expect("handles lock")
+            .get(&fh)
+            .map(|d| (d.node, d.snapshot.clone()))
+            .ok_or_else(|| RemoteError::Invalid(format!("bad directory handle {fh}")))
+    }
+
+    pub fn set_snapshot(&self, fh: u64, s: Arc<Vec<DirEntryOut>>) {
+        if let Some(d) = self.dirs.lock().expect("handles lock").get_mut(&fh) {
+            d.snapshot = Some(s);
+        }
+    }
+
+    pub fn close_dir(&self, fh: u64) {
+        self.dirs.lock().expect("handles lock").remove(&fh);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_are_distinct_and_bound_to_their_node() {
+        let h = Handles::default();
+        let mk = |n| OpenFile {
+            node: NodeId(n),
+            version: Version("v".into()),
+            writable: false,
+            wrote: AtomicBool::new(false),
+        };
+        let a = h.open_file(mk(5));
+        let b = h.open_file(mk(5));
+        let d = h.open_dir(NodeId(1));
+        assert!(a != b && b != d);
+        assert_eq!(h.open_on(NodeId(5)), 2);
+        assert_eq!(h.file(a).unwrap().node, NodeId(5));
+        h.close_file(a);
+        assert!(h.file(a).is_err());
+        assert_eq!(h.dir(d).unwrap().0, NodeId(1));
+    }
+}

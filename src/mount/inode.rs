@@ -1,0 +1,504 @@
+//! The inode table: which node the kernel knows stands for which sandbox file, and under which
+//! names.
+//!
+//! Assumptions, and why:
+//! - **Node ids are ours.** A counter, never reused: the kernel may hold a node id long after the
+//!   file is gone (an unlinked file kept open), and a sandbox inode number can come back for
+//!   another file at any time. `st_ino` still shows the sandbox's inode number (the adapter puts
+//!   [`Attr::ino`] in attribute replies).
+//! - **A node is a sandbox file** (device + inode), not a path. Its names are links
+//!   `(parent node, name)`; a path is found by walking the links up to the root, so renaming a
+//!   directory moves everything below it at once. Hard links are several links of one node.
+//! - **A node without links is an orphan**: unlinked or replaced while the kernel (or an open
+//!   handle) still holds it. It keeps serving its handles from local state and is dropped when
+//!   the kernel forgets it and no handle is open.
+//! - Our own saves give the file a new sandbox inode (the atomic rename): [`InodeTable::rebind`]
+//!   moves the node to it, keeping the node id the kernel knows.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use crate::remote::{Attr, FileKind, RemotePath, Version};
+
+/// The kernel's name for a node (FUSE node id). Ours, never reused.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, PartialOrd, Ord, serde::Serialize)]
+pub struct NodeId(pub u64);
+
+pub const ROOT: NodeId = NodeId(1);
+
+/// A file's identity in the sandbox.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct RemoteId {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+impl RemoteId {
+    pub fn of(a: &Attr) -> Self {
+        RemoteId {
+            dev: a.dev,
+            ino: a.ino,
+        }
+    }
+}
+
+/// Deepest path walked up from a node (a cycle would be a bug; this bounds it).
+const MAX_DEPTH: usize = 8192;
+
+#[derive(Clone, Debug)]
+pub struct Node {
+    pub remote: RemoteId,
+    /// Names of this node: `(parent, name)`. Empty for an orphan.
+    pub links: Vec<(NodeId, Vec<u8>)>,
+    pub attr: Attr,
+    /// When `attr` was fetched (the TTL counts from here).
+    pub fetched: Instant,
+    /// The kernel's lookup count.
+    pub lookups: u64,
+    /// Open handles on the node (they keep it alive after the kernel forgets it).
+    pub open: u32,
+    /// The version whose data the kernel may hold in its page cache.
+    pub kernel_version: Option<Version>,
+    /// The path it had when it was last linked (for messages, and a conflict copy's place).
+    pub last_path: RemotePath,
+    /// Unlinked through the mount: what is staged for it is dropped on the last close.
+    pub removed_locally: bool,
+}
+
+#[derive(Default)]
+struct Table {
+    nodes: HashMap<NodeId, Node>,
+    by_remote: HashMap<RemoteId, NodeId>,
+    children: HashMap<NodeId, BTreeMap<Vec<u8>, NodeId>>,
+    next: u64,
+}
+
+pub struct InodeTable {
+    t: Mutex<Table>,
+}
+
+impl Table {
+    fn path_of(&self, mut id: NodeId) -> Option<RemotePath> {
+        let mut parts: Vec<&[u8]> = Vec::new();
+        for _ in 0..MAX_DEPTH {
+            if id == ROOT {
+                parts.reverse();
+                return RemotePath::new(parts.join(&b'/')).ok();
+            }
+            let n = self.nodes.get(&id)?;
+            let (parent, name) = n.links.first()?;
+            parts.push(name);
+            id = *parent;
+        }
+        None
+    }
+
+    /// Remove the link `(parent, name)` from whatever node holds it.
+    fn unlink(&mut self, parent: NodeId, name: &[u8]) -> Option<NodeId> {
+        let id = self.children.get_mut(&parent)?.remove(name)?;
+        let path = self.path_of_link(parent, name);
+        if let Some(n) = self.nodes.get_mut(&id) {
+            if let Some(p) = path {
+                n.last_path = p;
+            }
+            n.links.retain(|(p, nm)| !(*p == parent && nm == name));
+        }
+        Some(id)
+    }
+
+    fn path_of_link(&self, parent: NodeId, name: &[u8]) -> Option<RemotePath> {
+        self.path_of(parent)?.join(name).ok()
+    }
+
+    fn link(&mut self, id: NodeId, parent: NodeId, name: &[u8]) {
+        if let Some(old) = self.children.get(&parent).and_then(|c| c.get(name)).copied() {
+            if old == id {
+                return;
+            }
+            self.unlink(parent, name);
+        }
+        self.children
+            .entry(parent)
+            .or_default()
+            .insert(name.to_vec(), id);
+        let path = self.path_of_link(parent, name);
+        if let Some(n) = self.nodes.get_mut(&id) {
+            n.links.push((parent, name.to_vec()));
+            if let Some(p) = path {
+                n.last_path = p;
+            }
+        }
+    }
+
+    fn drop_if_unused(&mut self, id: NodeId) {
+        let Some(n) = self.nodes.get(&id) else { return };
+        if id == ROOT || n.lookups > 0 || n.open > 0 {
+            return;
+        }
+        let n = self.nodes.remove(&id).expect("present");
+        for (p, name) in &n.links {
+            if let Some(c) = self.children.get_mut(p) {
+                if c.get(name) == Some(&id) {
+                    c.remove(name);
+                }
+            }
+        }
+        if self.by_remote.get(&n.remote) == Some(&id) {
+            self.by_remote.remove(&n.remote);
+        }
+        // Children of a forgotten directory were forgotten first (the kernel's dentries hold
+        // their parents); what is left here are names we never handed out.
+        if let Some(kids) = self.children.remove(&id) {
+            for (name, kid) in kids {
+                if let Some(k) = self.nodes.get_mut(&kid) {
+                    k.links.retain(|(p, nm)| !(*p == id && *nm == name));
+                }
+            }
+        }
+    }
+}
+
+impl InodeTable {
+    pub fn new(root: Attr) -> Self {
+        let mut t = Table {
+            next: ROOT.0 + 1,
+            ..Table::default()
+        };
+        t.by_remote.insert(RemoteId::of(&root), ROOT);
+        t.nodes.insert(
+            ROOT,
+            Node {
+                remote: RemoteId::of(&root),
+                links: Vec::new(),
+                attr: root,
+                fetched: Instant::now(),
+                lookups: 1,
+                open: 0,
+                kernel_version: None,
+                last_path: RemotePath::root(),
+                removed_locally: false,
+            },
+        );
+        InodeTable { t: Mutex::new(t) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.t.lock().expect("inode table lock")
+    }
+
+    /// The node's current path (`None`: unknown node, or an orphan).
+    pub fn path_of(&self, id: NodeId) -> Option<RemotePath> {
+        self.lock().path_of(id)
+    }
+
+    pub fn get(&self, id: NodeId) -> Option<Node> {
+        self.lock().nodes.get(&id).cloned()
+    }
+
+    /// Change a node in place (no-op for an unknown node).
+    pub fn update<T>(&self, id: NodeId, f: impl FnOnce(&mut Node) -> T) -> Option<T> {
+        self.lock().nodes.get_mut(&id).map(f)
+    }
+
+    pub fn child(&self, parent: NodeId, name: &[u8]) -> Option<NodeId> {
+        self.lock().children.get(&parent)?.get(name).copied()
+    }
+
+    /// The node for the file `attr` found at `(parent, name)`, created or updated; one more
+    /// kernel lookup if `lookup`. The node already at that name is kept if it is the same
+    /// sandbox file; a file with several links joins the node of its other names; anything
+    /// else is a new node (the name's previous node loses that name).
+    pub fn remember(&self, parent: NodeId, name: &[u8], attr: Attr, lookup: bool) -> NodeId {
+        let mut t = self.lock();
+        let rid = RemoteId::of(&attr);
+        let at_name = t.children.get(&parent).and_then(|c| c.get(name)).copied();
+        let id = match at_name {
+            Some(id) if t.nodes.get(&id).is_some_and(|n| n.remote == rid) => id,
+            _ => {
+                let linked = t.by_remote.get(&rid).copied().filter(|id| {
+                    attr.kind != FileKind::Dir
+                        && attr.nlink > 1
+                        && t.nodes.get(id).is_some_and(|n| !n.links.is_empty())
+                });
+                match linked {
+                    Some(id) => id,
+                    None => {
+                        let id = NodeId(t.next);
+                        t.next += 1;
+                        t.nodes.insert(
+                            id,
+                            Node {
+                                remote: rid,
+                                links: Vec::new(),
+                                attr: attr.clone(),
+                                fetched: Instant::now(),
+                                lookups: 0,
+                                open: 0,
+                                kernel_version: None,
+                                last_path: RemotePath::root(),
+                                removed_locally: false,
+                            },
+                        );
+                        t.by_remote.insert(rid, id);
+                        id
+                    }
+                }
+            }
+        };
+        t.link(id, parent, name);
+        let n = t.nodes.get_mut(&id).expect("just linked");
+        n.attr = attr;
+        n.fetched = Instant::now();
+        if lookup {
+            n.lookups += 1;
+        }
+        let stale = t.by_remote.insert(rid, id);
+        if let Some(old) = stale.filter(|old| *old != id) {
+            // The sandbox reused an inode number: the old node no longer stands for it.
+            if let Some(n) = t.nodes.get_mut(&old) {
+                if n.remote == rid {
+                    n.remote = RemoteId { dev: 0, ino: 0 };
+                }
+            }
+        }
+        id
+    }
+
+    /// The node now stands for another sandbox file (our save replaced it by rename).
+    pub fn rebind(&self, id: NodeId, attr: &Attr) {
+        let mut t = self.lock();
+        let rid = RemoteId::of(attr);
+        let Some(old) = t.nodes.get(&id).map(|n| n.remote) else {
+            return;
+        };
+        if t.by_remote.get(&old) == Some(&id) {
+            t.by_remote.remove(&old);
+        }
+        t.by_remote.insert(rid, id);
+        let n = t.nodes.get_mut(&id).expect("checked");
+        n.remote = rid;
+        n.attr = attr.clone();
+        n.fetched = Instant::now();
+    }
+
+    /// Remove the name; answers the node that had it (now an orphan if it was its last name).
+    pub fn unlink(&self, parent: NodeId, name: &[u8]) -> Option<NodeId> {
+        let mut t = self.lock();
+        let id = t.unlink(parent, name)?;
+        t.drop_if_unused(id);
+        Some(id)
+    }
+
+    /// Add a name to a node (a hard link made through the mount).
+    pub fn link(&self, id: NodeId, parent: NodeId, name: &[u8]) {
+        self.lock().link(id, parent, name);
+    }
+
+    /// Move a name. The node at the target name, if any, loses it and is answered.
+    pub fn rename(
+        &self,
+        parent: NodeId,
+        name: &[u8],
+        new_parent: NodeId,
+        new_name: &[u8],
+    ) -> Option<NodeId> {
+        let mut t = self.lock();
+        let moving = t.children.get(&parent).and_then(|c| c.get(name)).copied();
+        let replaced = t
+            .children
+            .get(&new_parent)
+            .and_then(|c| c.get(new_name))
+            .copied()
+            .filter(|r| Some(*r) != moving);
+        if replaced.is_some() {
+            t.unlink(new_parent, new_name);
+        }
+        if let Some(id) = moving {
+            t.unlink(parent, name);
+            t.link(id, new_parent, new_name);
+        }
+        if let Some(r) = replaced {
+            t.drop_if_unused(r);
+        }
+        replaced
+    }
+
+    /// Swap two names (RENAME_EXCHANGE).
+    pub fn exchange(&self, a_parent: NodeId, a: &[u8], b_parent: NodeId, b: &[u8]) {
+        let mut t = self.lock();
+        let na = t.unlink(a_parent, a);
+        let nb = t.unlink(b_parent, b);
+        if let Some(id) = nb {
+            t.link(id, a_parent, a);
+        }
+        if let Some(id) = na {
+            t.link(id, b_parent, b);
+        }
+    }
+
+    /// The kernel dropped `n` lookups.
+    pub fn forget(&self, id: NodeId, n: u64) {
+        let mut t = self.lock();
+        if let Some(node) = t.nodes.get_mut(&id) {
+            node.lookups = node.lookups.saturating_sub(n);
+        }
+        t.drop_if_unused(id);
+    }
+
+    /// A handle opened (`+1`) or closed (`-1`) on the node.
+    pub fn opened(&self, id: NodeId, delta: i32) {
+        let mut t = self.lock();
+        if let Some(node) = t.nodes.get_mut(&id) {
+            node.open = node.open.saturating_add_signed(delta);
+        }
+        t.drop_if_unused(id);
+    }
+
+    /// Every node whose path is at or below `path` (for invalidation).
+    pub fn nodes_at(&self, path: &RemotePath) -> Vec<NodeId> {
+        let t = self.lock();
+        let prefix = [path.as_bytes(), b"/"].concat();
+        t.nodes
+            .keys()
+            .filter(|id| {
+                t.path_of(**id).is_some_and(|p| {
+                    p == *path || path.is_root() || p.as_bytes().starts_with(&prefix)
+                })
+            })
+            .copied()
+            .collect()
+    }
+
+    /// The node at a path, walking names from the root (`None` if some name is not known).
+    pub fn resolve(&self, path: &RemotePath) -> Option<NodeId> {
+        let t = self.lock();
+        let mut id = ROOT;
+        if path.is_root() {
+            return Some(id);
+        }
+        for part in path.as_bytes().split(|&b| b == b'/') {
+            id = *t.children.get(&id)?.get(part)?;
+        }
+        Some(id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attr(ino: u64, kind: FileKind, nlink: u64) -> Attr {
+        Attr {
+            kind,
+            size: 0,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            atime_ns: 0,
+            mtime_ns: 0,
+            ctime_ns: 0,
+            dev: 7,
+            ino,
+            nlink,
+            rdev: 0,
+            symlink_target: None,
+            version: Version(format!("v{ino}")),
+        }
+    }
+
+    fn table() -> InodeTable {
+        InodeTable::new(attr(2, FileKind::Dir, 3))
+    }
+
+    #[test]
+    fn paths_follow_directory_renames() {
+        let t = table();
+        let d = t.remember(ROOT, b"d", attr(10, FileKind::Dir, 2), true);
+        let f = t.remember(d, b"f", attr(11, FileKind::File, 1), true);
+        assert_eq!(t.path_of(f).unwrap().as_bytes(), b"d/f");
+        t.rename(ROOT, b"d", ROOT, b"e");
+        assert_eq!(t.path_of(f).unwrap().as_bytes(), b"e/f");
+        assert_eq!(t.resolve(&RemotePath::new(b"e/f".to_vec()).unwrap()), Some(f));
+    }
+
+    #[test]
+    fn node_ids_are_never_reused_and_differ_from_inode_numbers() {
+        let t = table();
+        let a = t.remember(ROOT, b"a", attr(5, FileKind::File, 1), true);
+        t.unlink(ROOT, b"a");
+        t.forget(a, 1);
+        assert!(t.get(a).is_none());
+        // The sandbox reuses inode 5 for another file: a new node.
+        let b = t.remember(ROOT, b"b", attr(5, FileKind::File, 1), true);
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn an_unlinked_open_node_stays_until_closed_and_forgotten() {
+        let t = table();
+        let a = t.remember(ROOT, b"a", attr(5, FileKind::File, 1), true);
+        t.opened(a, 1);
+        assert_eq!(t.unlink(ROOT, b"a"), Some(a));
+        assert!(t.path_of(a).is_none(), "an orphan has no path");
+        assert_eq!(t.get(a).unwrap().last_path.as_bytes(), b"a");
+        t.forget(a, 1);
+        assert!(t.get(a).is_some(), "still open");
+        t.opened(a, -1);
+        assert!(t.get(a).is_none());
+        // A new file at the old name is a different node.
+        let b = t.remember(ROOT, b"a", attr(6, FileKind::File, 1), true);
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn hard_links_are_names_of_one_node() {
+        let t = table();
+        let a = t.remember(ROOT, b"a", attr(5, FileKind::File, 2), true);
+        let b = t.remember(ROOT, b"b", attr(5, FileKind::File, 2), true);
+        assert_eq!(a, b);
+        t.unlink(ROOT, b"a");
+        assert_eq!(t.path_of(a).unwrap().as_bytes(), b"b");
+    }
+
+    #[test]
+    fn a_replaced_name_gets_a_new_node_and_the_old_one_is_orphaned() {
+        let t = table();
+        let a = t.remember(ROOT, b"a", attr(5, FileKind::File, 1), true);
+        let b = t.remember(ROOT, b"a", attr(9, FileKind::File, 1), true);
+        assert_ne!(a, b);
+        assert!(t.path_of(a).is_none());
+        assert_eq!(t.child(ROOT, b"a"), Some(b));
+    }
+
+    #[test]
+    fn rename_over_answers_the_replaced_node_and_exchange_swaps() {
+        let t = table();
+        let a = t.remember(ROOT, b"a", attr(5, FileKind::File, 1), true);
+        let b = t.remember(ROOT, b"b", attr(6, FileKind::File, 1), true);
+        t.exchange(ROOT, b"a", ROOT, b"b");
+        assert_eq!(t.path_of(a).unwrap().as_bytes(), b"b");
+        assert_eq!(t.path_of(b).unwrap().as_bytes(), b"a");
+        assert_eq!(t.rename(ROOT, b"a", ROOT, b"b"), Some(a));
+        assert_eq!(t.path_of(b).unwrap().as_bytes(), b"b");
+        assert!(t.path_of(a).is_none());
+    }
+
+    #[test]
+    fn rebind_keeps_the_node_id_for_a_new_sandbox_inode() {
+        let t = table();
+        let a = t.remember(ROOT, b"a", attr(5, FileKind::File, 1), true);
+        t.rebind(a, &attr(50, FileKind::File, 1));
+        assert_eq!(t.get(a).unwrap().attr.ino, 50);
+        // A lookup of the same name with the new inode finds the same node.
+        assert_eq!(t.remember(ROOT, b"a", attr(50, FileKind::File, 1), true), a);
+    }
+}

@@ -1,0 +1,130 @@
+//! The metadata cache: directory listings (every entry with its attributes, from one round
+//! trip), keyed by the directory's node so a renamed directory keeps its listing. Trusted for
+//! the attribute TTL, served past it only while the sandbox does not answer. Bounded by a
+//! count of directories; a node's own attributes live in the inode table.
+
+use std::collections::BTreeMap;
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lru::LruCache;
+
+use super::inode::NodeId;
+use crate::remote::Attr;
+
+/// Directories whose listings are kept: a large source tree's worth, a few hundred MB at most
+/// even for big directories (listings themselves are bounded by the agent).
+const MAX_LISTINGS: usize = 4096;
+
+struct Listing {
+    entries: Arc<Vec<(Vec<u8>, Attr)>>,
+    by_name: BTreeMap<Vec<u8>, usize>,
+    fetched: Instant,
+}
+
+pub struct MetaCache {
+    listings: Mutex<LruCache<NodeId, Listing>>,
+}
+
+impl Default for MetaCache {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MetaCache {
+    pub fn new() -> Self {
+        MetaCache {
+            listings: Mutex::new(LruCache::new(
+                NonZeroUsize::new(MAX_LISTINGS).expect("non-zero"),
+            )),
+        }
+    }
+
+    pub fn put(&self, dir: NodeId, entries: Arc<Vec<(Vec<u8>, Attr)>>) {
+        let by_name = entries
+            .iter()
+            .enumerate()
+            .map(|(i, (n, _))| (n.clone(), i))
+            .collect();
+        self.listings.lock().expect("listings lock").put(
+            dir,
+            Listing {
+                entries,
+                by_name,
+                fetched: Instant::now(),
+            },
+        );
+    }
+
+    /// The listing, if fresh (or at any age with `stale_ok`).
+    pub fn listing(
+        &self,
+        dir: NodeId,
+        ttl: Duration,
+        stale_ok: bool,
+    ) -> Option<Arc<Vec<(Vec<u8>, Attr)>>> {
+        let mut l = self.listings.lock().expect("listings lock");
+        let x = l.get(&dir)?;
+        (stale_ok || x.fetched.elapsed() < ttl).then(|| x.entries.clone())
+    }
+
+    /// What the listing says of one name: `Some(Some(attr))`, `Some(None)` (not there: a brief
+    /// negative answer), or `None` (no usable listing).
+    pub fn entry(
+        &self,
+        dir: NodeId,
+        name: &[u8],
+        ttl: Duration,
+        stale_ok: bool,
+    ) -> Option<Option<Attr>> {
+        let mut l = self.listings.lock().expect("listings lock");
+        let x = l.get(&dir)?;
+        if !stale_ok && x.fetched.elapsed() >= ttl {
+            return None;
+        }
+        Some(x.by_name.get(name).map(|&i| x.entries[i].1.clone()))
+    }
+
+    pub fn invalidate(&self, dir: NodeId) {
+        self.listings.lock().expect("listings lock").pop(&dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::remote::{FileKind, Version};
+
+    fn attr() -> Attr {
+        Attr {
+            kind: FileKind::File,
+            size: 1,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            atime_ns: 0,
+            mtime_ns: 0,
+            ctime_ns: 0,
+            dev: 0,
+            ino: 3,
+            nlink: 1,
+            rdev: 0,
+            symlink_target: None,
+            version: Version("v".into()),
+        }
+    }
+
+    #[test]
+    fn a_stale_listing_is_served_only_when_asked_for() {
+        let m = MetaCache::new();
+        m.put(NodeId(1), Arc::new(vec![(b"a".to_vec(), attr())]));
+        let ttl = Duration::from_millis(0);
+        assert!(m.entry(NodeId(1), b"a", ttl, false).is_none());
+        assert!(matches!(m.entry(NodeId(1), b"a", ttl, true), Some(Some(_))));
+        assert!(matches!(m.entry(NodeId(1), b"b", ttl, true), Some(None)));
+        m.invalidate(NodeId(1));
+        assert!(m.entry(NodeId(1), b"a", ttl, true).is_none());
+    }
+}

@@ -1,0 +1,164 @@
+//! The page cache: file data in fixed pages keyed by (version, page index), in an LRU bounded
+//! by bytes. A version names content, so a changed file never serves stale pages, and nothing
+//! has to be invalidated when it changes: old pages simply age out.
+//!
+//! Concurrent readers of one missing page share one fetch (the kernel's read-ahead and a
+//! reader racing it would otherwise each make a remote call).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use lru::LruCache;
+
+use crate::remote::{RemoteError, Version};
+
+/// Size of a page: the unit fetched from the sandbox and staged locally.
+pub const PAGE: u64 = 128 * 1024;
+
+/// The index of a page within a file.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, PartialOrd, Ord)]
+pub struct PageIndex(pub u64);
+
+impl PageIndex {
+    pub fn containing(offset: u64) -> Self {
+        PageIndex(offset / PAGE)
+    }
+
+    pub fn start(self) -> u64 {
+        self.0 * PAGE
+    }
+}
+
+type Key = (Version, PageIndex);
+type Fetch = tokio::sync::OnceCell<Result<Bytes, RemoteError>>;
+
+pub struct PageCache {
+    lru: Mutex<Lru>,
+    inflight: Mutex<HashMap<Key, Arc<Fetch>>>,
+}
+
+struct Lru {
+    map: LruCache<Key, Bytes>,
+    bytes: u64,
+    cap: u64,
+}
+
+impl PageCache {
+    pub fn new(cap_bytes: u64) -> Self {
+        PageCache {
+            lru: Mutex::new(Lru {
+                map: LruCache::unbounded(),
+                bytes: 0,
+                cap: cap_bytes.max(PAGE),
+            }),
+            inflight: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn get(&self, version: &Version, page: PageIndex) -> Option<Bytes> {
+        let mut l = self.lru.lock().expect("page cache lock");
+        l.map.get(&(version.clone(), page)).cloned()
+    }
+
+    pub fn put(&self, version: Version, page: PageIndex, data: Bytes) {
+        let mut l = self.lru.lock().expect("page cache lock");
+        l.bytes += data.len() as u64;
+        if let Some(old) = l.map.put((version, page), data) {
+            l.bytes -= old.len() as u64;
+        }
+        while l.bytes > l.cap {
+            match l.map.pop_lru() {
+                Some((_, d)) => l.bytes -= d.len() as u64,
+                None => break,
+            }
+        }
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.lru.lock().expect("page cache lock").bytes
+    }
+
+    /// The page from the cache, or from `fetch` run once however many callers want it at the
+    /// same time. `fetch` answers the bytes and the version they came from; they are filed
+    /// under that version (never under one they are not from).
+    pub async fn get_or_fetch<F, Fut>(
+        &self,
+        version: &Version,
+        page: PageIndex,
+        fetch: F,
+    ) -> Result<(Bytes, bool), RemoteError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<(Bytes, Version), RemoteError>>,
+    {
+        if let Some(d) = self.get(version, page) {
+            return Ok((d, true));
+        }
+        let key = (version.clone(), page);
+        let cell = self
+            .inflight
+            .lock()
+            .expect("inflight lock")
+            .entry(key.clone())
+            .or_default()
+            .clone();
+        let result = cell
+            .get_or_init(|| async {
+                let (data, from) = fetch().await?;
+                self.put(from, page, data.clone());
+                Ok(data)
+            })
+            .await
+            .clone();
+        self.inflight.lock().expect("inflight lock").remove(&key);
+        result.map(|d| (d, false))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn concurrent_readers_share_one_fetch() {
+        let cache = Arc::new(PageCache::new(1 << 20));
+        let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let v = Version("v".into());
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let (cache, calls, v) = (cache.clone(), calls.clone(), v.clone());
+            tasks.push(tokio::spawn(async move {
+                cache
+                    .get_or_fetch(&v, PageIndex(0), || async {
+                        calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        Ok((Bytes::from_static(b"data"), v.clone()))
+                    })
+                    .await
+                    .unwrap()
+                    .0
+            }));
+        }
+        for t in tasks {
+            assert_eq!(&t.await.unwrap()[..], b"data");
+        }
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn the_cache_stays_within_its_bytes() {
+        let cache = PageCache::new(PAGE * 2);
+        for i in 0..10 {
+            cache.put(
+                Version("v".into()),
+                PageIndex(i),
+                Bytes::from(vec![0u8; PAGE as usize]),
+            );
+        }
+        assert_eq!(cache.bytes(), PAGE * 2);
+        assert!(cache.get(&Version("v".into()), PageIndex(9)).is_some());
+        assert!(cache.get(&Version("v".into()), PageIndex(0)).is_none());
+    }
+}

@@ -1,0 +1,743 @@
+//! Write-back: staging a file's writes ([`super::staging`]), pushing them to the sandbox as
+//! one atomic commit, and what happens when a push fails.
+//!
+//! - A push names the base version; the sandbox applies it with an atomic rename or refuses it
+//!   as a conflict, and then the user's version is saved beside the file as
+//!   `NAME.sbxfs-conflict-<time>-<n>` (created exclusively: two copies never overwrite each
+//!   other) and the file follows the sandbox's version.
+//! - Failures are classified: **transient** (the sandbox did not answer, timed out, or failed
+//!   on its side) are retried with backoff; **permanent** (refused, no space, too large) stay
+//!   staged, are reported once (on the file's next `fsync`/`close`, in the log and in
+//!   `ctl status`) and are tried again only when asked (a new write, `fsync`, `ctl flush`).
+//! - Nothing staged is dropped until the sandbox has it — except the data of a file unlinked
+//!   through the mount, which goes on its last close, as on ext4.
+//! - Staging is durable ([`super::staging::Journal`]): at start-up the mount pushes what a
+//!   previous daemon of the same remote left unpushed, or saves it as a conflict copy.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use super::core::{local_io, now_ns, unreachable, FsCore};
+use super::inode::NodeId;
+use super::pages::PageIndex;
+use super::staging::{Journal, JournalMeta, Staged, PAGE};
+use crate::remote::{
+    Attr, CommitContent, CommitOptions, RemoteError, RemotePath, Result, SetAttr, WireBytes,
+};
+
+/// Longest wait between retries of a transient failure.
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// A staged file: its image behind an async lock (held across a push, so writes to the file
+/// wait for it), and the facts `stat` needs without waiting for that lock.
+pub struct StagedEntry {
+    inner: tokio::sync::Mutex<Staged>,
+    len: AtomicU64,
+    mtime_ns: AtomicI64,
+    dirty: AtomicBool,
+}
+
+impl StagedEntry {
+    fn new(s: Staged) -> Self {
+        let e = StagedEntry {
+            len: AtomicU64::new(s.len),
+            mtime_ns: AtomicI64::new(i64::MIN),
+            dirty: AtomicBool::new(s.is_dirty()),
+            inner: tokio::sync::Mutex::new(s),
+        };
+        e
+    }
+
+    pub async fn lock(&self) -> tokio::sync::MutexGuard<'_, Staged> {
+        self.inner.lock().await
+    }
+
+    pub fn try_lock(&self) -> std::result::Result<tokio::sync::MutexGuard<'_, Staged>, ()> {
+        self.inner.try_lock().map_err(|_| ())
+    }
+
+    /// Publish the image's size and times (call after every change, lock held).
+    pub fn sync(&self, s: &Staged) {
+        self.len.store(s.len, Ordering::SeqCst);
+        self.mtime_ns
+            .store(s.mtime_ns.unwrap_or(i64::MIN), Ordering::SeqCst);
+        self.dirty.store(s.is_dirty(), Ordering::SeqCst);
+    }
+
+    /// Report the staged size and mtime in `attr`.
+    pub fn overlay(&self, attr: &mut Attr) {
+        attr.size = self.len.load(Ordering::SeqCst);
+        let m = self.mtime_ns.load(Ordering::SeqCst);
+        if m != i64::MIN {
+            attr.mtime_ns = m;
+            attr.ctime_ns = attr.ctime_ns.max(m);
+        }
+    }
+
+    pub fn is_dirty(&self) -> bool {
+        self.dirty.load(Ordering::SeqCst)
+    }
+}
+
+/// A push that failed and is kept.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PushFailure {
+    pub path: String,
+    pub error: String,
+    pub attempts: u32,
+    /// Not retried on its own (refused by the sandbox, not a fault of the link).
+    pub permanent: bool,
+    #[serde(skip)]
+    next_try: Option<Instant>,
+    #[serde(skip)]
+    reported: bool,
+    #[serde(skip)]
+    cause: Option<RemoteError>,
+}
+
+#[derive(Default)]
+pub struct Failures {
+    map: Mutex<HashMap<NodeId, PushFailure>>,
+}
+
+/// A transient failure is worth retrying by itself.
+pub fn transient(e: &RemoteError) -> bool {
+    unreachable(e) || matches!(e, RemoteError::Io(..))
+}
+
+impl Failures {
+    fn record(&self, node: NodeId, path: &str, e: &RemoteError) {
+        let mut m = self.map.lock().expect("failures lock");
+        let f = m.entry(node).or_insert_with(|| PushFailure {
+            path: path.to_string(),
+            error: String::new(),
+            attempts: 0,
+            permanent: false,
+            next_try: None,
+            reported: false,
+            cause: None,
+        });
+        f.attempts += 1;
+        f.path = path.to_string();
+        f.error = e.to_string();
+        f.permanent = !transient(e);
+        f.cause = Some(e.clone());
+        let first = f.attempts == 1;
+        f.next_try = (!f.permanent).then(|| {
+            Instant::now() + MAX_BACKOFF.min(Duration::from_secs(1 << f.attempts.min(6)))
+        });
+        drop(m);
+        // Logged once, then only when it changes kind: a file failing every retry does not
+        // fill the log.
+        if first {
+            if transient(e) {
+                tracing::warn!(file = %path, "push failed, kept locally and retried: {e}");
+            } else {
+                tracing::error!(file = %path, "push refused by the sandbox, kept locally: {e}");
+            }
+        }
+    }
+
+    pub fn clear(&self, node: NodeId) {
+        self.map.lock().expect("failures lock").remove(&node);
+    }
+
+    /// A failure not yet reported to the program: reported now, once.
+    pub fn take_report(&self, node: NodeId) -> Result<()> {
+        let mut m = self.map.lock().expect("failures lock");
+        match m.get_mut(&node) {
+            Some(f) if !f.reported => {
+                f.reported = true;
+                Err(f.cause.clone().unwrap_or_else(|| {
+                    RemoteError::Io(f.path.clone(), "an earlier push failed".into())
+                }))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn due(&self) -> Vec<NodeId> {
+        let now = Instant::now();
+        self.map
+            .lock()
+            .expect("failures lock")
+            .iter()
+            .filter(|(_, f)| f.next_try.is_some_and(|t| t <= now))
+            .map(|(n, _)| *n)
+            .collect()
+    }
+
+    pub fn list(&self) -> Vec<PushFailure> {
+        self.map
+            .lock()
+            .expect("failures lock")
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.lock().expect("failures lock").len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl FsCore {
+    /// The staged state of a node, created over `attr` (its current version) if there is none.
+    pub(super) fn stage(&self, node: NodeId, attr: &Attr) -> Result<Arc<StagedEntry>> {
+        let mut staged = self.staged.lock().expect("staged lock");
+        if let Some(s) = staged.get(&node) {
+            return Ok(s.clone());
+        }
+        let path = self
+            .inodes
+            .path_of(node)
+            .or_else(|| self.inodes.get(node).map(|n| n.last_path))
+            .unwrap_or_default();
+        let (journal, file) = Journal::create(
+            &self.cfg.staging_dir,
+            JournalMeta {
+                path: WireBytes(path.as_bytes().to_vec()),
+                base: Some(attr.version.clone()),
+                base_size: attr.size,
+                mode: Some(attr.mode),
+            },
+        )
+        .map_err(|e| local_io(&e))?;
+        let mut s = Staged::new(file, Some(attr.version.clone()), attr.size);
+        s.journal = Some(journal);
+        let e = Arc::new(StagedEntry::new(s));
+        staged.insert(node, e.clone());
+        Ok(e)
+    }
+
+    /// Forget what is staged for a node (and its journal).
+    pub(super) fn drop_staged(&self, node: NodeId) {
+        let e = self.staged.lock().expect("staged lock").remove(&node);
+        if let Some(e) = e {
+            if let Ok(mut g) = e.try_lock() {
+                if let Some(j) = g.journal.take() {
+                    j.remove();
+                }
+            }
+        }
+        self.failures.clear(node);
+    }
+
+    /// Drop a node's staged state once nothing is open on it and all of it is pushed.
+    pub(super) async fn drop_staged_if_clean(&self, node: NodeId) {
+        let Some(s) = self.staged_of(node) else {
+            return;
+        };
+        let g = s.lock().await;
+        if g.handles == 0 && !g.is_dirty() && self.inodes.get(node).is_none_or(|n| n.open <= 1) {
+            drop(g);
+            self.drop_staged(node);
+        }
+    }
+
+    /// Push a node's staged writes (flush, fsync, release, retries).
+    pub async fn push(&self, node: NodeId) -> Result<()> {
+        let Some(staged) = self.staged_of(node) else {
+            return Ok(());
+        };
+        let mut s = staged.lock().await;
+        if !s.is_dirty() {
+            return Ok(());
+        }
+        let Some(n) = self.inodes.get(node) else {
+            return Ok(());
+        };
+        let path = match self.inodes.path_of(node) {
+            Some(p) => p,
+            // Unlinked through the mount: nothing to push, ever.
+            None if n.removed_locally => return Ok(()),
+            // Its name now leads to another file (replaced in the sandbox): keep the user's
+            // bytes beside it.
+            None => {
+                let r = self.save_conflict_copy(node, &n.last_path, &mut s).await;
+                return match r {
+                    Ok(copy) => {
+                        tracing::error!(file = %n.last_path.display(), saved_as = %copy.display(),
+                            "the file was replaced in the sandbox while open; your version was saved beside it");
+                        let len = s.len;
+                        s.pushed(crate::remote::Version(String::new()), len);
+                        staged.sync(&s);
+                        self.removed_for_good(node);
+                        Ok(())
+                    }
+                    Err(e) => {
+                        self.failures.record(node, &n.last_path.display(), &e);
+                        Err(e)
+                    }
+                };
+            }
+        };
+        let content = match s.content() {
+            Ok(c) => c,
+            Err(e) => {
+                let e = local_io(&e);
+                self.failures.record(node, &path.display(), &e);
+                return Err(e);
+            }
+        };
+        let (content, bytes) = content;
+        let result = self.note(
+            self.remote
+                .commit(
+                    &path,
+                    content,
+                    CommitOptions {
+                        base: s.base.clone(),
+                        create_mode: Some(n.attr.mode),
+                    },
+                )
+                .await,
+        );
+        match result {
+            Ok(mut attr) => {
+                self.stats.commits.fetch_add(1, Ordering::Relaxed);
+                self.stats.bytes_pushed.fetch_add(bytes, Ordering::Relaxed);
+                let pending = std::mem::take(&mut s.pending_attr);
+                if pending != SetAttr::default() {
+                    match self.note(self.remote.setattr(&path, pending).await) {
+                        Ok(a) => attr = a,
+                        Err(e) => {
+                            tracing::warn!(file = %path.display(), "mode/times not applied after push: {e}")
+                        }
+                    }
+                }
+                s.pushed(attr.version.clone(), attr.size);
+                s.mtime_ns = None;
+                staged.sync(&s);
+                self.failures.clear(node);
+                // The atomic rename gave the file a new sandbox inode: this node now stands
+                // for it. What the kernel cached was written piecemeal: never a version.
+                self.inodes.rebind(node, &attr);
+                self.inodes.update(node, |x| x.kernel_version = None);
+                if let Some((parent, _)) = n.links.first() {
+                    self.dir_changed(*parent);
+                }
+                Ok(())
+            }
+            Err(RemoteError::Conflict { current, .. }) => {
+                self.stats.conflicts.fetch_add(1, Ordering::Relaxed);
+                match self.save_conflict_copy(node, &path, &mut s).await {
+                    Ok(copy) => {
+                        tracing::error!(
+                            file = %path.display(),
+                            saved_as = %copy.display(),
+                            "conflict: the file changed in the sandbox since it was opened; your version was saved beside it"
+                        );
+                        // Follow the sandbox's version from now on.
+                        match self.note(self.remote.stat(&path).await) {
+                            Ok(a) => {
+                                s.rebase_remote(a.version.clone(), a.size)
+                                    .map_err(|e| local_io(&e))?;
+                                self.inodes.rebind(node, &a);
+                            }
+                            Err(_) => {
+                                let len = s.len;
+                        s.pushed(crate::remote::Version(String::new()), len);
+                            }
+                        }
+                        s.mtime_ns = None;
+                        staged.sync(&s);
+                        self.failures.clear(node);
+                        if let Some(k) = self.kernel() {
+                            k.invalidate_data(node);
+                        }
+                        Err(RemoteError::Io(
+                            path.display(),
+                            format!("conflict: changed in the sandbox (now {current}); your version was saved as {}", copy.display()),
+                        ))
+                    }
+                    Err(e) => {
+                        tracing::error!(file = %path.display(), "conflict, and the conflict copy failed ({e}); your data stays staged");
+                        self.failures.record(node, &path.display(), &e);
+                        Err(e)
+                    }
+                }
+            }
+            Err(e) => {
+                self.stats.failed_commits.fetch_add(1, Ordering::Relaxed);
+                self.failures.record(node, &path.display(), &e);
+                Err(e)
+            }
+        }
+    }
+
+    fn removed_for_good(&self, node: NodeId) {
+        self.inodes.update(node, |n| n.removed_locally = true);
+    }
+
+    /// Write the staged content beside `path` as `NAME.sbxfs-conflict-<time>-<n>`, a name
+    /// created exclusively (never overwriting anything). Pages the user never touched come
+    /// from the sandbox's current version: the user's own bytes are what must not be lost.
+    async fn save_conflict_copy(
+        &self,
+        node: NodeId,
+        path: &RemotePath,
+        s: &mut Staged,
+    ) -> Result<RemotePath> {
+        for page in s.missing_in(0, s.len) {
+            let from = match self.inodes.get(node) {
+                Some(n) if n.remote.ino != 0 => n.attr.version,
+                _ => crate::remote::Version(String::new()),
+            };
+            let data = match self.page_at(path, &from, PageIndex(page)).await {
+                Ok(d) => d,
+                Err(_) => {
+                    self.note(self.remote.read(path, page * PAGE, PAGE as u32).await)?
+                        .data
+                }
+            };
+            s.fill_page(page, &data).map_err(|e| local_io(&e))?;
+        }
+        let copy = self.create_conflict_name(path, 0o600).await?;
+        let reader = s.reader().map_err(|e| local_io(&e))?;
+        self.note(
+            self.remote
+                .commit(
+                    &copy.0,
+                    CommitContent::Whole(Box::new(reader)),
+                    CommitOptions {
+                        base: Some(copy.1),
+                        create_mode: None,
+                    },
+                )
+                .await,
+        )?;
+        if let Some((parent, _)) = self.inodes.get(node).and_then(|n| n.links.first().cloned())
+        {
+            self.dir_changed(parent);
+        }
+        Ok(copy.0)
+    }
+
+    /// Create an empty file named after `path` that did not exist: answers it and its version.
+    async fn create_conflict_name(
+        &self,
+        path: &RemotePath,
+        mode: u32,
+    ) -> Result<(RemotePath, crate::remote::Version)> {
+        let (parent, name) = path.split_last().expect("a file has a name");
+        let stamp = stamp();
+        for n in 0..1000u32 {
+            let mut copy_name = name.to_vec();
+            copy_name.extend_from_slice(format!(".sbxfs-conflict-{stamp}-{n}").as_bytes());
+            let copy = parent.join(&copy_name)?;
+            match self.note(self.remote.create(&copy, mode).await) {
+                Ok(a) => return Ok((copy, a.version)),
+                Err(RemoteError::Exists(_)) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(RemoteError::Exists(format!(
+            "{}: no free conflict copy name",
+            path.display()
+        )))
+    }
+
+    /// Retry the failed pushes that are due (transient failures, with backoff); answers how
+    /// many files still have unpushed data.
+    pub async fn retry_pending(&self) -> usize {
+        for node in self.failures.due() {
+            if self.push(node).await.is_ok() {
+                self.drop_staged_if_clean(node).await;
+            }
+        }
+        self.failures.len()
+    }
+
+    /// Push every node with staged changes (at unmount, or `sbxfs ctl flush`).
+    pub async fn flush_all(&self) -> Vec<(String, RemoteError)> {
+        let nodes: Vec<NodeId> = self
+            .staged
+            .lock()
+            .expect("staged lock")
+            .iter()
+            .filter(|(_, e)| e.is_dirty())
+            .map(|(n, _)| *n)
+            .collect();
+        let mut failures = Vec::new();
+        for node in nodes {
+            if let Err(e) = self.push(node).await {
+                let path = self
+                    .inodes
+                    .get(node)
+                    .map(|n| n.last_path.display())
+                    .unwrap_or_default();
+                failures.push((path, e));
+            }
+        }
+        failures
+    }
+
+    pub fn pending_count(&self) -> usize {
+        self.failures.len()
+    }
+
+    pub fn push_failures(&self) -> Vec<PushFailure> {
+        self.failures.list()
+    }
+
+    /// Copy every staged file that still has unpushed changes into `dir/unpushed/`, at its
+    /// sandbox path (directories mirrored, so two paths never share a name; an existing file
+    /// is never overwritten: a numbered name is taken instead). The journals stay too, for
+    /// the next mount of the same remote. Returns the files written.
+    pub async fn save_unpushed(&self, dir: &Path) -> Vec<PathBuf> {
+        let staged: Vec<(NodeId, Arc<StagedEntry>)> = self
+            .staged
+            .lock()
+            .expect("staged lock")
+            .iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
+        let mut saved = Vec::new();
+        for (node, s) in staged {
+            let mut g = s.lock().await;
+            if !g.is_dirty() {
+                continue;
+            }
+            let Some(n) = self.inodes.get(node) else {
+                continue;
+            };
+            if n.removed_locally {
+                continue;
+            }
+            let len = g.len;
+            let _ = self.fill(node, &mut g, 0, len).await;
+            match g
+                .read_local(0, len)
+                .and_then(|data| write_unique(&dir.join("unpushed"), &n.last_path, &data))
+            {
+                Ok(p) => saved.push(p),
+                Err(e) => tracing::error!(file = %n.last_path.display(), "could not save a copy: {e}"),
+            }
+        }
+        saved
+    }
+
+    /// Push what a previous daemon of this remote left staged (it was killed, or the sandbox
+    /// was unreachable when it stopped). Each file is pushed over the base it was staged
+    /// against, or saved as a conflict copy if the sandbox changed it meanwhile. Answers how
+    /// many were recovered and how many remain (kept for the next mount).
+    pub async fn recover_staged(&self) -> (usize, usize) {
+        let found = Journal::recover(&self.cfg.staging_dir);
+        let (mut done, mut left) = (0, 0);
+        for (journal, file, ops) in found {
+            let meta = journal.meta().clone();
+            let Ok(path) = RemotePath::new(meta.path.0.clone()) else {
+                journal.remove();
+                continue;
+            };
+            let mut s = Staged::new(file, meta.base.clone(), meta.base_size);
+            s.replay(&ops);
+            if !s.is_dirty() {
+                journal.remove();
+                continue;
+            }
+            s.journal = Some(journal);
+            match self.push_recovered(&path, &mut s, meta.mode).await {
+                Ok(()) => {
+                    done += 1;
+                    if let Some(j) = s.journal.take() {
+                        j.remove();
+                    }
+                }
+                Err(e) => {
+                    left += 1;
+                    tracing::error!(file = %path.display(), "unpushed edit from an earlier mount still not pushed (kept): {e}");
+                }
+            }
+        }
+        (done, left)
+    }
+
+    async fn push_recovered(
+        &self,
+        path: &RemotePath,
+        s: &mut Staged,
+        mode: Option<u32>,
+    ) -> Result<()> {
+        let (content, _) = s.content().map_err(|e| local_io(&e))?;
+        let r = self.note(
+            self.remote
+                .commit(
+                    path,
+                    content,
+                    CommitOptions {
+                        base: s.base.clone(),
+                        create_mode: mode,
+                    },
+                )
+                .await,
+        );
+        match r {
+            Ok(_) => {
+                tracing::info!(file = %path.display(), "pushed an unpushed edit left by an earlier mount");
+                Ok(())
+            }
+            Err(RemoteError::Conflict { .. }) | Err(RemoteError::NotFound(_)) => {
+                // The sandbox changed it meanwhile: the user's bytes go beside it.
+                let target = if self.note(self.remote.stat(path).await).is_ok() {
+                    path.clone()
+                } else {
+                    path.clone()
+                };
+                for page in s.missing_in(0, s.len) {
+                    let r = self
+                        .note(self.remote.read(&target, page * PAGE, PAGE as u32).await)
+                        .map(|r| r.data)
+                        .unwrap_or_default();
+                    s.fill_page(page, &r).map_err(|e| local_io(&e))?;
+                }
+                let copy = self.create_conflict_name(path, 0o600).await?;
+                let reader = s.reader().map_err(|e| local_io(&e))?;
+                self.note(
+                    self.remote
+                        .commit(
+                            &copy.0,
+                            CommitContent::Whole(Box::new(reader)),
+                            CommitOptions {
+                                base: Some(copy.1),
+                                create_mode: None,
+                            },
+                        )
+                        .await,
+                )?;
+                tracing::error!(file = %path.display(), saved_as = %copy.0.display(),
+                    "an unpushed edit from an earlier mount conflicts with the sandbox; saved beside it");
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Write `data` at `root/path` (directories made as needed, 0700; files 0600, never
+/// overwriting: `name.1`, `name.2`, … when taken). Answers the file written.
+fn write_unique(root: &Path, path: &RemotePath, data: &[u8]) -> std::io::Result<PathBuf> {
+    use std::io::Write;
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let rel = std::ffi::OsStr::from_bytes(path.as_bytes());
+    let mut target = root.join(rel);
+    if let Some(parent) = target.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(parent)
+            .or_else(|_| {
+                // A file stands where a directory of the path should be: flatten the name.
+                let flat = path
+                    .as_bytes()
+                    .iter()
+                    .map(|&b| if b == b'/' { b'_' } else { b })
+                    .collect::<Vec<u8>>();
+                target = root.join(std::ffi::OsStr::from_bytes(&flat));
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(root)
+            })?;
+    }
+    for n in 0..10_000u32 {
+        let candidate = if n == 0 {
+            target.clone()
+        } else {
+            let mut s = target.clone().into_os_string();
+            s.push(format!(".{n}"));
+            PathBuf::from(s)
+        };
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&candidate)
+        {
+            Ok(mut f) => {
+                f.write_all(data)?;
+                return Ok(candidate);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(std::io::Error::other("no free name"))
+}
+
+/// `YYYYMMDD-HHMMSS` in UTC, for conflict copy names.
+fn stamp() -> String {
+    let secs = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs()) as i64;
+    let _ = now_ns;
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    format!(
+        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn saved_copies_never_collide_or_overwrite() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = RemotePath::new(b"a/b.txt".to_vec()).unwrap();
+        let b = RemotePath::new(b"a%2Fb.txt".to_vec()).unwrap();
+        let p1 = write_unique(dir.path(), &a, b"one").unwrap();
+        let p2 = write_unique(dir.path(), &b, b"two").unwrap();
+        let p3 = write_unique(dir.path(), &a, b"three").unwrap();
+        assert_ne!(p1, p2);
+        assert_ne!(p1, p3);
+        assert_eq!(std::fs::read(&p1).unwrap(), b"one");
+        assert_eq!(std::fs::read(&p2).unwrap(), b"two");
+        assert_eq!(std::fs::read(&p3).unwrap(), b"three");
+        // Deep paths are directories, not one long name.
+        let deep: Vec<u8> = (0..15)
+            .flat_map(|i| format!("d{i:03}{}/", "x".repeat(200)).into_bytes())
+            .chain(*b"f")
+            .collect();
+        let deep = RemotePath::new(deep).unwrap();
+        let p4 = write_unique(dir.path(), &deep, b"deep").unwrap();
+        assert_eq!(std::fs::read(p4).unwrap(), b"deep");
+    }
+
+    #[test]
+    fn failures_are_classified_and_reported_once() {
+        let f = Failures::default();
+        f.record(NodeId(3), "x", &RemoteError::Transport("down".into()));
+        assert!(!f.list()[0].permanent);
+        assert!(f.take_report(NodeId(3)).is_err());
+        assert!(f.take_report(NodeId(3)).is_ok(), "reported once");
+        f.record(NodeId(4), "y", &RemoteError::NoSpace("full".into()));
+        assert!(f.list().iter().any(|x| x.path == "y" && x.permanent));
+        assert!(f.due().is_empty(), "nothing due at once, permanent never");
+    }
+}

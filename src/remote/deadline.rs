@@ -1,0 +1,302 @@
+//! Deadlines for every remote call: a wrapper any backend gets, so no call can hang forever
+//! (a sandbox that stopped answering holds no `close()`, lock or query for longer than its
+//! deadline). A call past its deadline fails with [`RemoteError::TimedOut`], which the mount
+//! treats as transient: data stays staged and the push is retried.
+//!
+//! Deadlines scale with the work: reads and patch commits get time per byte; a whole-file
+//! commit is given [`IDLE`] after the last byte it read from its body, so a large upload on a
+//! slow link is never cut while it is moving.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures_util::stream::BoxStream;
+
+use super::*;
+use crate::search::fuzzy::FuzzyMatch;
+use crate::search::grep::GrepOptions;
+use crate::search::scan::{ScanRequest, ScanResult};
+
+/// A metadata call (stat, list, create, rename, …): one round trip, however far the sandbox.
+pub const CALL: Duration = Duration::from_secs(10);
+/// Queries walk and read in the sandbox: more time, still bounded.
+pub const QUERY: Duration = Duration::from_secs(60);
+/// A transfer that stops moving for this long has failed.
+pub const IDLE: Duration = Duration::from_secs(30);
+/// Time given per byte of a read or patch: 1 MiB/s is slower than any link worth mounting.
+const BYTES_PER_SEC: u64 = 1024 * 1024;
+
+pub struct Deadlines<R> {
+    inner: R,
+}
+
+impl<R> Deadlines<R> {
+    pub fn new(inner: R) -> Self {
+        Deadlines { inner }
+    }
+}
+
+async fn within<T>(
+    op: &str,
+    limit: Duration,
+    f: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(limit, f).await {
+        Ok(r) => r,
+        Err(_) => Err(RemoteError::TimedOut(format!(
+            "{op}: the sandbox did not answer within {} s",
+            limit.as_secs()
+        ))),
+    }
+}
+
+fn for_bytes(base: Duration, bytes: u64) -> Duration {
+    base + Duration::from_secs(bytes / BYTES_PER_SEC)
+}
+
+/// A body reader that notes when it last moved.
+struct Progress<R> {
+    inner: R,
+    last: Arc<AtomicU64>,
+    start: Instant,
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Progress<R> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            let ms = self.start.elapsed().as_millis() as u64;
+            self.last.store(ms, Ordering::Relaxed);
+        }
+        r
+    }
+}
+
+#[async_trait]
+impl<R: Remote> Remote for Deadlines<R> {
+    async fn info(&self) -> Result<RemoteInfo> {
+        within("info", CALL, self.inner.info()).await
+    }
+    async fn stat(&self, path: &RemotePath) -> Result<Attr> {
+        within("stat", CALL, self.inner.stat(path)).await
+    }
+    async fn list(&self, path: &RemotePath) -> Result<Vec<DirEntry>> {
+        within("list", QUERY, self.inner.list(path)).await
+    }
+    async fn tree(&self, path: &RemotePath) -> Result<BoxStream<'static, Result<TreeEntry>>> {
+        within("tree", CALL, self.inner.tree(path)).await
+    }
+    async fn read(&self, path: &RemotePath, offset: u64, len: u32) -> Result<ReadResult> {
+        let limit = for_bytes(CALL, u64::from(len));
+        within("read", limit, self.inner.read(path, offset, len)).await
+    }
+    async fn commit(
+        &self,
+        path: &RemotePath,
+        content: CommitContent,
+        opts: CommitOptions,
+    ) -> Result<Attr> {
+        match content {
+            CommitContent::Patch {
+                cut,
+                new_len,
+                ranges,
+            } => {
+                let bytes: u64 = ranges.iter().map(|(_, b)| b.len() as u64).sum();
+                let content = CommitContent::Patch {
+                    cut,
+                    new_len,
+                    ranges,
+                };
+                within(
+                    "commit",
+                    for_bytes(IDLE, bytes),
+                    self.inner.commit(path, content, opts),
+                )
+                .await
+            }
+            CommitContent::Whole(reader) => {
+                let last = Arc::new(AtomicU64::new(0));
+                let start = Instant::now();
+                let body = Progress {
+                    inner: reader,
+                    last: last.clone(),
+                    start,
+                };
+                let call = self
+                    .inner
+                    .commit(path, CommitContent::Whole(Box::new(body)), opts);
+                tokio::pin!(call);
+                loop {
+                    let moved = Duration::from_millis(last.load(Ordering::Relaxed));
+                    let idle_until = start + moved + IDLE;
+                    tokio::select! {
+                        r = &mut call => return r,
+                        _ = tokio::time::sleep_until(idle_until.into()) => {
+                            let moved_now = Duration::from_millis(last.load(Ordering::Relaxed));
+                            if moved_now == moved {
+                                return Err(RemoteError::TimedOut(format!(
+                                    "commit of {}: nothing moved for {} s",
+                                    path.display(),
+                                    IDLE.as_secs()
+                                )));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    async fn create(&self, path: &RemotePath, mode: u32) -> Result<Attr> {
+        within("create", CALL, self.inner.create(path, mode)).await
+    }
+    async fn mkdir(&self, path: &RemotePath, mode: u32) -> Result<Attr> {
+        within("mkdir", CALL, self.inner.mkdir(path, mode)).await
+    }
+    async fn mknod(
+        &self,
+        path: &RemotePath,
+        kind: SpecialKind,
+        mode: u32,
+        rdev: u64,
+    ) -> Result<Attr> {
+        within("mknod", CALL, self.inner.mknod(path, kind, mode, rdev)).await
+    }
+    async fn unlink(&self, path: &RemotePath) -> Result<()> {
+        within("unlink", CALL, self.inner.unlink(path)).await
+    }
+    async fn rmdir(&self, path: &RemotePath) -> Result<()> {
+        within("rmdir", CALL, self.inner.rmdir(path)).await
+    }
+    async fn rename(&self, from: &RemotePath, to: &RemotePath, mode: RenameMode) -> Result<()> {
+        within("rename", CALL, self.inner.rename(from, to, mode)).await
+    }
+    async fn link(&self, existing: &RemotePath, new: &RemotePath) -> Result<Attr> {
+        within("link", CALL, self.inner.link(existing, new)).await
+    }
+    async fn symlink(&self, path: &RemotePath, target: &[u8]) -> Result<Attr> {
+        within("symlink", CALL, self.inner.symlink(path, target)).await
+    }
+    async fn readlink(&self, path: &RemotePath) -> Result<Vec<u8>> {
+        within("readlink", CALL, self.inner.readlink(path)).await
+    }
+    async fn setattr(&self, path: &RemotePath, attr: SetAttr) -> Result<Attr> {
+        within("setattr", CALL, self.inner.setattr(path, attr)).await
+    }
+    async fn statfs(&self) -> Result<StatFs> {
+        within("statfs", CALL, self.inner.statfs()).await
+    }
+    async fn getxattr(&self, path: &RemotePath, name: &[u8]) -> Result<Vec<u8>> {
+        within("getxattr", CALL, self.inner.getxattr(path, name)).await
+    }
+    async fn listxattr(&self, path: &RemotePath) -> Result<Vec<Vec<u8>>> {
+        within("listxattr", CALL, self.inner.listxattr(path)).await
+    }
+    async fn setxattr(
+        &self,
+        path: &RemotePath,
+        name: &[u8],
+        value: &[u8],
+        flags: XattrFlags,
+    ) -> Result<()> {
+        within(
+            "setxattr",
+            CALL,
+            self.inner.setxattr(path, name, value, flags),
+        )
+        .await
+    }
+    async fn removexattr(&self, path: &RemotePath, name: &[u8]) -> Result<()> {
+        within("removexattr", CALL, self.inner.removexattr(path, name)).await
+    }
+    async fn fallocate(
+        &self,
+        path: &RemotePath,
+        offset: u64,
+        len: u64,
+        keep_size: bool,
+    ) -> Result<Attr> {
+        within(
+            "fallocate",
+            QUERY,
+            self.inner.fallocate(path, offset, len, keep_size),
+        )
+        .await
+    }
+    async fn copy_range(
+        &self,
+        src: &RemotePath,
+        src_offset: u64,
+        dst: &RemotePath,
+        dst_offset: u64,
+        len: u64,
+        dst_base: Option<Version>,
+    ) -> Result<(u64, Attr)> {
+        within(
+            "copy_range",
+            QUERY,
+            self.inner
+                .copy_range(src, src_offset, dst, dst_offset, len, dst_base),
+        )
+        .await
+    }
+    async fn scan(&self, path: &RemotePath, req: ScanRequest) -> Result<ScanResult> {
+        within("scan", QUERY, self.inner.scan(path, req)).await
+    }
+    async fn grep(
+        &self,
+        path: &RemotePath,
+        opts: GrepOptions,
+    ) -> Result<BoxStream<'static, Result<GrepEvent>>> {
+        within("grep", CALL, self.inner.grep(path, opts)).await
+    }
+    async fn glob(&self, path: &RemotePath, pattern: &str) -> Result<Vec<String>> {
+        within("glob", QUERY, self.inner.glob(path, pattern)).await
+    }
+    async fn fuzzy(&self, path: &RemotePath, req: FuzzyRequest) -> Result<Vec<FuzzyMatch>> {
+        within("fuzzy", QUERY, self.inner.fuzzy(path, req)).await
+    }
+    async fn edit(
+        &self,
+        path: &RemotePath,
+        old: &str,
+        new: &str,
+        replace_all: bool,
+    ) -> Result<usize> {
+        within("edit", QUERY, self.inner.edit(path, old, new, replace_all)).await
+    }
+    async fn watch(&self, since: Option<u64>) -> Result<BoxStream<'static, Result<ChangeEvent>>> {
+        within("watch", CALL, self.inner.watch(since)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_call_past_its_deadline_times_out() {
+        let r = within("stat", Duration::from_millis(50), async {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Ok(())
+        })
+        .await;
+        assert!(matches!(r, Err(RemoteError::TimedOut(_))));
+        let r = within("stat", CALL, async { Ok(5) }).await;
+        assert_eq!(r.unwrap(), 5);
+    }
+
+    #[test]
+    fn reads_get_time_per_byte() {
+        assert_eq!(for_bytes(CALL, 16 * 1024 * 1024), CALL + Duration::from_secs(16));
+    }
+}
