@@ -5,6 +5,9 @@
 //!   FUSE or network dependency; pinned by the shared vectors in `tests/vectors/`.
 //! - [`remote`]: the [`remote::Remote`] trait every sandbox backend implements, its error type
 //!   (mapped to errno in one place), the agent protocol ([`remote::wire`]) and its HTTP client.
+//!   [`remote::memory`]: a whole sandbox in memory, the reference backend for tests (with a
+//!   sandbox-side API to change files behind the mount's back).
+//!   [`remote::faulty`]: a wrapper around any `Remote` injecting latency, errors, hangs, cut streams.
 //! - [`agent`]: `sbxfs agent`, the HTTP server that runs inside a sandbox; every path confined
 //!   to its root by `openat2(RESOLVE_BENEATH)` ([`agent::workspace`]); a change feed
 //!   ([`agent::watch`]).

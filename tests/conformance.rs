@@ -1,27 +1,189 @@
 //! The `Remote` conformance suite: every backend must pass every check. Each check gets a fresh
-//! backend over an empty workspace directory it can also touch directly (as a process in the
-//! sandbox would). Backends: a real `sbxfs agent` process on loopback, through its HTTP client.
+//! backend over an empty workspace, plus a [`Sandbox`] handle that changes it directly (as a
+//! process in the sandbox would, bypassing the `Remote`). Backends: a real `sbxfs agent`
+//! process on loopback through its HTTP client (the sandbox side is the real directory), and
+//! `MemoryRemote` (the sandbox side is its `MemorySandbox`). The macro at the bottom runs each
+//! check against each backend (`agent_backend::CHECK`, `memory_backend::CHECK`); checks about a
+//! real OS only are marked "agent only" and listed for the agent alone.
 
 mod common;
 
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
 
 use common::*;
+use sbxfs::remote::memory::{MemoryRemote, MemorySandbox};
 use sbxfs::remote::*;
 use sbxfs::search::grep::GrepOptions;
 use sbxfs::search::scan::ScanRequest;
 use sbxfs::search::SearchError;
 
+/// What `lstat` says about a path, as both sandbox sides can tell it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Meta {
+    kind: FileKind,
+    ino: u64,
+    mode: u32,
+    size: u64,
+    mtime_ns: i64,
+    nlink: u64,
+}
+
+/// A process inside the sandbox: changes made here bypass the `Remote` under test. Paths are
+/// workspace-relative bytes; every call panics on failure (the test set it up wrong).
+trait Sandbox: Send + Sync {
+    /// Write a whole file in place (same inode), creating it (0644) if missing.
+    fn write(&self, path: &[u8], data: &[u8]);
+    /// A file's content (symlinks followed); `None` if it does not exist.
+    fn try_read(&self, path: &[u8]) -> Option<Vec<u8>>;
+    fn read(&self, path: &[u8]) -> Vec<u8> {
+        self.try_read(path)
+            .unwrap_or_else(|| panic!("{} is missing", String::from_utf8_lossy(path)))
+    }
+    /// `mkdir -p`.
+    fn mkdir_all(&self, path: &[u8]);
+    fn symlink(&self, target: &[u8], path: &[u8]);
+    fn hard_link(&self, existing: &[u8], new: &[u8]);
+    /// A file, symlink or empty directory.
+    fn remove(&self, path: &[u8]);
+    fn rename(&self, from: &[u8], to: &[u8]);
+    fn chmod(&self, path: &[u8], mode: u32);
+    /// `lstat`; `None` if nothing is there.
+    fn lstat(&self, path: &[u8]) -> Option<Meta>;
+    fn exists(&self, path: &[u8]) -> bool {
+        self.lstat(path).is_some()
+    }
+    /// A directory's names, sorted.
+    fn names(&self, dir: &[u8]) -> Vec<Vec<u8>>;
+}
+
+/// The agent's sandbox side: the real workspace directory.
+struct RealDir(PathBuf);
+
+impl RealDir {
+    fn at(&self, path: &[u8]) -> PathBuf {
+        if path.is_empty() {
+            self.0.clone()
+        } else {
+            self.0.join(std::ffi::OsStr::from_bytes(path))
+        }
+    }
+}
+
+impl Sandbox for RealDir {
+    fn write(&self, path: &[u8], data: &[u8]) {
+        fs::write(self.at(path), data).unwrap();
+    }
+    fn try_read(&self, path: &[u8]) -> Option<Vec<u8>> {
+        fs::read(self.at(path)).ok()
+    }
+    fn mkdir_all(&self, path: &[u8]) {
+        fs::create_dir_all(self.at(path)).unwrap();
+    }
+    fn symlink(&self, target: &[u8], path: &[u8]) {
+        std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(target), self.at(path)).unwrap();
+    }
+    fn hard_link(&self, existing: &[u8], new: &[u8]) {
+        fs::hard_link(self.at(existing), self.at(new)).unwrap();
+    }
+    fn remove(&self, path: &[u8]) {
+        let p = self.at(path);
+        if fs::symlink_metadata(&p).unwrap().is_dir() {
+            fs::remove_dir(p).unwrap();
+        } else {
+            fs::remove_file(p).unwrap();
+        }
+    }
+    fn rename(&self, from: &[u8], to: &[u8]) {
+        fs::rename(self.at(from), self.at(to)).unwrap();
+    }
+    fn chmod(&self, path: &[u8], mode: u32) {
+        fs::set_permissions(self.at(path), fs::Permissions::from_mode(mode)).unwrap();
+    }
+    fn lstat(&self, path: &[u8]) -> Option<Meta> {
+        let m = fs::symlink_metadata(self.at(path)).ok()?;
+        let t = m.file_type();
+        let kind = if t.is_symlink() {
+            FileKind::Symlink
+        } else if t.is_dir() {
+            FileKind::Dir
+        } else if t.is_file() {
+            FileKind::File
+        } else {
+            FileKind::Other
+        };
+        Some(Meta {
+            kind,
+            ino: m.ino(),
+            mode: m.mode() & 0o7777,
+            size: m.size(),
+            mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+            nlink: m.nlink(),
+        })
+    }
+    fn names(&self, dir: &[u8]) -> Vec<Vec<u8>> {
+        let mut names: Vec<Vec<u8>> = fs::read_dir(self.at(dir))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().as_bytes().to_vec())
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+/// `MemoryRemote`'s sandbox side.
+impl Sandbox for MemorySandbox {
+    fn write(&self, path: &[u8], data: &[u8]) {
+        MemorySandbox::write(self, path, data).unwrap();
+    }
+    fn try_read(&self, path: &[u8]) -> Option<Vec<u8>> {
+        MemorySandbox::read(self, path).ok()
+    }
+    fn mkdir_all(&self, path: &[u8]) {
+        MemorySandbox::mkdir_all(self, path).unwrap();
+    }
+    fn symlink(&self, target: &[u8], path: &[u8]) {
+        MemorySandbox::symlink(self, target, path).unwrap();
+    }
+    fn hard_link(&self, existing: &[u8], new: &[u8]) {
+        MemorySandbox::hard_link(self, existing, new).unwrap();
+    }
+    fn remove(&self, path: &[u8]) {
+        MemorySandbox::remove(self, path).unwrap();
+    }
+    fn rename(&self, from: &[u8], to: &[u8]) {
+        MemorySandbox::rename(self, from, to).unwrap();
+    }
+    fn chmod(&self, path: &[u8], mode: u32) {
+        MemorySandbox::chmod(self, path, mode).unwrap();
+    }
+    fn lstat(&self, path: &[u8]) -> Option<Meta> {
+        let a = self.metadata(path).ok()?;
+        Some(Meta {
+            kind: a.kind,
+            ino: a.ino,
+            mode: a.mode,
+            size: a.size,
+            mtime_ns: a.mtime_ns,
+            nlink: a.nlink,
+        })
+    }
+    fn names(&self, dir: &[u8]) -> Vec<Vec<u8>> {
+        self.list(dir).unwrap()
+    }
+}
+
 struct Backend {
     remote: Arc<dyn Remote>,
-    root: PathBuf,
+    sb: Box<dyn Sandbox>,
+    /// The workspace directory, for checks about a real OS (agent only).
+    real_root: Option<PathBuf>,
     _keep: Box<dyn std::any::Any + Send>,
 }
 
@@ -32,8 +194,19 @@ fn agent_backend() -> Backend {
     let agent = AgentProcess::start(&root);
     Backend {
         remote: Arc::new(agent.client()),
-        root,
+        sb: Box::new(RealDir(root.clone())),
+        real_root: Some(root),
         _keep: Box::new((agent, dir)),
+    }
+}
+
+fn memory_backend() -> Backend {
+    let m = MemoryRemote::new();
+    Backend {
+        sb: Box::new(m.sandbox()),
+        remote: Arc::new(m),
+        real_root: None,
+        _keep: Box::new(()),
     }
 }
 
@@ -47,19 +220,18 @@ fn whole(data: Vec<u8>) -> CommitContent {
 
 async fn stat_list_and_tree(b: &Backend) {
     let r = &b.remote;
-    fs::create_dir_all(b.root.join("src/deep")).unwrap();
-    fs::write(b.root.join("src/main.rs"), "fn main() {}\n").unwrap();
-    fs::write(b.root.join("src/deep/x.txt"), "x").unwrap();
-    fs::write(b.root.join("README"), "hi").unwrap();
-    std::os::unix::fs::symlink("src/main.rs", b.root.join("link")).unwrap();
+    b.sb.mkdir_all(b"src/deep");
+    b.sb.write(b"src/main.rs", b"fn main() {}\n");
+    b.sb.write(b"src/deep/x.txt", b"x");
+    b.sb.write(b"README", b"hi");
+    b.sb.symlink(b"src/main.rs", b"link");
 
     let a = r.stat(&rp("src/main.rs")).await.unwrap();
     assert_eq!((a.kind, a.size), (FileKind::File, 13));
-    let meta = fs::metadata(b.root.join("src/main.rs")).unwrap();
-    use std::os::unix::fs::MetadataExt;
-    assert_eq!(a.ino, meta.ino(), "the sandbox's own inode number");
-    assert_eq!(a.mtime_ns, meta.mtime() * 1_000_000_000 + meta.mtime_nsec());
-    assert_eq!(a.mode, meta.mode() & 0o7777);
+    let meta = b.sb.lstat(b"src/main.rs").unwrap();
+    assert_eq!(a.ino, meta.ino, "the sandbox's own inode number");
+    assert_eq!(a.mtime_ns, meta.mtime_ns);
+    assert_eq!((a.mode, a.nlink), (meta.mode, meta.nlink));
 
     let l = r.stat(&rp("link")).await.unwrap();
     assert_eq!(
@@ -135,7 +307,7 @@ async fn stat_list_and_tree(b: &Backend) {
 async fn ranged_reads_carry_the_version(b: &Backend) {
     let r = &b.remote;
     let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
-    fs::write(b.root.join("data.bin"), &data).unwrap();
+    b.sb.write(b"data.bin", &data);
     let v = r.stat(&rp("data.bin")).await.unwrap().version;
     let got = r.read(&rp("data.bin"), 100_000, 70_000).await.unwrap();
     assert_eq!(&got.data[..], &data[100_000..170_000]);
@@ -148,7 +320,7 @@ async fn ranged_reads_carry_the_version(b: &Backend) {
         .unwrap()
         .data
         .is_empty());
-    fs::create_dir(b.root.join("d")).unwrap();
+    b.sb.mkdir_all(b"d");
     assert!(matches!(
         r.read(&rp("d"), 0, 10).await,
         Err(RemoteError::IsDir(_))
@@ -171,7 +343,7 @@ async fn ranged_reads_carry_the_version(b: &Backend) {
         assert_eq!(&res.data[..], &data[i * 4096..(i + 1) * 4096]);
     }
     // A change made in the sandbox changes the version.
-    fs::write(b.root.join("data.bin"), b"new").unwrap();
+    b.sb.write(b"data.bin", b"new");
     assert_ne!(r.stat(&rp("data.bin")).await.unwrap().version, v);
 }
 
@@ -189,10 +361,10 @@ async fn commits_replace_whole_files_atomically_and_keep_mode(b: &Backend) {
         .await
         .unwrap();
     assert_eq!((a.size, a.mode), (8, 0o600));
-    assert_eq!(fs::read(b.root.join("new.txt")).unwrap(), b"created\n");
+    assert_eq!(b.sb.read(b"new.txt"), b"created\n");
 
-    fs::write(b.root.join("script.sh"), "old").unwrap();
-    fs::set_permissions(b.root.join("script.sh"), fs::Permissions::from_mode(0o755)).unwrap();
+    b.sb.write(b"script.sh", b"old");
+    b.sb.chmod(b"script.sh", 0o755);
     let big: Vec<u8> = (0..(8u32 << 20)).map(|i| (i * 7 % 256) as u8).collect();
     let base = r.stat(&rp("script.sh")).await.unwrap().version;
     let a = r
@@ -206,15 +378,8 @@ async fn commits_replace_whole_files_atomically_and_keep_mode(b: &Backend) {
         )
         .await
         .unwrap();
-    assert_eq!(fs::read(b.root.join("script.sh")).unwrap(), big);
-    assert_eq!(
-        fs::metadata(b.root.join("script.sh"))
-            .unwrap()
-            .permissions()
-            .mode()
-            & 0o7777,
-        0o755
-    );
+    assert_eq!(b.sb.read(b"script.sh"), big);
+    assert_eq!(b.sb.lstat(b"script.sh").unwrap().mode, 0o755);
     assert_eq!(a.mode, 0o755);
 
     // A stale base: conflict, nothing written.
@@ -230,7 +395,7 @@ async fn commits_replace_whole_files_atomically_and_keep_mode(b: &Backend) {
         .await
         .unwrap_err();
     assert!(matches!(err, RemoteError::Conflict { .. }), "{err:?}");
-    assert_eq!(fs::read(b.root.join("script.sh")).unwrap(), big);
+    assert_eq!(b.sb.read(b"script.sh"), big);
     // A base for a file that does not exist is a conflict too.
     let err = r
         .commit(
@@ -244,11 +409,11 @@ async fn commits_replace_whole_files_atomically_and_keep_mode(b: &Backend) {
         .await
         .unwrap_err();
     assert!(matches!(err, RemoteError::Conflict { .. }), "{err:?}");
-    assert!(!b.root.join("never.txt").exists());
+    assert!(!b.sb.exists(b"never.txt"));
 
     // Through a symlink: the target changes, the link stays a link.
-    fs::write(b.root.join("target.txt"), "t").unwrap();
-    std::os::unix::fs::symlink("target.txt", b.root.join("alias")).unwrap();
+    b.sb.write(b"target.txt", b"t");
+    b.sb.symlink(b"target.txt", b"alias");
     r.commit(
         &rp("alias"),
         whole(b"via link".to_vec()),
@@ -256,13 +421,10 @@ async fn commits_replace_whole_files_atomically_and_keep_mode(b: &Backend) {
     )
     .await
     .unwrap();
-    assert_eq!(fs::read(b.root.join("target.txt")).unwrap(), b"via link");
-    assert!(fs::symlink_metadata(b.root.join("alias"))
-        .unwrap()
-        .file_type()
-        .is_symlink());
+    assert_eq!(b.sb.read(b"target.txt"), b"via link");
+    assert_eq!(b.sb.lstat(b"alias").unwrap().kind, FileKind::Symlink);
 
-    fs::create_dir(b.root.join("dir")).unwrap();
+    b.sb.mkdir_all(b"dir");
     assert!(matches!(
         r.commit(&rp("dir"), whole(b"x".to_vec()), CommitOptions::default())
             .await,
@@ -277,21 +439,25 @@ async fn commits_replace_whole_files_atomically_and_keep_mode(b: &Backend) {
         .await,
         Err(RemoteError::NotFound(_))
     ));
-    assert_no_temp_files(&b.root);
+    assert_no_temp_files(b.sb.as_ref());
 }
 
-fn assert_no_temp_files(root: &Path) {
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in fs::read_dir(&d).unwrap().flatten() {
-            let name = e.file_name();
+fn assert_no_temp_files(sb: &dyn Sandbox) {
+    let mut stack: Vec<Vec<u8>> = vec![Vec::new()];
+    while let Some(dir) = stack.pop() {
+        for name in sb.names(&dir) {
+            let path = if dir.is_empty() {
+                name.clone()
+            } else {
+                [&dir[..], b"/", &name[..]].concat()
+            };
             assert!(
-                !name.as_bytes().windows(7).any(|w| w == b".sbxfs-"),
+                !name.windows(7).any(|w| w == b".sbxfs-"),
                 "temp file left behind: {}",
-                e.path().display()
+                String::from_utf8_lossy(&path)
             );
-            if e.file_type().unwrap().is_dir() {
-                stack.push(e.path());
+            if sb.lstat(&path).unwrap().kind == FileKind::Dir {
+                stack.push(path);
             }
         }
     }
@@ -299,7 +465,7 @@ fn assert_no_temp_files(root: &Path) {
 
 async fn patch_commits_apply_ranges_over_the_base(b: &Backend) {
     let r = &b.remote;
-    fs::write(b.root.join("p.txt"), "0123456789").unwrap();
+    b.sb.write(b"p.txt", b"0123456789");
     let base = r.stat(&rp("p.txt")).await.unwrap().version;
     let patch = CommitContent::Patch {
         cut: u64::MAX,
@@ -319,7 +485,7 @@ async fn patch_commits_apply_ranges_over_the_base(b: &Backend) {
     )
     .await
     .unwrap();
-    assert_eq!(fs::read(b.root.join("p.txt")).unwrap(), b"01AB456789XY");
+    assert_eq!(b.sb.read(b"p.txt"), b"01AB456789XY");
     // Truncating patch.
     let base = r.stat(&rp("p.txt")).await.unwrap().version;
     let patch = CommitContent::Patch {
@@ -337,9 +503,9 @@ async fn patch_commits_apply_ranges_over_the_base(b: &Backend) {
     )
     .await
     .unwrap();
-    assert_eq!(fs::read(b.root.join("p.txt")).unwrap(), b"01A");
+    assert_eq!(b.sb.read(b"p.txt"), b"01A");
     // A patch over a stale base is refused.
-    fs::write(b.root.join("p.txt"), "changed in the sandbox").unwrap();
+    b.sb.write(b"p.txt", b"changed in the sandbox");
     let stale = CommitContent::Patch {
         cut: u64::MAX,
         new_len: 3,
@@ -357,10 +523,7 @@ async fn patch_commits_apply_ranges_over_the_base(b: &Backend) {
         .await
         .unwrap_err();
     assert!(matches!(err, RemoteError::Conflict { .. }), "{err:?}");
-    assert_eq!(
-        fs::read(b.root.join("p.txt")).unwrap(),
-        b"changed in the sandbox"
-    );
+    assert_eq!(b.sb.read(b"p.txt"), b"changed in the sandbox");
     let missing = CommitContent::Patch {
         cut: u64::MAX,
         new_len: 1,
@@ -370,8 +533,8 @@ async fn patch_commits_apply_ranges_over_the_base(b: &Backend) {
         .commit(&rp("absent"), missing, CommitOptions::default())
         .await
         .is_err());
-    assert!(!b.root.join("absent").exists());
-    assert_no_temp_files(&b.root);
+    assert!(!b.sb.exists(b"absent"));
+    assert_no_temp_files(b.sb.as_ref());
 }
 
 async fn namespace_operations_and_their_errors(b: &Backend) {
@@ -412,7 +575,7 @@ async fn namespace_operations_and_their_errors(b: &Backend) {
     r.rename(&rp("f"), &rp("g"), RenameMode::Replace)
         .await
         .unwrap();
-    assert!(b.root.join("g").exists() && !b.root.join("f").exists());
+    assert!(b.sb.exists(b"g") && !b.sb.exists(b"f"));
     r.create(&rp("h"), 0o644).await.unwrap();
     assert!(matches!(
         r.rename(&rp("g"), &rp("h"), RenameMode::NoReplace).await,
@@ -443,7 +606,7 @@ async fn namespace_operations_and_their_errors(b: &Backend) {
         Err(RemoteError::Exists(_))
     ));
 
-    fs::write(b.root.join("h"), "0123456789").unwrap();
+    b.sb.write(b"h", b"0123456789");
     let a = r
         .setattr(
             &rp("h"),
@@ -466,7 +629,7 @@ async fn namespace_operations_and_their_errors(b: &Backend) {
         .await
         .unwrap();
     assert_eq!(a.size, 4);
-    assert_eq!(fs::read(b.root.join("h")).unwrap(), b"0123");
+    assert_eq!(b.sb.read(b"h"), b"0123");
     let t = 1_600_000_000_123_456_789i64;
     let a = r
         .setattr(
@@ -514,10 +677,7 @@ async fn awkward_names_round_trip(b: &Backend) {
         r.commit(&p, whole(name.to_vec()), CommitOptions::default())
             .await
             .unwrap();
-        assert_eq!(
-            fs::read(b.root.join(std::ffi::OsStr::from_bytes(name))).unwrap(),
-            *name
-        );
+        assert_eq!(b.sb.read(name), *name);
         assert_eq!(&r.read(&p, 0, 1000).await.unwrap().data[..], *name);
         assert_eq!(r.stat(&p).await.unwrap().size, name.len() as u64);
     }
@@ -535,20 +695,23 @@ async fn awkward_names_round_trip(b: &Backend) {
     let from = RemotePath::new(b"non-utf8 \xff\xfe".to_vec()).unwrap();
     let to = RemotePath::new(b"renamed \xfe\nok".to_vec()).unwrap();
     r.rename(&from, &to, RenameMode::NoReplace).await.unwrap();
-    assert!(b
-        .root
-        .join(std::ffi::OsStr::from_bytes(b"renamed \xfe\nok"))
-        .exists());
+    assert!(b.sb.exists(b"renamed \xfe\nok"));
 }
 
 async fn path_escapes_are_refused(b: &Backend) {
     let r = &b.remote;
-    let outside = b.root.parent().unwrap().join("outside.txt");
-    fs::write(&outside, "secret").unwrap();
-    std::os::unix::fs::symlink("/etc", b.root.join("etc")).unwrap();
-    std::os::unix::fs::symlink("../outside.txt", b.root.join("up")).unwrap();
-    fs::write(b.root.join("inside.txt"), "fine").unwrap();
-    std::os::unix::fs::symlink("inside.txt", b.root.join("ok-link")).unwrap();
+    // Agent only: a real file just outside the workspace, that nothing may reach.
+    let outside = b
+        .real_root
+        .as_ref()
+        .map(|root| root.parent().unwrap().join("outside.txt"));
+    if let Some(outside) = &outside {
+        fs::write(outside, "secret").unwrap();
+    }
+    b.sb.symlink(b"/etc", b"etc");
+    b.sb.symlink(b"../outside.txt", b"up");
+    b.sb.write(b"inside.txt", b"fine");
+    b.sb.symlink(b"inside.txt", b"ok-link");
 
     assert!(RemotePath::new(b"../outside.txt".to_vec()).is_err());
     assert!(RemotePath::new(b"/etc/passwd".to_vec()).is_err());
@@ -610,11 +773,13 @@ async fn path_escapes_are_refused(b: &Backend) {
         .await
         .is_err());
     assert!(r.mkdir(&rp("etc/newdir"), 0o755).await.is_err());
-    assert_eq!(fs::read(&outside).unwrap(), b"secret");
-    assert_eq!(
-        fs::metadata(&outside).unwrap().permissions().mode() & 0o777,
-        0o644
-    );
+    if let Some(outside) = &outside {
+        assert_eq!(fs::read(outside).unwrap(), b"secret");
+        assert_eq!(
+            fs::metadata(outside).unwrap().permissions().mode() & 0o777,
+            0o644
+        );
+    }
     // Links that stay inside are followed.
     assert_eq!(
         &r.read(&rp("ok-link"), 0, 100).await.unwrap().data[..],
@@ -628,10 +793,10 @@ async fn path_escapes_are_refused(b: &Backend) {
 
 async fn queries_run_next_to_the_data(b: &Backend) {
     let r = &b.remote;
-    fs::create_dir_all(b.root.join("src")).unwrap();
-    fs::write(b.root.join("src/a.rs"), "fn a() {}\n// TODO one\n").unwrap();
-    fs::write(b.root.join("src/b.rs"), "// TODO two\nfn b() {}\n").unwrap();
-    fs::write(b.root.join("notes.txt"), "alpha\nbeta\ngamma\n").unwrap();
+    b.sb.mkdir_all(b"src");
+    b.sb.write(b"src/a.rs", b"fn a() {}\n// TODO one\n");
+    b.sb.write(b"src/b.rs", b"// TODO two\nfn b() {}\n");
+    b.sb.write(b"notes.txt", b"alpha\nbeta\ngamma\n");
 
     let s = r
         .scan(
@@ -722,10 +887,7 @@ async fn queries_run_next_to_the_data(b: &Backend) {
             .unwrap(),
         1
     );
-    assert_eq!(
-        fs::read_to_string(b.root.join("notes.txt")).unwrap(),
-        "alpha\nBETA\ngamma\n"
-    );
+    assert_eq!(b.sb.read(b"notes.txt"), b"alpha\nBETA\ngamma\n");
     assert!(matches!(
         r.edit(&rp("notes.txt"), "zzz", "y", false).await,
         Err(RemoteError::Query(SearchError::StringNotFound))
@@ -739,7 +901,7 @@ async fn queries_run_next_to_the_data(b: &Backend) {
         r.edit(&rp("gone.txt"), "a", "b", false).await,
         Err(RemoteError::Query(SearchError::NotFound(_)))
     ));
-    assert_no_temp_files(&b.root);
+    assert_no_temp_files(b.sb.as_ref());
 }
 
 async fn change_feed_sees_writes_made_in_the_sandbox(b: &Backend) {
@@ -747,7 +909,7 @@ async fn change_feed_sees_writes_made_in_the_sandbox(b: &Backend) {
     let mut feed = r.watch(None).await.unwrap();
     // Give the watcher a moment to be subscribed before the write.
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    fs::write(b.root.join("direct.txt"), "made inside the sandbox").unwrap();
+    b.sb.write(b"direct.txt", b"made inside the sandbox");
     let mut seen = Vec::new();
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
     let mut last_seq = 0;
@@ -772,7 +934,7 @@ async fn change_feed_sees_writes_made_in_the_sandbox(b: &Backend) {
     drop(feed);
 
     // Reconnect with the last number seen: what happened meanwhile arrives, nothing twice.
-    fs::rename(b.root.join("direct.txt"), b.root.join("moved.txt")).unwrap();
+    b.sb.rename(b"direct.txt", b"moved.txt");
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let mut feed = r.watch(Some(last_seq)).await.unwrap();
     let renamed = ChangeKind::Renamed {
@@ -835,7 +997,7 @@ async fn change_feed_reports_lost_events(b: &Backend) {
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     // Overflow the agent's ring (8192 events): each file gives at least a create and a write.
     for i in 0..5000 {
-        fs::write(b.root.join(format!("f{i}")), "x").unwrap();
+        b.sb.write(format!("f{i}").as_bytes(), b"x");
     }
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     let mut feed = r.watch(Some(1)).await.unwrap();
@@ -849,6 +1011,30 @@ async fn change_feed_reports_lost_events(b: &Backend) {
         ChangeKind::Lost,
         "a reconnect after an overflow must say events were lost"
     );
+}
+
+async fn hard_links_made_in_the_sandbox_share_an_inode(b: &Backend) {
+    let r = &b.remote;
+    b.sb.write(b"a", b"shared");
+    b.sb.mkdir_all(b"d");
+    b.sb.hard_link(b"a", b"d/b");
+    let (a, bb) = (
+        r.stat(&rp("a")).await.unwrap(),
+        r.stat(&rp("d/b")).await.unwrap(),
+    );
+    assert_eq!((a.ino, a.nlink), (bb.ino, 2));
+    assert_eq!(a.version, bb.version, "one inode, one content, one version");
+    b.sb.remove(b"a");
+    let left = r.stat(&rp("d/b")).await.unwrap();
+    assert_eq!((left.ino, left.nlink), (a.ino, 1));
+    assert_eq!(
+        &r.read(&rp("d/b"), 0, 100).await.unwrap().data[..],
+        b"shared"
+    );
+    assert!(matches!(
+        r.stat(&rp("a")).await,
+        Err(RemoteError::NotFound(_))
+    ));
 }
 
 macro_rules! conformance {
@@ -876,4 +1062,19 @@ conformance!(agent_backend:
     queries_run_next_to_the_data,
     change_feed_sees_writes_made_in_the_sandbox,
     change_feed_reports_lost_events,
+    hard_links_made_in_the_sandbox_share_an_inode,
+);
+
+// Not yet for memory: queries_run_next_to_the_data (its grep/glob/fuzzy are being written).
+conformance!(memory_backend:
+    stat_list_and_tree,
+    ranged_reads_carry_the_version,
+    commits_replace_whole_files_atomically_and_keep_mode,
+    patch_commits_apply_ranges_over_the_base,
+    namespace_operations_and_their_errors,
+    awkward_names_round_trip,
+    path_escapes_are_refused,
+    change_feed_sees_writes_made_in_the_sandbox,
+    change_feed_reports_lost_events,
+    hard_links_made_in_the_sandbox_share_an_inode,
 );

@@ -1,6 +1,8 @@
 //! `Remote`: the one interface between the mount and a sandbox. Every backend implements it
-//! (the agent's HTTP client now; an exec-only backend later) and one conformance suite
-//! (`tests/conformance.rs`) holds each to the same behaviour.
+//! (the agent's HTTP client [`client`]; the in-memory reference sandbox [`memory`]; an
+//! exec-only backend later) and one conformance suite (`tests/conformance.rs`) holds each to
+//! the same behaviour. [`faulty`] wraps any backend to inject latency, errors, hangs and cut
+//! streams, for the faults a real sandbox cannot be made to produce on demand.
 //!
 //! Paths are [`RemotePath`]s: validated, relative to the workspace root, raw bytes (names need
 //! not be UTF-8). Every attribute carries a [`Version`] that changes whenever the content may
@@ -10,6 +12,8 @@
 pub mod client;
 pub mod deadline;
 pub mod error;
+pub mod faulty;
+pub mod memory;
 pub mod wire;
 
 use std::fmt;

@@ -1,0 +1,1 @@
+//! `FaultyRemote`: failure injection around any `Remote` (in progress).
