@@ -598,10 +598,7 @@ impl FsCore {
         if missing.is_empty() {
             return Ok(());
         }
-        let base = g
-            .base
-            .clone()
-            .expect("a file with missing pages has a base");
+        let base = g.base.clone().expect("a file with missing pages has a base");
         let path = match self.inodes.path_of(node) {
             Some(p) => p,
             None => self.node(node)?.last_path,
@@ -894,10 +891,7 @@ impl FsCore {
                 if let Some(r) = self.inodes.rename(parent, name, new_parent, new_name) {
                     self.removed(r);
                 }
-                self.inodes
-                    .child(new_parent, new_name)
-                    .into_iter()
-                    .collect()
+                self.inodes.child(new_parent, new_name).into_iter().collect()
             }
         };
         // Staged files record where they live now.
@@ -966,9 +960,7 @@ impl FsCore {
     ) -> Result<()> {
         let end = offset.saturating_add(len);
         if end > MAX_FILE_BYTES {
-            return Err(RemoteError::FileTooBig(
-                self.node(node)?.last_path.display(),
-            ));
+            return Err(RemoteError::FileTooBig(self.node(node)?.last_path.display()));
         }
         if let Some(s) = self.staged_of(node) {
             let mut g = s.lock().await;

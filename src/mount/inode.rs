@@ -112,12 +112,7 @@ impl Table {
     }
 
     fn link(&mut self, id: NodeId, parent: NodeId, name: &[u8]) {
-        if let Some(old) = self
-            .children
-            .get(&parent)
-            .and_then(|c| c.get(name))
-            .copied()
-        {
+        if let Some(old) = self.children.get(&parent).and_then(|c| c.get(name)).copied() {
             if old == id {
                 return;
             }
@@ -432,10 +427,7 @@ mod tests {
         assert_eq!(t.path_of(f).unwrap().as_bytes(), b"d/f");
         t.rename(ROOT, b"d", ROOT, b"e");
         assert_eq!(t.path_of(f).unwrap().as_bytes(), b"e/f");
-        assert_eq!(
-            t.resolve(&RemotePath::new(b"e/f".to_vec()).unwrap()),
-            Some(f)
-        );
+        assert_eq!(t.resolve(&RemotePath::new(b"e/f".to_vec()).unwrap()), Some(f));
     }
 
     #[test]
