@@ -1065,7 +1065,6 @@ conformance!(agent_backend:
     hard_links_made_in_the_sandbox_share_an_inode,
 );
 
-// Not yet for memory: queries_run_next_to_the_data (its grep/glob/fuzzy are being written).
 conformance!(memory_backend:
     stat_list_and_tree,
     ranged_reads_carry_the_version,
@@ -1074,6 +1073,7 @@ conformance!(memory_backend:
     namespace_operations_and_their_errors,
     awkward_names_round_trip,
     path_escapes_are_refused,
+    queries_run_next_to_the_data,
     change_feed_sees_writes_made_in_the_sandbox,
     change_feed_reports_lost_events,
     hard_links_made_in_the_sandbox_share_an_inode,

@@ -33,9 +33,11 @@ use tokio::sync::broadcast;
 
 use super::wire::MAX_READ_BYTES;
 use super::*;
+use crate::agent::{MAX_FUZZY_RESULTS, MAX_GLOB_RESULTS, MAX_GREP_BYTES, MAX_GREP_RESULTS};
 use crate::search::fuzzy::FuzzyMatch;
 use crate::search::grep::GrepOptions;
 use crate::search::scan::{LineWindow, ScanRequest, ScanResult};
+use crate::search::walk::{walk_source, SourceEntry, SourceKind, TreeSource, WalkOptions};
 use crate::search::SearchError;
 
 /// The device number every inode reports: any fixed value works, as long as it is the same
@@ -606,6 +608,15 @@ impl State {
                 shown(path)
             ))),
         }
+    }
+
+    /// Where a query runs: the path with its symlinks followed (inside the workspace only).
+    fn query_root(&self, path: &RemotePath) -> Result<Vec<u8>> {
+        let slot = self.resolve(path.as_bytes(), true)?;
+        if slot.ino.is_none() {
+            return Err(RemoteError::NotFound(path.display()));
+        }
+        Ok(self.path_of(&slot))
     }
 
     fn tree_from(&self, path: &[u8], dir: u64, out: &mut Vec<TreeEntry>) {
@@ -1333,26 +1344,63 @@ impl Remote for MemoryRemote {
     async fn grep(
         &self,
         path: &RemotePath,
-        opts: GrepOptions,
+        mut opts: GrepOptions,
     ) -> Result<BoxStream<'static, Result<GrepEvent>>> {
-        let _ = (path, opts);
-        Err(RemoteError::Unsupported(
-            "grep over memory (not yet)".into(),
-        ))
+        // The agent's caps, so both answer the same.
+        opts.max_results = Some(
+            opts.max_results
+                .unwrap_or(MAX_GREP_RESULTS)
+                .min(MAX_GREP_RESULTS),
+        );
+        opts.max_bytes = Some(opts.max_bytes.unwrap_or(MAX_GREP_BYTES).min(MAX_GREP_BYTES));
+        // A bad pattern is an error before any stream, as from the agent.
+        crate::search::grep::build_matcher(&opts)?;
+        let s = self.lock();
+        let root = s.query_root(path)?;
+        // Matches are collected under the lock (no `.await` in between): the caps above bound
+        // them, and a test's tree is small.
+        let mut events = Vec::new();
+        let result = crate::search::grep::grep_source(&*s, &root, &opts, &mut |m| {
+            events.push(Ok(GrepEvent::Match(m)));
+            true
+        });
+        events.push(match result {
+            Ok(summary) => Ok(GrepEvent::Summary {
+                truncated: summary.truncated,
+                summary,
+            }),
+            Err(e) => Err(e.into()),
+        });
+        Ok(stream::iter(events).boxed())
     }
 
     async fn glob(&self, path: &RemotePath, pattern: &str) -> Result<Vec<String>> {
-        let _ = (path, pattern);
-        Err(RemoteError::Unsupported(
-            "glob over memory (not yet)".into(),
-        ))
+        let s = self.lock();
+        let root = s.query_root(path)?;
+        let mut paths = crate::search::glob::glob_source(&*s, &root, pattern)?;
+        paths.truncate(MAX_GLOB_RESULTS);
+        Ok(paths)
     }
 
     async fn fuzzy(&self, path: &RemotePath, req: FuzzyRequest) -> Result<Vec<FuzzyMatch>> {
-        let _ = (path, req);
-        Err(RemoteError::Unsupported(
-            "fuzzy over memory (not yet)".into(),
-        ))
+        let query = crate::search::fuzzy::Query::new(&req.query)?;
+        let walk = WalkOptions {
+            hidden: req.hidden,
+            no_ignore: req.no_ignore,
+            ..Default::default()
+        };
+        let s = self.lock();
+        let root = s.query_root(path)?;
+        let mut candidates = Vec::new();
+        walk_source(&*s, &root, &walk, |f| {
+            candidates.push(f.relative);
+            true
+        })?;
+        let limit = req
+            .limit
+            .unwrap_or(MAX_FUZZY_RESULTS)
+            .min(MAX_FUZZY_RESULTS);
+        Ok(crate::search::fuzzy::rank(&query, &candidates, Some(limit)))
     }
 
     async fn edit(
@@ -1443,6 +1491,57 @@ fn apply_patch(base: &[u8], cut: u64, new_len: u64, ranges: &[(u64, Bytes)]) -> 
     }
     out.resize(new_len as usize, 0);
     out
+}
+
+/// The search core walks the sandbox through this view: paths are workspace-relative, and the
+/// walk itself never follows a symlink (only `resolve` does).
+impl TreeSource for State {
+    fn kind(&self, path: &[u8]) -> Option<SourceKind> {
+        let ino = self.lookup(path, false).ok()?;
+        Some(source_kind(self.node(ino).kind))
+    }
+
+    fn entries(&self, dir: &[u8]) -> Vec<SourceEntry> {
+        let Ok(ino) = self.lookup(dir, true) else {
+            return Vec::new();
+        };
+        let Some(entries) = self.node(ino).dir() else {
+            return Vec::new();
+        };
+        entries
+            .iter()
+            .map(|(name, &i)| {
+                let n = self.node(i);
+                SourceEntry {
+                    name: name.clone(),
+                    kind: source_kind(n.kind),
+                    size: n.size(),
+                }
+            })
+            .collect()
+    }
+
+    fn content(&self, path: &[u8]) -> Option<Vec<u8>> {
+        let ino = self.lookup(path, true).ok()?;
+        match &self.node(ino).data {
+            Data::File(b) => Some(b.clone()),
+            _ => None,
+        }
+    }
+
+    fn resolve(&self, path: &[u8]) -> Option<Vec<u8>> {
+        let slot = State::resolve(self, path, true).ok()?;
+        slot.ino.map(|_| self.path_of(&slot))
+    }
+}
+
+fn source_kind(kind: FileKind) -> SourceKind {
+    match kind {
+        FileKind::File => SourceKind::File,
+        FileKind::Dir => SourceKind::Dir,
+        FileKind::Symlink => SourceKind::Symlink,
+        _ => SourceKind::Other,
+    }
 }
 
 fn check_xattr_name(name: &[u8]) -> Result<()> {

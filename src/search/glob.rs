@@ -26,7 +26,9 @@ use std::path::{Path, PathBuf};
 
 use regex::bytes::Regex;
 
+use super::walk::{SourceKind, TreeSource};
 use super::SearchError;
+use std::os::unix::ffi::OsStrExt;
 
 /// Most alternatives one pattern may expand to.
 pub const MAX_ALTERNATIVES: usize = 1024;
@@ -44,15 +46,154 @@ pub fn glob(root: &Path, pattern: &str) -> Result<Vec<String>, SearchError> {
         )));
     }
     let mut found = BTreeSet::new();
+    let fs = LocalFs { root: &real_root };
     for p in &patterns {
         let mut walker = Walker {
-            root: &real_root,
+            fs: &fs,
             pattern: p,
             found: &mut found,
         };
         walker.walk_at(&real_root, "", 0);
     }
     Ok(found.into_iter().collect())
+}
+
+/// [`glob`] over a [`TreeSource`] (the in-memory sandbox): `root` is the searched directory's
+/// path in the source; the same patterns, rules and results as over a local directory.
+pub fn glob_source(
+    source: &dyn TreeSource,
+    root: &[u8],
+    pattern: &str,
+) -> Result<Vec<String>, SearchError> {
+    let patterns = compile(pattern)?;
+    let shown = String::from_utf8_lossy(root).into_owned();
+    let real_root = source
+        .resolve(root)
+        .ok_or_else(|| SearchError::NotFound(shown.clone()))?;
+    if source.kind(&real_root) != Some(SourceKind::Dir) {
+        return Err(SearchError::InvalidArgs(format!(
+            "{shown}: not a directory"
+        )));
+    }
+    let fs = SourceFs {
+        source,
+        root: &real_root,
+    };
+    let top = fs.path(&real_root);
+    let mut found = BTreeSet::new();
+    for p in &patterns {
+        let mut walker = Walker {
+            fs: &fs,
+            pattern: p,
+            found: &mut found,
+        };
+        walker.walk_at(&top, "", 0);
+    }
+    Ok(found.into_iter().collect())
+}
+
+/// What the glob walk asks of the tree it walks.
+trait GlobFs {
+    /// A directory's entries sorted by name: name, path, and whether it is a real directory.
+    fn read_dir_sorted(&self, dir: &Path) -> Vec<(String, PathBuf, Kind)>;
+    /// Is anything there (a dangling symlink is)?
+    fn exists(&self, path: &Path) -> bool;
+    /// Is it a real directory (not a symlink to one)?
+    fn is_real_dir(&self, path: &Path) -> bool;
+    /// A directory we may enter through a literal segment: a real directory, or a symlink to
+    /// one that resolves inside the root.
+    fn is_dir_within_root(&self, path: &Path) -> bool;
+}
+
+struct LocalFs<'a> {
+    root: &'a Path,
+}
+
+impl GlobFs for LocalFs<'_> {
+    fn read_dir_sorted(&self, dir: &Path) -> Vec<(String, PathBuf, Kind)> {
+        read_dir_sorted(dir)
+    }
+
+    fn exists(&self, path: &Path) -> bool {
+        fs::symlink_metadata(path).is_ok()
+    }
+
+    fn is_real_dir(&self, path: &Path) -> bool {
+        fs::symlink_metadata(path).is_ok_and(|m| m.is_dir())
+    }
+
+    fn is_dir_within_root(&self, path: &Path) -> bool {
+        match fs::symlink_metadata(path) {
+            Ok(m) if m.is_dir() => true,
+            Ok(m) if m.file_type().is_symlink() => fs::canonicalize(path)
+                .is_ok_and(|real| real.starts_with(self.root) && real.is_dir()),
+            _ => false,
+        }
+    }
+}
+
+/// A [`TreeSource`] seen as paths: `/` + the source path.
+struct SourceFs<'a> {
+    source: &'a dyn TreeSource,
+    root: &'a [u8],
+}
+
+impl SourceFs<'_> {
+    fn path(&self, p: &[u8]) -> PathBuf {
+        use std::os::unix::ffi::OsStrExt;
+        Path::new("/").join(std::ffi::OsStr::from_bytes(p))
+    }
+
+    fn bytes<'p>(&self, p: &'p Path) -> &'p [u8] {
+        use std::os::unix::ffi::OsStrExt;
+        let b = p.as_os_str().as_bytes();
+        b.strip_prefix(b"/").unwrap_or(b)
+    }
+}
+
+impl GlobFs for SourceFs<'_> {
+    fn read_dir_sorted(&self, dir: &Path) -> Vec<(String, PathBuf, Kind)> {
+        let d = self.bytes(dir);
+        self.source
+            .entries(d)
+            .into_iter()
+            .map(|e| {
+                let path = dir.join(std::ffi::OsStr::from_bytes(&e.name));
+                let kind = if e.kind == SourceKind::Dir {
+                    Kind::Dir
+                } else {
+                    Kind::Other
+                };
+                (String::from_utf8_lossy(&e.name).into_owned(), path, kind)
+            })
+            .collect()
+    }
+
+    fn exists(&self, path: &Path) -> bool {
+        self.source.kind(self.bytes(path)).is_some()
+    }
+
+    fn is_real_dir(&self, path: &Path) -> bool {
+        self.source.kind(self.bytes(path)) == Some(SourceKind::Dir)
+    }
+
+    fn is_dir_within_root(&self, path: &Path) -> bool {
+        let p = self.bytes(path);
+        match self.source.kind(p) {
+            Some(SourceKind::Dir) => true,
+            Some(SourceKind::Symlink) => self.source.resolve(p).is_some_and(|real| {
+                within(&real, self.root) && self.source.kind(&real) == Some(SourceKind::Dir)
+            }),
+            _ => false,
+        }
+    }
+}
+
+/// Is `path` `root` or below it (whole components)?
+fn within(path: &[u8], root: &[u8]) -> bool {
+    root.is_empty()
+        || path == root
+        || (path.starts_with(root) && path.get(root.len()) == Some(&b'/'))
 }
 
 /// One expanded pattern, split into segments.
@@ -376,7 +517,7 @@ fn parse_class(chars: &[char]) -> Option<(String, usize)> {
 }
 
 struct Walker<'a> {
-    root: &'a Path,
+    fs: &'a dyn GlobFs,
     pattern: &'a Pattern,
     found: &'a mut BTreeSet<String>,
 }
@@ -395,15 +536,15 @@ impl Walker<'_> {
                 let path = dir.join(name);
                 let child = join_rel(rel, name);
                 if last {
-                    if fs::symlink_metadata(&path).is_ok() {
+                    if self.fs.exists(&path) {
                         self.record(&path, &child);
                     }
-                } else if self.is_dir_within_root(&path) {
+                } else if self.fs.is_dir_within_root(&path) {
                     self.walk_at(&path, &child, idx + 1);
                 }
             }
             Segment::Wild { regex, dot } => {
-                for (name, path, kind) in read_dir_sorted(dir) {
+                for (name, path, kind) in self.fs.read_dir_sorted(dir) {
                     if (name.starts_with('.') && !dot) || !regex.is_match(name.as_bytes()) {
                         continue;
                     }
@@ -418,7 +559,7 @@ impl Walker<'_> {
             Segment::Globstar => {
                 // Zero segments.
                 self.walk_at(dir, rel, idx + 1);
-                for (name, path, kind) in read_dir_sorted(dir) {
+                for (name, path, kind) in self.fs.read_dir_sorted(dir) {
                     if name.starts_with('.') {
                         continue;
                     }
@@ -437,21 +578,10 @@ impl Walker<'_> {
         if rel.is_empty() {
             return; // the searched directory itself is never a result
         }
-        if self.pattern.dir_only && !fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+        if self.pattern.dir_only && !self.fs.is_real_dir(path) {
             return;
         }
         self.found.insert(rel.to_string());
-    }
-
-    /// A directory we may enter through a literal segment: a real directory, or a symlink to one
-    /// that resolves inside the root.
-    fn is_dir_within_root(&self, path: &Path) -> bool {
-        match fs::symlink_metadata(path) {
-            Ok(m) if m.is_dir() => true,
-            Ok(m) if m.file_type().is_symlink() => fs::canonicalize(path)
-                .is_ok_and(|real| real.starts_with(self.root) && real.is_dir()),
-            _ => false,
-        }
     }
 }
 

@@ -24,7 +24,7 @@ use grep_regex::{RegexMatcher, RegexMatcherBuilder};
 use grep_searcher::{BinaryDetection, Searcher, SearcherBuilder, Sink, SinkContext, SinkMatch};
 use serde::{Deserialize, Serialize};
 
-use super::walk::{walk_files, WalkOptions, WalkedFile};
+use super::walk::{walk_files, walk_source, TreeSource, WalkOptions, WalkedFile};
 use super::SearchError;
 
 /// Longest pattern accepted: a pattern is typed or generated, not a document.
@@ -208,6 +208,44 @@ pub fn grep(
     Ok(emitter.summary)
 }
 
+/// [`grep`] over a [`TreeSource`] (the in-memory sandbox) instead of a local directory: the
+/// same walk rules ([`walk_source`]), matching, context and caps, searching each file's bytes
+/// in walk order on the calling thread.
+pub fn grep_source(
+    source: &dyn TreeSource,
+    root: &[u8],
+    opts: &GrepOptions,
+    sink: &mut dyn FnMut(GrepMatch) -> bool,
+) -> Result<GrepSummary, SearchError> {
+    if opts.before_context > MAX_CONTEXT_LINES || opts.after_context > MAX_CONTEXT_LINES {
+        return Err(SearchError::LimitExceeded(format!(
+            "context is limited to {MAX_CONTEXT_LINES} lines"
+        )));
+    }
+    let matcher = build_matcher(opts)?;
+    let mut searcher = new_searcher(opts);
+    let mut emitter = Emitter {
+        opts,
+        sink,
+        summary: GrepSummary::default(),
+        stopped: false,
+    };
+    walk_source(source, root, &opts.walk, |file| {
+        let result = match source.content(&file.path) {
+            Some(bytes) => search_with(&matcher, opts, file.relative, |sink| {
+                searcher.search_slice(&matcher, &bytes, sink)
+            }),
+            None => FileResult {
+                error: Some(format!("{}: could not be read", file.relative)),
+                ..Default::default()
+            },
+        };
+        emitter.emit_file(result);
+        !emitter.stopped
+    })?;
+    Ok(emitter.summary)
+}
+
 /// Workers used when `threads` is 0: past this, one disk and one walker are the bottleneck.
 pub const MAX_AUTO_THREADS: usize = 8;
 /// Files handed to a worker at once: one channel hand-off per file costs more than searching
@@ -254,8 +292,25 @@ fn search_file(
     opts: &GrepOptions,
     file: WalkedFile,
 ) -> FileResult {
+    let shown = file.path.display().to_string();
+    let mut result = search_with(matcher, opts, file.relative, |sink| {
+        searcher.search_path(matcher, &file.path, sink)
+    });
+    if let Some(e) = &mut result.error {
+        *e = format!("{shown}: {e}");
+    }
+    result
+}
+
+/// Search one file through `search` (a path or a slice), collecting its matches.
+fn search_with(
+    matcher: &RegexMatcher,
+    opts: &GrepOptions,
+    relative: String,
+    search: impl FnOnce(&mut FileSink<'_>) -> Result<(), std::io::Error>,
+) -> FileResult {
     let mut sink = FileSink {
-        path: file.relative,
+        path: relative,
         matcher,
         opts,
         ring: VecDeque::new(),
@@ -263,14 +318,12 @@ fn search_file(
         done: Vec::new(),
         bytes: 0,
     };
-    let result = searcher.search_path(matcher, &file.path, &mut sink);
+    let result = search(&mut sink);
     sink.done.extend(sink.pending.drain(..));
     FileResult {
         matches: sink.done,
         searched: true,
-        error: result
-            .err()
-            .map(|e| format!("{}: {e}", file.path.display())),
+        error: result.err().map(|e| e.to_string()),
     }
 }
 

@@ -110,3 +110,203 @@ fn relative_path(root: &Path, path: &Path) -> String {
     }
     out
 }
+
+/// What a [`TreeSource`] entry is. Symlinks are never followed by the walk (as `rg` without
+/// `--follow`), so they are `Symlink`, not what they point to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+/// One name in a [`TreeSource`] directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceEntry {
+    pub name: Vec<u8>,
+    pub kind: SourceKind,
+    pub size: u64,
+}
+
+/// A tree that is not a local directory (the in-memory sandbox), for the queries to walk.
+/// Paths are `/`-separated bytes relative to the tree's top; the empty path is the top.
+pub trait TreeSource {
+    /// What `path` is, without following a final symlink (`None`: nothing there).
+    fn kind(&self, path: &[u8]) -> Option<SourceKind>;
+    /// A directory's entries, sorted by name (empty for anything else); symlinks on the way
+    /// to it are followed, as `readdir` of a path follows them.
+    fn entries(&self, dir: &[u8]) -> Vec<SourceEntry>;
+    /// A regular file's bytes.
+    fn content(&self, path: &[u8]) -> Option<Vec<u8>>;
+    /// Where `path` leads with every symlink followed, if it stays inside the tree.
+    fn resolve(&self, path: &[u8]) -> Option<Vec<u8>>;
+}
+
+/// A file a [`walk_source`] found: its path in the source and relative to the searched root.
+#[derive(Debug, Clone)]
+pub struct SourceFile {
+    pub path: Vec<u8>,
+    pub relative: String,
+}
+
+fn join_bytes(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    if dir.is_empty() {
+        name.to_vec()
+    } else {
+        [dir, b"/", name].concat()
+    }
+}
+
+/// The ignore rules of one directory of a source, highest precedence first (`.rgignore`,
+/// `.ignore`, `.gitignore`, as ripgrep orders them; `.git/info/exclude` at the top).
+fn source_ignores(
+    source: &dyn TreeSource,
+    dir: &[u8],
+    top: bool,
+) -> Vec<ignore::gitignore::Gitignore> {
+    use std::os::unix::ffi::OsStrExt;
+    let base = std::path::Path::new("/").join(std::ffi::OsStr::from_bytes(dir));
+    let mut names: Vec<&[u8]> = vec![b".rgignore", b".ignore", b".gitignore"];
+    if top {
+        names.push(b".git/info/exclude");
+    }
+    let mut out = Vec::new();
+    for name in names {
+        let Some(bytes) = source.content(&join_bytes(dir, name)) else {
+            continue;
+        };
+        let mut b = ignore::gitignore::GitignoreBuilder::new(&base);
+        for line in String::from_utf8_lossy(&bytes).lines() {
+            // A bad line is skipped, as ripgrep skips it (with a warning).
+            let _ = b.add_line(None, line);
+        }
+        if let Ok(gi) = b.build() {
+            out.push(gi);
+        }
+    }
+    out
+}
+
+/// [`walk_files`] over a [`TreeSource`]: the same rules (hidden files, the ignore files of the
+/// searched directory, of the directories below it and of those above it in the source,
+/// `--glob` overrides, `max_filesize`), the same order (sorted by name within each directory,
+/// depth first), the same results for the same tree, without a local directory. The global
+/// git excludes file is not read: a source has no home directory.
+pub fn walk_source(
+    source: &dyn TreeSource,
+    root: &[u8],
+    opts: &WalkOptions,
+    mut visit: impl FnMut(SourceFile) -> bool,
+) -> Result<(), SearchError> {
+    use std::os::unix::ffi::OsStrExt;
+    let shown = String::from_utf8_lossy(root).into_owned();
+    match source.kind(root) {
+        None => return Err(SearchError::NotFound(shown)),
+        Some(SourceKind::Dir) => {}
+        Some(_) => {
+            let name = root.rsplit(|&b| b == b'/').next().unwrap_or(root);
+            visit(SourceFile {
+                path: root.to_vec(),
+                relative: String::from_utf8_lossy(name).into_owned(),
+            });
+            return Ok(());
+        }
+    }
+    let vpath = |p: &[u8]| std::path::Path::new("/").join(std::ffi::OsStr::from_bytes(p));
+    let mut overrides = OverrideBuilder::new(vpath(root));
+    for g in &opts.globs {
+        overrides
+            .add(g)
+            .map_err(|e| SearchError::InvalidArgs(format!("glob {g:?}: {e}")))?;
+    }
+    let overrides = overrides
+        .build()
+        .map_err(|e| SearchError::InvalidArgs(e.to_string()))?;
+    let respect = !opts.no_ignore;
+    // The rules in force, outermost first: those of the directories above the root, then one
+    // level per directory walked.
+    let mut parents: Vec<Vec<ignore::gitignore::Gitignore>> = Vec::new();
+    if respect && !root.is_empty() {
+        let mut at: Vec<u8> = Vec::new();
+        parents.push(source_ignores(source, &at, true));
+        for part in root.split(|&b| b == b'/').filter(|p| !p.is_empty()) {
+            at = join_bytes(&at, part);
+            if at.as_slice() != root {
+                parents.push(source_ignores(source, &at, false));
+            }
+        }
+    }
+    let ignored = |levels: &[Vec<ignore::gitignore::Gitignore>], path: &[u8], is_dir: bool| {
+        let vp = vpath(path);
+        match overrides.matched(&vp, is_dir) {
+            ignore::Match::Ignore(_) => return true,
+            ignore::Match::Whitelist(_) => return false,
+            ignore::Match::None => {}
+        }
+        let mut whitelisted = false;
+        'levels: for level in levels.iter().rev() {
+            for gi in level {
+                match gi.matched(&vp, is_dir) {
+                    ignore::Match::Ignore(_) => return true,
+                    ignore::Match::Whitelist(_) => {
+                        whitelisted = true;
+                        break 'levels;
+                    }
+                    ignore::Match::None => {}
+                }
+            }
+        }
+        let name = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
+        !whitelisted && !opts.hidden && name.first() == Some(&b'.')
+    };
+    walk_source_dir(source, root, root, opts, &mut parents, &ignored, &mut visit);
+    Ok(())
+}
+
+type Levels = Vec<Vec<ignore::gitignore::Gitignore>>;
+
+/// Walk one directory; `false` once the visitor said stop.
+fn walk_source_dir(
+    source: &dyn TreeSource,
+    root: &[u8],
+    dir: &[u8],
+    opts: &WalkOptions,
+    levels: &mut Levels,
+    ignored: &dyn Fn(&[Vec<ignore::gitignore::Gitignore>], &[u8], bool) -> bool,
+    visit: &mut dyn FnMut(SourceFile) -> bool,
+) -> bool {
+    if !opts.no_ignore {
+        levels.push(source_ignores(source, dir, dir.is_empty()));
+    }
+    let mut go_on = true;
+    for e in source.entries(dir) {
+        let path = join_bytes(dir, &e.name);
+        match e.kind {
+            SourceKind::Dir => {
+                if !ignored(levels, &path, true)
+                    && !walk_source_dir(source, root, &path, opts, levels, ignored, visit)
+                {
+                    go_on = false;
+                    break;
+                }
+            }
+            SourceKind::File => {
+                if ignored(levels, &path, false) || opts.max_filesize.is_some_and(|m| e.size > m) {
+                    continue;
+                }
+                let rel = &path[root.len() + usize::from(!root.is_empty())..];
+                let relative = String::from_utf8_lossy(rel).into_owned();
+                if !visit(SourceFile { path, relative }) {
+                    go_on = false;
+                    break;
+                }
+            }
+            SourceKind::Symlink | SourceKind::Other => {}
+        }
+    }
+    if !opts.no_ignore {
+        levels.pop();
+    }
+    go_on
+}
