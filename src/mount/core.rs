@@ -154,6 +154,20 @@ impl FsCore {
         r
     }
 
+    /// The node an open file handle is bound to.
+    pub fn handle_node(&self, fh: u64) -> Result<NodeId> {
+        Ok(self.handles.file(fh)?.node)
+    }
+
+    /// Some file has staged changes not yet in the sandbox.
+    pub fn has_unpushed(&self) -> bool {
+        self.staged
+            .lock()
+            .expect("staged lock")
+            .values()
+            .any(|e| e.is_dirty())
+    }
+
     /// The version last seen for a node (for the INFO ioctl).
     pub fn cached_version(&self, node: NodeId) -> Option<String> {
         self.inodes.get(node).map(|n| n.attr.version.0)
@@ -512,11 +526,6 @@ impl FsCore {
         Ok((fh, keep && !truncate))
     }
 
-    /// One page of the file at the handle's version (cache, or one shared fetch).
-    async fn page(&self, path: &RemotePath, h: &OpenFile, page: PageIndex) -> Result<Bytes> {
-        self.page_at(path, &h.version, page).await
-    }
-
     pub(super) async fn page_at(
         &self,
         path: &RemotePath,
@@ -554,11 +563,14 @@ impl FsCore {
             return self.read_staged(h.node, &s, offset, size as u64).await;
         }
         let path = self.path_of(h.node)?;
+        // The file's current version, not the one seen at open: a truncate or push through
+        // the mount since then must show through every handle, as on a local disk.
+        let version = self.node(h.node)?.attr.version;
         let end = offset + size as u64;
         let mut out = Vec::with_capacity(size as usize);
         let mut page = PageIndex::containing(offset);
         while page.start() < end {
-            let data = self.page(&path, &h, page).await?;
+            let data = self.page_at(&path, &version, page).await?;
             let start = page.start();
             let from = offset.saturating_sub(start) as usize;
             if from >= data.len() {
@@ -598,7 +610,10 @@ impl FsCore {
         if missing.is_empty() {
             return Ok(());
         }
-        let base = g.base.clone().expect("a file with missing pages has a base");
+        let base = g
+            .base
+            .clone()
+            .expect("a file with missing pages has a base");
         let path = match self.inodes.path_of(node) {
             Some(p) => p,
             None => self.node(node)?.last_path,
@@ -891,7 +906,10 @@ impl FsCore {
                 if let Some(r) = self.inodes.rename(parent, name, new_parent, new_name) {
                     self.removed(r);
                 }
-                self.inodes.child(new_parent, new_name).into_iter().collect()
+                self.inodes
+                    .child(new_parent, new_name)
+                    .into_iter()
+                    .collect()
             }
         };
         // Staged files record where they live now.
@@ -960,7 +978,9 @@ impl FsCore {
     ) -> Result<()> {
         let end = offset.saturating_add(len);
         if end > MAX_FILE_BYTES {
-            return Err(RemoteError::FileTooBig(self.node(node)?.last_path.display()));
+            return Err(RemoteError::FileTooBig(
+                self.node(node)?.last_path.display(),
+            ));
         }
         if let Some(s) = self.staged_of(node) {
             let mut g = s.lock().await;

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
-    Generation, INodeNo, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    INodeNo, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use tokio::runtime::Handle;
 use tracing::Instrument;
@@ -279,7 +279,12 @@ impl Filesystem for SbxFs {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let name = name_bytes(name);
         self.spawn("lookup", parent.0, move |core, s| async move {
-            reply_entry(reply, &s, "lookup", core.lookup(NodeId(parent.0), &name).await)
+            reply_entry(
+                reply,
+                &s,
+                "lookup",
+                core.lookup(NodeId(parent.0), &name).await,
+            )
         });
     }
 
@@ -446,13 +451,7 @@ impl Filesystem for SbxFs {
         let (name, newname) = (name_bytes(name), name_bytes(newname));
         self.spawn("rename", parent.0, move |core, _| async move {
             let r = core
-                .rename(
-                    NodeId(parent.0),
-                    &name,
-                    NodeId(newparent.0),
-                    &newname,
-                    mode,
-                )
+                .rename(NodeId(parent.0), &name, NodeId(newparent.0), &newname, mode)
                 .await;
             reply_empty(reply, "rename", r)
         });
@@ -764,13 +763,7 @@ impl Filesystem for SbxFs {
         let kernel = self.core.clone();
         self.spawn("create", parent.0, move |core, s| async move {
             let r = core
-                .create(
-                    NodeId(parent.0),
-                    &name,
-                    mode & !umask,
-                    exclusive,
-                    truncate,
-                )
+                .create(NodeId(parent.0), &name, mode & !umask, exclusive, truncate)
                 .await;
             match r {
                 Ok((na, fh)) => {

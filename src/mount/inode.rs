@@ -112,7 +112,12 @@ impl Table {
     }
 
     fn link(&mut self, id: NodeId, parent: NodeId, name: &[u8]) {
-        if let Some(old) = self.children.get(&parent).and_then(|c| c.get(name)).copied() {
+        if let Some(old) = self
+            .children
+            .get(&parent)
+            .and_then(|c| c.get(name))
+            .copied()
+        {
             if old == id {
                 return;
             }
@@ -305,6 +310,15 @@ impl InodeTable {
     ) -> Option<NodeId> {
         let mut t = self.lock();
         let moving = t.children.get(&parent).and_then(|c| c.get(name)).copied();
+        let at_target = t
+            .children
+            .get(&new_parent)
+            .and_then(|c| c.get(new_name))
+            .copied();
+        if moving.is_some() && moving == at_target {
+            // Two names of one file: rename(2) does nothing.
+            return None;
+        }
         let replaced = t
             .children
             .get(&new_parent)
@@ -427,7 +441,10 @@ mod tests {
         assert_eq!(t.path_of(f).unwrap().as_bytes(), b"d/f");
         t.rename(ROOT, b"d", ROOT, b"e");
         assert_eq!(t.path_of(f).unwrap().as_bytes(), b"e/f");
-        assert_eq!(t.resolve(&RemotePath::new(b"e/f".to_vec()).unwrap()), Some(f));
+        assert_eq!(
+            t.resolve(&RemotePath::new(b"e/f".to_vec()).unwrap()),
+            Some(f)
+        );
     }
 
     #[test]

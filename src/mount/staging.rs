@@ -436,7 +436,10 @@ impl Journal {
         };
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            let Some(id) = name.strip_suffix(".meta").and_then(|s| s.parse::<u64>().ok()) else {
+            let Some(id) = name
+                .strip_suffix(".meta")
+                .and_then(|s| s.parse::<u64>().ok())
+            else {
                 continue;
             };
             let open = |ext: &str| {
@@ -447,11 +450,9 @@ impl Journal {
                     .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
                     .open(dir.join(format!("{id}.{ext}")))
             };
-            let (Ok(meta), Ok(data), Ok(log)) = (
-                std::fs::read(dir.join(&name)),
-                open("data"),
-                open("log"),
-            ) else {
+            let (Ok(meta), Ok(data), Ok(log)) =
+                (std::fs::read(dir.join(&name)), open("data"), open("log"))
+            else {
                 continue;
             };
             let Ok(meta) = serde_json::from_slice::<JournalMeta>(&meta) else {

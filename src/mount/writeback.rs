@@ -126,9 +126,8 @@ impl Failures {
         f.permanent = !transient(e);
         f.cause = Some(e.clone());
         let first = f.attempts == 1;
-        f.next_try = (!f.permanent).then(|| {
-            Instant::now() + MAX_BACKOFF.min(Duration::from_secs(1 << f.attempts.min(6)))
-        });
+        f.next_try = (!f.permanent)
+            .then(|| Instant::now() + MAX_BACKOFF.min(Duration::from_secs(1 << f.attempts.min(6))));
         drop(m);
         // Logged once, then only when it changes kind: a file failing every retry does not
         // fill the log.
@@ -344,7 +343,7 @@ impl FsCore {
                             }
                             Err(_) => {
                                 let len = s.len;
-                        s.pushed(crate::remote::Version(String::new()), len);
+                                s.pushed(crate::remote::Version(String::new()), len);
                             }
                         }
                         s.mtime_ns = None;
@@ -414,8 +413,7 @@ impl FsCore {
                 )
                 .await,
         )?;
-        if let Some((parent, _)) = self.inodes.get(node).and_then(|n| n.links.first().cloned())
-        {
+        if let Some((parent, _)) = self.inodes.get(node).and_then(|n| n.links.first().cloned()) {
             self.dir_changed(parent);
         }
         Ok(copy.0)
@@ -519,7 +517,9 @@ impl FsCore {
                 .and_then(|data| write_unique(&dir.join("unpushed"), &n.last_path, &data))
             {
                 Ok(p) => saved.push(p),
-                Err(e) => tracing::error!(file = %n.last_path.display(), "could not save a copy: {e}"),
+                Err(e) => {
+                    tracing::error!(file = %n.last_path.display(), "could not save a copy: {e}")
+                }
             }
         }
         saved

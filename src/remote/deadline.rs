@@ -297,6 +297,9 @@ mod tests {
 
     #[test]
     fn reads_get_time_per_byte() {
-        assert_eq!(for_bytes(CALL, 16 * 1024 * 1024), CALL + Duration::from_secs(16));
+        assert_eq!(
+            for_bytes(CALL, 16 * 1024 * 1024),
+            CALL + Duration::from_secs(16)
+        );
     }
 }

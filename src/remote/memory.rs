@@ -577,8 +577,13 @@ impl State {
     }
 
     /// Put new content in place of the slot's file, as the agent's temp-then-rename does: a new
-    /// inode with the old one's mode and owner (or `create_mode` for a new file).
+    /// inode with the old one's mode and owner (or `create_mode` for a new file). A file with
+    /// several names is written in place instead, as the agent does, so its links stay one file.
     fn replace_file(&mut self, slot: &Slot, bytes: Vec<u8>, create_mode: Option<u32>) -> u64 {
+        if let Some(old) = slot.ino.filter(|&i| self.node(i).nlink > 1) {
+            self.set_content(old, bytes);
+            return old;
+        }
         let (mode, owner) = match slot.ino {
             Some(old) => {
                 let n = self.node(old);

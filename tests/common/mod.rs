@@ -256,7 +256,22 @@ impl MountProcess {
 
     /// Mount a remote by URL (e.g. an agent behind a proxy).
     pub fn start_url(url: &str, token: &str, extra: &[&str]) -> MountProcess {
+        Self::start_url_cache(url, token, extra, None)
+    }
+
+    /// Mount with the daemon's private state (staging) under `cache` (`XDG_CACHE_HOME`), so
+    /// a test can mount the same sandbox again over what an earlier daemon left; by default
+    /// each mount has its own.
+    pub fn start_url_cache(
+        url: &str,
+        token: &str,
+        extra: &[&str],
+        cache: Option<&Path>,
+    ) -> MountProcess {
         let base = tempfile::tempdir().unwrap();
+        let cache = cache
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| base.path().join("cache"));
         let dir = base.path().join("mnt");
         fs::create_dir(&dir).unwrap();
         let token_file = base.path().join("token");
@@ -270,6 +285,7 @@ impl MountProcess {
             .arg(&token_file)
             .args(extra)
             .env("SBXFS_LOG", "info")
+            .env("XDG_CACHE_HOME", &cache)
             .stdout(std::process::Stdio::piped())
             .stderr(fs::File::create(&log).unwrap())
             .spawn()

@@ -1,0 +1,575 @@
+//! Reference-model test of the mount core, without FUSE: random sequences of what programs do
+//! — several handles open at once on a few files, reads, writes, truncates (by handle and by
+//! path), fsync, close, rename, unlink, hard links, changes made in the sandbox, and injected
+//! faults — applied both to `FsCore` (over an in-memory sandbox behind a fault injector) and
+//! to a small POSIX model, compared after every step. The core is driven the way the kernel
+//! drives it: names are looked up, handles are opened on nodes, `close` is flush + release.
+//!
+//! Shrunk failures are kept below as named regression tests.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use sbxfs::mount::core::{CoreConfig, FsCore};
+use sbxfs::mount::inode::{NodeId, ROOT};
+use sbxfs::remote::faulty::{FaultyRemote, Op as RemoteOp};
+use sbxfs::remote::memory::{MemoryRemote, MemorySandbox};
+use sbxfs::remote::{Remote, RemoteError, RemotePath, RenameMode};
+
+const NAMES: [&str; 3] = ["a", "b", "c"];
+const SLOTS: usize = 4;
+
+#[derive(Clone, Debug)]
+enum Step {
+    Open {
+        name: usize,
+        slot: usize,
+        write: bool,
+        create: bool,
+        trunc: bool,
+    },
+    Close(usize),
+    Write {
+        slot: usize,
+        offset: u32,
+        len: u16,
+        byte: u8,
+    },
+    Read(usize),
+    Ftruncate {
+        slot: usize,
+        len: u32,
+    },
+    Fsync(usize),
+    Truncate {
+        name: usize,
+        len: u32,
+    },
+    Rename {
+        from: usize,
+        to: usize,
+    },
+    Unlink(usize),
+    Link {
+        from: usize,
+        to: usize,
+    },
+    /// A process in the sandbox replaces a file no handle of ours writes to.
+    SandboxWrite {
+        name: usize,
+        len: u16,
+        byte: u8,
+    },
+    /// The next commit fails as if the sandbox did not answer.
+    FailNextCommit,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let name = 0..NAMES.len();
+    let slot = 0..SLOTS;
+    prop_oneof![
+        4 => (name.clone(), slot.clone(), any::<bool>(), any::<bool>(), prop::bool::weighted(0.2))
+            .prop_map(|(name, slot, write, create, trunc)| Step::Open { name, slot, write, create, trunc }),
+        3 => slot.clone().prop_map(Step::Close),
+        5 => (slot.clone(), 0u32..300_000, 1u16..3000, any::<u8>())
+            .prop_map(|(slot, offset, len, byte)| Step::Write { slot, offset, len, byte }),
+        2 => slot.clone().prop_map(Step::Read),
+        2 => (slot.clone(), 0u32..300_000).prop_map(|(slot, len)| Step::Ftruncate { slot, len }),
+        1 => slot.clone().prop_map(Step::Fsync),
+        1 => (name.clone(), 0u32..300_000).prop_map(|(name, len)| Step::Truncate { name, len }),
+        2 => (name.clone(), name.clone()).prop_map(|(from, to)| Step::Rename { from, to }),
+        2 => name.clone().prop_map(Step::Unlink),
+        1 => (name.clone(), name.clone()).prop_map(|(from, to)| Step::Link { from, to }),
+        1 => (name.clone(), 0u16..5000, any::<u8>())
+            .prop_map(|(name, len, byte)| Step::SandboxWrite { name, len, byte }),
+        1 => Just(Step::FailNextCommit),
+    ]
+}
+
+/// The POSIX model: files are objects; names and handles point at them.
+#[derive(Default, Debug)]
+struct Model {
+    files: BTreeMap<usize, Vec<u8>>,
+    names: BTreeMap<usize, usize>,
+    handles: BTreeMap<usize, (usize, bool)>,
+    next: usize,
+}
+
+struct Real {
+    core: Arc<FsCore>,
+    sandbox: MemorySandbox,
+    faults: sbxfs::remote::faulty::FaultControl,
+    handles: BTreeMap<usize, u64>,
+    _staging: tempfile::TempDir,
+}
+
+impl Real {
+    async fn new() -> Real {
+        let memory = MemoryRemote::new();
+        let sandbox = memory.sandbox();
+        let faulty = FaultyRemote::new(memory);
+        let faults = faulty.control();
+        let remote: Arc<dyn Remote> = Arc::new(faulty);
+        let root = remote.stat(&RemotePath::root()).await.unwrap();
+        let staging = tempfile::tempdir().unwrap();
+        let core = FsCore::new(
+            remote,
+            CoreConfig {
+                // Every lookup asks the sandbox: what the sandbox changed is seen at once.
+                attr_ttl: Duration::ZERO,
+                cache_bytes: 4 * 1024 * 1024,
+                staging_dir: staging.path().to_path_buf(),
+                uid: 0,
+                gid: 0,
+            },
+            root,
+        );
+        Real {
+            core,
+            sandbox,
+            faults,
+            handles: BTreeMap::new(),
+            _staging: staging,
+        }
+    }
+
+    async fn node(&self, name: usize) -> Result<NodeId, RemoteError> {
+        Ok(self.core.lookup(ROOT, NAMES[name].as_bytes()).await?.node)
+    }
+
+    /// What a program sees reading a whole file through a handle.
+    async fn read_all(&self, fh: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        loop {
+            let chunk = self
+                .core
+                .read(fh, out.len() as u64, 128 * 1024)
+                .await
+                .expect("read through an open handle");
+            if chunk.is_empty() {
+                return out;
+            }
+            out.extend_from_slice(&chunk);
+        }
+    }
+}
+
+fn errno(r: &Result<impl Sized, RemoteError>) -> i32 {
+    r.as_ref().err().map_or(0, |e| e.errno())
+}
+
+async fn apply(step: &Step, m: &mut Model, r: &mut Real) {
+    match *step {
+        Step::Open {
+            name,
+            slot,
+            write,
+            create,
+            trunc,
+        } => {
+            if m.handles.contains_key(&slot) {
+                return;
+            }
+            let exists = m.names.contains_key(&name);
+            if !exists && !create {
+                assert_eq!(errno(&r.node(name).await), libc::ENOENT);
+                return;
+            }
+            let fh = if exists {
+                let node = r.node(name).await.expect("lookup of an existing name");
+                r.core
+                    .open(node, write, trunc && write)
+                    .await
+                    .expect("open")
+                    .0
+            } else {
+                let (_, fh) = r
+                    .core
+                    .create(ROOT, NAMES[name].as_bytes(), 0o644, false, false)
+                    .await
+                    .expect("create");
+                fh
+            };
+            let file = match m.names.get(&name) {
+                Some(&f) => f,
+                None => {
+                    m.next += 1;
+                    m.files.insert(m.next, Vec::new());
+                    m.names.insert(name, m.next);
+                    m.next
+                }
+            };
+            if trunc && write {
+                m.files.get_mut(&file).unwrap().clear();
+            }
+            let write = write || !exists;
+            m.handles.insert(slot, (file, write));
+            r.handles.insert(slot, fh);
+        }
+        Step::Close(slot) => {
+            if let Some(fh) = r.handles.remove(&slot) {
+                // A failed push is reported here and kept; the model does not change.
+                let _ = r.core.flush(fh).await;
+                let _ = r.core.release(fh).await;
+                m.handles.remove(&slot);
+            }
+        }
+        Step::Write {
+            slot,
+            offset,
+            len,
+            byte,
+        } => {
+            let (Some(&fh), Some(&(file, writable))) = (r.handles.get(&slot), m.handles.get(&slot))
+            else {
+                return;
+            };
+            let data = vec![byte; len as usize];
+            let got = r.core.write(fh, offset as u64, &data).await;
+            if !writable {
+                assert!(got.is_err(), "a read-only handle refuses writes");
+                return;
+            }
+            assert_eq!(got.expect("write") as usize, data.len());
+            let f = m.files.get_mut(&file).unwrap();
+            let end = offset as usize + data.len();
+            if f.len() < end {
+                f.resize(end, 0);
+            }
+            f[offset as usize..end].copy_from_slice(&data);
+        }
+        Step::Read(slot) => {
+            let (Some(&fh), Some(&(file, _))) = (r.handles.get(&slot), m.handles.get(&slot)) else {
+                return;
+            };
+            assert_eq!(
+                r.read_all(fh).await,
+                m.files[&file],
+                "read through slot {slot}"
+            );
+        }
+        Step::Ftruncate { slot, len } => {
+            let (Some(&fh), Some(&(file, writable))) = (r.handles.get(&slot), m.handles.get(&slot))
+            else {
+                return;
+            };
+            if !writable {
+                return;
+            }
+            let node = r.core.handle_node(fh).expect("open handle");
+            r.core
+                .setattr(
+                    node,
+                    Some(fh),
+                    None,
+                    (None, None),
+                    Some(len as u64),
+                    None,
+                    None,
+                )
+                .await
+                .expect("ftruncate");
+            m.files.get_mut(&file).unwrap().resize(len as usize, 0);
+        }
+        Step::Fsync(slot) => {
+            if let Some(&fh) = r.handles.get(&slot) {
+                let _ = r.core.fsync(fh).await;
+            }
+        }
+        Step::Truncate { name, len } => {
+            let Some(&file) = m.names.get(&name) else {
+                return;
+            };
+            let node = r.node(name).await.expect("lookup");
+            r.core
+                .setattr(node, None, None, (None, None), Some(len as u64), None, None)
+                .await
+                .expect("truncate");
+            m.files.get_mut(&file).unwrap().resize(len as usize, 0);
+        }
+        Step::Rename { from, to } => {
+            let got = r
+                .core
+                .rename(
+                    ROOT,
+                    NAMES[from].as_bytes(),
+                    ROOT,
+                    NAMES[to].as_bytes(),
+                    RenameMode::Replace,
+                )
+                .await;
+            match m.names.get(&from).copied() {
+                None => assert_eq!(errno(&got), libc::ENOENT),
+                Some(f) => {
+                    got.expect("rename");
+                    // Two names of one file: rename(2) does nothing.
+                    if m.names.get(&to) != Some(&f) {
+                        m.names.remove(&from);
+                        m.names.insert(to, f);
+                    }
+                }
+            }
+        }
+        Step::Unlink(name) => {
+            let got = r.core.unlink(ROOT, NAMES[name].as_bytes()).await;
+            match m.names.remove(&name) {
+                None => assert_eq!(errno(&got), libc::ENOENT),
+                Some(_) => got.expect("unlink"),
+            }
+        }
+        Step::Link { from, to } => {
+            let (Some(&f), false) = (m.names.get(&from), m.names.contains_key(&to)) else {
+                return;
+            };
+            let node = r.node(from).await.expect("lookup");
+            match r.core.link(node, ROOT, NAMES[to].as_bytes()).await {
+                Ok(_) => {
+                    m.names.insert(to, f);
+                }
+                // The link pushes first; an injected fault may refuse it, changing nothing.
+                Err(RemoteError::Transport(_)) => {}
+                Err(e) => panic!("link: {e}"),
+            }
+        }
+        Step::SandboxWrite { name, len, byte } => {
+            // Only a file no handle of ours is open on (else it is a conflict, another test).
+            let open = m
+                .names
+                .get(&name)
+                .is_some_and(|f| m.handles.values().any(|(h, _)| h == f));
+            let linked = m
+                .names
+                .get(&name)
+                .is_some_and(|f| m.names.values().filter(|x| *x == f).count() > 1);
+            if open || linked || r.core.has_unpushed() {
+                return;
+            }
+            let data = vec![byte; len as usize];
+            r.sandbox
+                .replace(NAMES[name], &data)
+                .expect("sandbox write");
+            m.next += 1;
+            m.files.insert(m.next, data);
+            m.names.insert(name, m.next);
+        }
+        Step::FailNextCommit => {
+            r.faults
+                .fail_once(RemoteOp::Commit, RemoteError::Transport("cut".into()));
+        }
+    }
+}
+
+/// After every step: every name and every open handle shows the model's content.
+async fn check(m: &Model, r: &Real) {
+    for (i, n) in NAMES.iter().enumerate() {
+        let got = r.core.lookup(ROOT, n.as_bytes()).await;
+        match m.names.get(&i) {
+            None => assert_eq!(errno(&got), libc::ENOENT, "{n} should not exist"),
+            Some(f) => {
+                let na = got.unwrap_or_else(|e| panic!("{n} should exist: {e}"));
+                let want = &m.files[f];
+                assert_eq!(na.attr.size, want.len() as u64, "size of {n}");
+                let (fh, _) = r.core.open(na.node, false, false).await.expect("open");
+                let content = r.read_all(fh).await;
+                r.core.release(fh).await.unwrap();
+                assert!(
+                    content == *want,
+                    "content of {n} ({} bytes vs {})",
+                    content.len(),
+                    want.len()
+                );
+            }
+        }
+    }
+    for (slot, (file, _)) in &m.handles {
+        let fh = r.handles[slot];
+        let got = r.read_all(fh).await;
+        assert!(got == m.files[file], "content through slot {slot}");
+    }
+}
+
+/// At the end: everything closed and pushed, the sandbox holds exactly the model's files.
+async fn finish(m: &mut Model, r: &mut Real) {
+    r.faults.clear_all();
+    for slot in 0..SLOTS {
+        apply(&Step::Close(slot), m, r).await;
+    }
+    let failures = r.core.flush_all().await;
+    assert!(failures.is_empty(), "{failures:?}");
+    for (i, n) in NAMES.iter().enumerate() {
+        match m.names.get(&i) {
+            None => assert!(!r.sandbox.exists(n), "{n} left in the sandbox"),
+            Some(f) => {
+                let got = r.sandbox.read(n).expect("in the sandbox");
+                assert!(got == m.files[f], "sandbox content of {n}");
+            }
+        }
+    }
+    let listed = r.sandbox.list("").unwrap();
+    assert!(
+        listed
+            .iter()
+            .all(|n| NAMES.iter().any(|x| x.as_bytes() == n.as_slice())),
+        "no conflict copies or leftovers: {listed:?}"
+    );
+}
+
+fn run(steps: &[Step]) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut m = Model::default();
+        let mut r = Real::new().await;
+        for s in steps {
+            apply(s, &mut m, &mut r).await;
+            check(&m, &r).await;
+        }
+        finish(&mut m, &mut r).await;
+    });
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 400,
+        max_shrink_iters: 4000,
+        .. ProptestConfig::default()
+    })]
+
+    #[test]
+    fn the_core_behaves_like_posix(steps in prop::collection::vec(step(), 1..40)) {
+        run(&steps);
+    }
+}
+
+// Regression cases (shrunk failures, kept).
+
+#[test]
+fn truncate_then_write_far_past_the_cut_reads_zeros_between() {
+    use Step::*;
+    run(&[
+        Open {
+            name: 0,
+            slot: 0,
+            write: true,
+            create: true,
+            trunc: false,
+        },
+        Write {
+            slot: 0,
+            offset: 0,
+            len: 2000,
+            byte: b'A',
+        },
+        Close(0),
+        Open {
+            name: 0,
+            slot: 1,
+            write: true,
+            create: false,
+            trunc: false,
+        },
+        Ftruncate { slot: 1, len: 100 },
+        Write {
+            slot: 1,
+            offset: 30_000,
+            len: 10,
+            byte: b'0',
+        },
+        Close(1),
+    ]);
+}
+
+#[test]
+fn writes_after_a_rename_of_the_open_file_land_at_the_new_name() {
+    use Step::*;
+    run(&[
+        Open {
+            name: 0,
+            slot: 0,
+            write: true,
+            create: true,
+            trunc: false,
+        },
+        Write {
+            slot: 0,
+            offset: 0,
+            len: 10,
+            byte: 1,
+        },
+        Rename { from: 0, to: 1 },
+        Write {
+            slot: 0,
+            offset: 10,
+            len: 10,
+            byte: 2,
+        },
+        Close(0),
+    ]);
+}
+
+#[test]
+fn an_unlinked_open_file_keeps_working_and_nothing_comes_back() {
+    use Step::*;
+    run(&[
+        Open {
+            name: 0,
+            slot: 0,
+            write: true,
+            create: true,
+            trunc: false,
+        },
+        Write {
+            slot: 0,
+            offset: 0,
+            len: 10,
+            byte: 1,
+        },
+        Fsync(0),
+        Open {
+            name: 0,
+            slot: 1,
+            write: false,
+            create: false,
+            trunc: false,
+        },
+        Unlink(0),
+        Write {
+            slot: 0,
+            offset: 5,
+            len: 10,
+            byte: 2,
+        },
+        Read(1),
+        Close(0),
+        Read(1),
+        Close(1),
+    ]);
+}
+
+#[test]
+fn a_failed_push_is_kept_and_pushed_later() {
+    use Step::*;
+    run(&[
+        Open {
+            name: 2,
+            slot: 0,
+            write: true,
+            create: true,
+            trunc: false,
+        },
+        FailNextCommit,
+        Write {
+            slot: 0,
+            offset: 0,
+            len: 100,
+            byte: 7,
+        },
+        Close(0),
+    ]);
+}
