@@ -88,6 +88,8 @@ struct Node {
     ctime: i64,
     nlink: u64,
     rdev: u64,
+    /// A directory's parent (the root's is itself); a directory has exactly one name.
+    parent: u64,
     /// Bumped on every content change, so the version changes within one clock tick too.
     generation: u64,
     xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
@@ -203,6 +205,7 @@ impl State {
             ctime: now,
             nlink: 2,
             rdev: 0,
+            parent: ROOT_INO,
             generation: 0,
             xattrs: BTreeMap::new(),
             data: Data::Dir(BTreeMap::new()),
@@ -251,6 +254,7 @@ impl State {
                 ctime: now,
                 nlink,
                 rdev: 0,
+                parent: 0,
                 generation,
                 xattrs: BTreeMap::new(),
                 data,
@@ -452,6 +456,7 @@ impl State {
         self.dir_entries_mut(dir).insert(name, ino);
         if self.node(ino).kind == FileKind::Dir {
             self.node_mut(dir).nlink += 1;
+            self.node_mut(ino).parent = dir;
         }
         self.touch_dir(dir);
     }
@@ -500,7 +505,6 @@ impl State {
 
     /// Is `ancestor` on the way from the root to `dir` (or `dir` itself)?
     fn is_within(&self, dir: u64, ancestor: u64) -> bool {
-        // Directories have one name each, so a parent map is cheap to search upwards.
         let mut cur = dir;
         loop {
             if cur == ancestor {
@@ -517,11 +521,7 @@ impl State {
     }
 
     fn parent_of(&self, dir: u64) -> Option<u64> {
-        self.nodes.iter().find_map(|(&ino, n)| {
-            n.dir()
-                .filter(|d| d.values().any(|&i| i == dir))
-                .map(|_| ino)
-        })
+        self.nodes.get(&dir).map(|n| n.parent)
     }
 
     /// The file a commit to `path` replaces: the path's own slot, or a symlink's target's.
@@ -754,6 +754,11 @@ impl Inner {
             }
             s.dir_entries_mut(src.dir).insert(src.name.clone(), dst_ino);
             s.dir_entries_mut(dst.dir).insert(dst.name.clone(), src_ino);
+            for (ino, dir) in [(dst_ino, src.dir), (src_ino, dst.dir)] {
+                if s.node(ino).kind == FileKind::Dir {
+                    s.node_mut(ino).parent = dir;
+                }
+            }
             let (a_dir, b_dir) = (src_dir, s.node(dst_ino).kind == FileKind::Dir);
             if src.dir != dst.dir && a_dir != b_dir {
                 let (gains, loses) = if a_dir {
@@ -810,6 +815,7 @@ impl Inner {
         if src_dir {
             s.node_mut(src.dir).nlink -= 1;
             s.node_mut(dst.dir).nlink += 1;
+            s.node_mut(src_ino).parent = dst.dir;
         }
         s.touch_dir(src.dir);
         s.touch_dir(dst.dir);
@@ -1721,9 +1727,12 @@ impl MemorySandbox {
         }
     }
 
-    /// `rm -r`.
+    /// `rm -r` (never of the workspace root).
     pub fn remove_all(&self, path: impl AsRef<[u8]>) -> Result<()> {
         let p = rpath(&path)?;
+        if p.is_root() {
+            return Err(root_invalid());
+        }
         if self.metadata(p.as_bytes())?.kind == FileKind::Dir {
             for name in self.list(p.as_bytes())? {
                 self.remove_all(p.join(&name)?.as_bytes())?;
@@ -1795,5 +1804,460 @@ impl MemorySandbox {
             .dir()
             .ok_or_else(|| RemoteError::NotDir(p.display()))?;
         Ok(entries.keys().cloned().collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rp(s: &str) -> RemotePath {
+        RemotePath::new(s.as_bytes().to_vec()).unwrap()
+    }
+
+    fn whole(data: &[u8]) -> CommitContent {
+        CommitContent::Whole(Box::new(std::io::Cursor::new(data.to_vec())))
+    }
+
+    fn based(v: &Version) -> CommitOptions {
+        CommitOptions {
+            base: Some(v.clone()),
+            create_mode: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn hard_links_are_one_inode_with_a_link_count() {
+        let m = MemoryRemote::new();
+        m.sandbox().write("a", b"one").unwrap();
+        let a = m.stat(&rp("a")).await.unwrap();
+        let linked = m.link(&rp("a"), &rp("b")).await.unwrap();
+        assert_eq!((linked.ino, linked.nlink), (a.ino, 2));
+        assert_eq!(linked.version, a.version, "a link is not a content change");
+        assert!(linked.ctime_ns > a.ctime_ns, "a link changes the ctime");
+        // Written through one name, read through the other.
+        m.sandbox().write("b", b"two").unwrap();
+        assert_eq!(&m.read(&rp("a"), 0, 10).await.unwrap().data[..], b"two");
+        m.unlink(&rp("a")).await.unwrap();
+        assert_eq!(m.stat(&rp("b")).await.unwrap().nlink, 1);
+        assert!(matches!(
+            m.link(&rp("b"), &rp("b")).await,
+            Err(RemoteError::Exists(_))
+        ));
+        m.mkdir(&rp("d"), 0o755).await.unwrap();
+        assert!(matches!(
+            m.link(&rp("d"), &rp("d2")).await,
+            Err(RemoteError::Perm(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_commit_to_one_name_of_a_hard_link_breaks_the_link() {
+        let m = MemoryRemote::new();
+        m.sandbox().write("a", b"old").unwrap();
+        m.sandbox().hard_link("a", "b").unwrap();
+        let before = m.stat(&rp("a")).await.unwrap();
+        let after = m
+            .commit(&rp("a"), whole(b"new"), based(&before.version))
+            .await
+            .unwrap();
+        assert_ne!(after.ino, before.ino, "temp then rename: a new inode");
+        assert_eq!(after.nlink, 1);
+        assert_eq!(m.sandbox().read("b").unwrap(), b"old");
+        assert_eq!(m.stat(&rp("b")).await.unwrap().nlink, 1);
+    }
+
+    #[tokio::test]
+    async fn exchange_swaps_two_names_and_directory_link_counts() {
+        let m = MemoryRemote::new();
+        let sb = m.sandbox();
+        sb.mkdir_all("x/sub").unwrap();
+        sb.mkdir_all("y").unwrap();
+        sb.write("y/file", b"f").unwrap();
+        let (sub, file) = (
+            m.stat(&rp("x/sub")).await.unwrap(),
+            m.stat(&rp("y/file")).await.unwrap(),
+        );
+        m.rename(&rp("x/sub"), &rp("y/file"), RenameMode::Exchange)
+            .await
+            .unwrap();
+        assert_eq!(m.stat(&rp("x/sub")).await.unwrap().ino, file.ino);
+        assert_eq!(m.stat(&rp("y/file")).await.unwrap().ino, sub.ino);
+        // The directory moved from x to y: x lost a subdirectory's `..`, y gained one.
+        assert_eq!(m.stat(&rp("x")).await.unwrap().nlink, 2);
+        assert_eq!(m.stat(&rp("y")).await.unwrap().nlink, 3);
+        assert!(matches!(
+            m.rename(&rp("x/sub"), &rp("nope"), RenameMode::Exchange)
+                .await,
+            Err(RemoteError::NotFound(_))
+        ));
+        // A directory cannot be swapped into its own subtree.
+        sb.mkdir_all("y/file/inner").unwrap();
+        assert!(matches!(
+            m.rename(&rp("y/file"), &rp("y/file/inner"), RenameMode::Exchange)
+                .await,
+            Err(RemoteError::Invalid(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn rename_follows_linux_rules() {
+        let m = MemoryRemote::new();
+        let sb = m.sandbox();
+        sb.mkdir_all("a/b").unwrap();
+        sb.mkdir_all("empty").unwrap();
+        sb.write("f", b"x").unwrap();
+        let into_itself = m.rename(&rp("a"), &rp("a/b/c"), RenameMode::Replace).await;
+        assert!(matches!(into_itself, Err(RemoteError::Invalid(_))));
+        assert!(matches!(
+            m.rename(&rp("f"), &rp("empty"), RenameMode::Replace).await,
+            Err(RemoteError::IsDir(_))
+        ));
+        assert!(matches!(
+            m.rename(&rp("empty"), &rp("f"), RenameMode::Replace).await,
+            Err(RemoteError::NotDir(_))
+        ));
+        assert!(matches!(
+            m.rename(&rp("empty"), &rp("a"), RenameMode::Replace).await,
+            Err(RemoteError::NotEmpty(_))
+        ));
+        let a = m.stat(&rp("a")).await.unwrap();
+        // A directory over an empty one replaces it.
+        m.rename(&rp("a"), &rp("empty"), RenameMode::Replace)
+            .await
+            .unwrap();
+        let moved = m.stat(&rp("empty")).await.unwrap();
+        assert_eq!(moved.ino, a.ino);
+        assert_eq!(moved.version, a.version, "a rename keeps the version");
+        assert!(moved.ctime_ns > a.ctime_ns, "a rename changes the ctime");
+        assert_eq!(m.stat(&RemotePath::root()).await.unwrap().nlink, 3);
+        assert!(matches!(
+            m.rename(&RemotePath::root(), &rp("x"), RenameMode::Replace)
+                .await,
+            Err(RemoteError::Invalid(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_patch_cuts_then_writes_then_sets_the_length() {
+        let m = MemoryRemote::new();
+        m.sandbox().write("p", b"0123456789").unwrap();
+        let v = m.stat(&rp("p")).await.unwrap().version;
+        // Cut to 4 (bytes 4.. are gone), write at 6 (a gap of zeros), grow to 10.
+        let patch = CommitContent::Patch {
+            cut: 4,
+            new_len: 10,
+            ranges: vec![(6, Bytes::from_static(b"AB"))],
+        };
+        let a = m.commit(&rp("p"), patch, based(&v)).await.unwrap();
+        assert_eq!(a.size, 10);
+        assert_eq!(m.sandbox().read("p").unwrap(), b"0123\0\0AB\0\0");
+        // Versions differ, so the old base is now stale.
+        let stale = CommitContent::Patch {
+            cut: u64::MAX,
+            new_len: 1,
+            ranges: vec![],
+        };
+        assert!(matches!(
+            m.commit(&rp("p"), stale, based(&v)).await,
+            Err(RemoteError::Conflict { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn versions_change_with_content_only() {
+        let m = MemoryRemote::new();
+        let sb = m.sandbox();
+        sb.write("f", b"same").unwrap();
+        let v0 = m.stat(&rp("f")).await.unwrap().version;
+        sb.chmod("f", 0o600).unwrap();
+        sb.hard_link("f", "g").unwrap();
+        sb.rename("f", "h").unwrap();
+        m.setxattr(&rp("h"), b"user.k", b"v", XattrFlags::default())
+            .await
+            .unwrap();
+        assert_eq!(m.stat(&rp("h")).await.unwrap().version, v0);
+        // The same bytes written again, within the same clock tick or not, are a new version.
+        sb.write("h", b"same").unwrap();
+        let v1 = m.stat(&rp("h")).await.unwrap().version;
+        assert_ne!(v1, v0);
+        sb.write_at("h", 0, b"S").unwrap();
+        assert_ne!(m.stat(&rp("h")).await.unwrap().version, v1);
+        assert_eq!(sb.read("g").unwrap(), b"Same");
+    }
+
+    #[tokio::test]
+    async fn times_move_like_linux() {
+        let m = MemoryRemote::new();
+        m.mkdir(&rp("d"), 0o755).await.unwrap();
+        let d0 = m.stat(&rp("d")).await.unwrap();
+        let f = m.create(&rp("d/f"), 0o644).await.unwrap();
+        let d1 = m.stat(&rp("d")).await.unwrap();
+        assert!(d1.mtime_ns > d0.mtime_ns && d1.ctime_ns > d0.ctime_ns);
+        assert!(f.mtime_ns > d0.mtime_ns);
+        let f1 = m
+            .setattr(
+                &rp("d/f"),
+                SetAttr {
+                    mode: Some(0o600),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(f1.mtime_ns, f.mtime_ns, "chmod leaves the mtime");
+        assert!(f1.ctime_ns > f.ctime_ns);
+        let f2 = m
+            .setattr(
+                &rp("d/f"),
+                SetAttr {
+                    size: Some(3),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert!(f2.mtime_ns > f1.mtime_ns && f2.ctime_ns > f1.ctime_ns);
+        let t = 1_600_000_000_000_000_001;
+        let f3 = m
+            .setattr(
+                &rp("d/f"),
+                SetAttr {
+                    mtime_ns: Some(t),
+                    atime_ns: Some(t),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!((f3.mtime_ns, f3.atime_ns), (t, t));
+        assert!(f3.ctime_ns > f2.ctime_ns, "setting times changes the ctime");
+    }
+
+    #[tokio::test]
+    async fn setattr_never_follows_a_final_symlink_and_sets_owners() {
+        let m = MemoryRemote::new();
+        m.sandbox().write("t", b"x").unwrap();
+        m.sandbox().chmod("t", 0o4755).unwrap();
+        m.symlink(&rp("l"), b"t").await.unwrap();
+        assert!(matches!(
+            m.setattr(
+                &rp("l"),
+                SetAttr {
+                    mode: Some(0o600),
+                    ..Default::default()
+                }
+            )
+            .await,
+            Err(RemoteError::Unsupported(_))
+        ));
+        let t = 1_000_000_000;
+        let l = m
+            .setattr(
+                &rp("l"),
+                SetAttr {
+                    mtime_ns: Some(t),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!((l.kind, l.mtime_ns), (FileKind::Symlink, t));
+        assert_ne!(m.stat(&rp("t")).await.unwrap().mtime_ns, t);
+        let owned = m
+            .setattr(
+                &rp("t"),
+                SetAttr {
+                    uid: Some(0),
+                    gid: Some(42),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!((owned.uid, owned.gid), (0, 42));
+        assert_eq!(owned.mode, 0o755, "chown clears set-user-ID");
+    }
+
+    #[tokio::test]
+    async fn sizes_past_the_limit_are_file_too_big() {
+        let m = MemoryRemote::new();
+        m.set_max_file_size(100);
+        m.sandbox().write("f", b"small").unwrap();
+        let grow = SetAttr {
+            size: Some(101),
+            ..Default::default()
+        };
+        assert!(matches!(
+            m.setattr(&rp("f"), grow).await,
+            Err(RemoteError::FileTooBig(_))
+        ));
+        assert!(matches!(
+            m.fallocate(&rp("f"), 50, 51, false).await,
+            Err(RemoteError::FileTooBig(_))
+        ));
+        assert!(matches!(
+            m.commit(&rp("f"), whole(&[0; 101]), CommitOptions::default())
+                .await,
+            Err(RemoteError::FileTooBig(_))
+        ));
+        assert_eq!(m.sandbox().read("f").unwrap(), b"small");
+    }
+
+    #[tokio::test]
+    async fn xattrs_follow_their_flags() {
+        let m = MemoryRemote::new();
+        m.sandbox().write("f", b"").unwrap();
+        let (f, k) = (rp("f"), b"user.k".as_slice());
+        let create = XattrFlags {
+            create: true,
+            replace: false,
+        };
+        let replace = XattrFlags {
+            create: false,
+            replace: true,
+        };
+        assert!(matches!(
+            m.setxattr(&f, k, b"v", replace).await,
+            Err(RemoteError::NoAttr(_))
+        ));
+        m.setxattr(&f, k, b"v1", create).await.unwrap();
+        assert!(matches!(
+            m.setxattr(&f, k, b"v", create).await,
+            Err(RemoteError::Exists(_))
+        ));
+        m.setxattr(&f, k, b"v2", replace).await.unwrap();
+        assert_eq!(m.getxattr(&f, k).await.unwrap(), b"v2");
+        assert_eq!(m.listxattr(&f).await.unwrap(), vec![k.to_vec()]);
+        m.removexattr(&f, k).await.unwrap();
+        assert!(matches!(
+            m.getxattr(&f, k).await,
+            Err(RemoteError::NoAttr(_))
+        ));
+        assert!(matches!(
+            m.removexattr(&f, k).await,
+            Err(RemoteError::NoAttr(_))
+        ));
+        assert!(matches!(
+            m.setxattr(&f, b"nonamespace", b"v", XattrFlags::default())
+                .await,
+            Err(RemoteError::Unsupported(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn fallocate_and_copy_range_change_what_they_should() {
+        let m = MemoryRemote::new();
+        m.sandbox().write("src", b"0123456789").unwrap();
+        m.sandbox().write("dst", b"abc").unwrap();
+        let kept = m.fallocate(&rp("dst"), 0, 100, true).await.unwrap();
+        assert_eq!(kept.size, 3, "KEEP_SIZE");
+        let grown = m.fallocate(&rp("dst"), 0, 5, false).await.unwrap();
+        assert_eq!(grown.size, 5);
+        assert_eq!(m.sandbox().read("dst").unwrap(), b"abc\0\0");
+        let (copied, a) = m
+            .copy_range(
+                &rp("src"),
+                8,
+                &rp("dst"),
+                4,
+                10,
+                Some(grown.version.clone()),
+            )
+            .await
+            .unwrap();
+        assert_eq!((copied, a.size), (2, 6), "fewer at the source's end");
+        assert_eq!(m.sandbox().read("dst").unwrap(), b"abc\x0089");
+        assert!(matches!(
+            m.copy_range(&rp("src"), 0, &rp("dst"), 0, 1, Some(grown.version))
+                .await,
+            Err(RemoteError::Conflict { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn symlinks_resolve_inside_and_never_out() {
+        let m = MemoryRemote::new();
+        let sb = m.sandbox();
+        sb.mkdir_all("a/b").unwrap();
+        sb.write("a/b/f", b"deep").unwrap();
+        sb.symlink("a/b", "short").unwrap();
+        sb.symlink("../b/f", "a/b/up").unwrap();
+        sb.symlink("../../..", "a/b/out").unwrap();
+        sb.symlink("loop", "loop").unwrap();
+        assert_eq!(
+            &m.read(&rp("short/f"), 0, 9).await.unwrap().data[..],
+            b"deep"
+        );
+        assert_eq!(
+            &m.read(&rp("short/up"), 0, 9).await.unwrap().data[..],
+            b"deep"
+        );
+        assert!(matches!(
+            m.list(&rp("a/b/out")).await,
+            Err(RemoteError::Access(_))
+        ));
+        assert!(matches!(
+            m.read(&rp("loop"), 0, 1).await,
+            Err(RemoteError::Invalid(_))
+        ));
+        assert_eq!(m.glob(&rp("short"), "*").await.unwrap(), ["f", "out", "up"]);
+    }
+
+    #[tokio::test]
+    async fn the_sandbox_side_replace_makes_a_new_inode() {
+        let m = MemoryRemote::new();
+        let sb = m.sandbox();
+        sb.write("f", b"one").unwrap();
+        let before = sb.metadata("f").unwrap();
+        sb.write("f", b"two").unwrap();
+        assert_eq!(sb.metadata("f").unwrap().ino, before.ino, "in place");
+        sb.replace("f", b"three").unwrap();
+        assert_ne!(sb.metadata("f").unwrap().ino, before.ino);
+        assert_eq!(sb.list("").unwrap(), vec![b"f".to_vec()], "no temp left");
+        assert!(matches!(sb.remove_all(""), Err(RemoteError::Invalid(_))));
+        assert!(sb.exists("f"), "refused before anything was removed");
+        sb.mkdir_all("d/e").unwrap();
+        sb.write("d/e/x", b"").unwrap();
+        sb.remove_all("d").unwrap();
+        assert!(!sb.exists("d"));
+    }
+
+    #[tokio::test]
+    async fn the_feed_reports_every_change_in_order_and_loss_when_too_old() {
+        let m = MemoryRemote::new();
+        m.set_ring_events(4);
+        let mut feed = m.watch(None).await.unwrap();
+        let sb = m.sandbox();
+        sb.write("a", b"1").unwrap();
+        sb.rename("a", "b").unwrap();
+        m.unlink(&rp("b")).await.unwrap();
+        let kinds: Vec<(Vec<u8>, ChangeKind)> = (0..4)
+            .map(|_| {
+                let ev = done(feed.next()).unwrap().unwrap();
+                (ev.path.0, ev.kind)
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            vec![
+                (b"a".to_vec(), ChangeKind::Created),
+                (b"a".to_vec(), ChangeKind::Modified),
+                (
+                    b"a".to_vec(),
+                    ChangeKind::Renamed {
+                        to: WireBytes(b"b".to_vec())
+                    }
+                ),
+                (b"b".to_vec(), ChangeKind::Removed),
+            ]
+        );
+        for i in 0..5 {
+            sb.write(format!("f{i}"), b"x").unwrap();
+        }
+        let mut late = m.watch(Some(1)).await.unwrap();
+        assert_eq!(done(late.next()).unwrap().unwrap().kind, ChangeKind::Lost);
+        let mut recent = m.watch(Some(12)).await.unwrap();
+        assert_eq!(done(recent.next()).unwrap().unwrap().seq, 13);
     }
 }
