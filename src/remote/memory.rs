@@ -53,6 +53,8 @@ pub const DEFAULT_MAX_FILE_SIZE: u64 = 16 << 40;
 /// Change events kept for reconnecting watchers: the agent's ring size, so the same
 /// "too old a `since`" test overflows both.
 pub const RING_EVENTS: usize = 8192;
+/// Longest symlink target, as Linux's PATH_MAX (`ENAMETOOLONG` past it).
+const SYMLINK_MAX: usize = 4096;
 /// Symlinks followed in one resolution before `ELOOP`, as Linux's `MAXSYMLINKS`.
 const MAX_SYMLINKS: usize = 40;
 /// Largest extended attribute value, as Linux's `XATTR_SIZE_MAX`.
@@ -1089,7 +1091,7 @@ impl Remote for MemoryRemote {
                 "symlink target is empty or has a NUL".into(),
             ));
         }
-        if target.len() > MAX_PATH_BYTES {
+        if target.len() > SYMLINK_MAX {
             return Err(RemoteError::NameTooLong(shown(target)));
         }
         self.inner.create_node(
@@ -1852,19 +1854,31 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_commit_to_one_name_of_a_hard_link_breaks_the_link() {
+    async fn a_commit_to_a_hard_linked_file_writes_in_place_and_keeps_the_links() {
         let m = MemoryRemote::new();
         m.sandbox().write("a", b"old").unwrap();
+        let single = m.stat(&rp("a")).await.unwrap();
+        let after = m
+            .commit(&rp("a"), whole(b"one"), based(&single.version))
+            .await
+            .unwrap();
+        assert_ne!(
+            after.ino, single.ino,
+            "one name: temp then rename, a new inode"
+        );
         m.sandbox().hard_link("a", "b").unwrap();
         let before = m.stat(&rp("a")).await.unwrap();
         let after = m
             .commit(&rp("a"), whole(b"new"), based(&before.version))
             .await
             .unwrap();
-        assert_ne!(after.ino, before.ino, "temp then rename: a new inode");
-        assert_eq!(after.nlink, 1);
-        assert_eq!(m.sandbox().read("b").unwrap(), b"old");
-        assert_eq!(m.stat(&rp("b")).await.unwrap().nlink, 1);
+        assert_eq!(
+            (after.ino, after.nlink),
+            (before.ino, 2),
+            "written in place"
+        );
+        assert_ne!(after.version, before.version);
+        assert_eq!(m.sandbox().read("b").unwrap(), b"new");
     }
 
     #[tokio::test]
