@@ -65,6 +65,8 @@ enum Step {
     },
     /// The next commit fails as if the sandbox did not answer.
     FailNextCommit,
+    /// The next commit lands in the sandbox, but its answer is lost.
+    LoseNextCommitAnswer,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -86,6 +88,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (name.clone(), 0u16..5000, any::<u8>())
             .prop_map(|(name, len, byte)| Step::SandboxWrite { name, len, byte }),
         1 => Just(Step::FailNextCommit),
+        1 => Just(Step::LoseNextCommitAnswer),
     ]
 }
 
@@ -359,6 +362,7 @@ async fn apply(step: &Step, m: &mut Model, r: &mut Real) {
             r.faults
                 .fail_once(RemoteOp::Commit, RemoteError::Transport("cut".into()));
         }
+        Step::LoseNextCommitAnswer => r.faults.lose_answer_once(RemoteOp::Commit),
     }
 }
 
@@ -549,6 +553,35 @@ fn an_unlinked_open_file_keeps_working_and_nothing_comes_back() {
         Close(0),
         Read(1),
         Close(1),
+    ]);
+}
+
+#[test]
+fn a_push_whose_answer_was_lost_is_not_taken_for_a_conflict() {
+    use Step::*;
+    run(&[
+        Open {
+            name: 0,
+            slot: 0,
+            write: true,
+            create: true,
+            trunc: false,
+        },
+        Write {
+            slot: 0,
+            offset: 0,
+            len: 100,
+            byte: 7,
+        },
+        LoseNextCommitAnswer,
+        Fsync(0),
+        Write {
+            slot: 0,
+            offset: 50,
+            len: 100,
+            byte: 8,
+        },
+        Close(0),
     ]);
 }
 

@@ -15,6 +15,7 @@
 //!   previous daemon of the same remote left unpushed, or saves it as a conflict copy.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -28,6 +29,8 @@ use crate::remote::{
     Attr, CommitContent, CommitOptions, RemoteError, RemotePath, Result, SetAttr, WireBytes,
 };
 
+/// Unanswered commits remembered per file: enough for a link that keeps dropping.
+const MAX_ATTEMPTS: usize = 8;
 /// Longest wait between retries of a transient failure.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
@@ -101,6 +104,48 @@ pub struct PushFailure {
 #[derive(Default)]
 pub struct Failures {
     map: Mutex<HashMap<NodeId, PushFailure>>,
+    /// What the unanswered commits of a node sent (any of them may have landed).
+    attempts: Mutex<HashMap<NodeId, Vec<Attempt>>>,
+}
+
+/// A fingerprint of what a commit sent: the resulting length and a keyed hash of the bytes
+/// of every range it wrote (keyed at random, so the sandbox cannot forge a match).
+#[derive(Clone)]
+pub struct Attempt {
+    len: u64,
+    ranges: Vec<(u64, u64)>,
+    hasher: std::collections::hash_map::RandomState,
+    digest: u64,
+}
+
+impl Attempt {
+    fn of(s: &Staged) -> Option<Attempt> {
+        let ranges: Vec<(u64, u64)> = if s.base.is_none() || s.complete() {
+            vec![(0, s.len)]
+        } else {
+            s.dirty_ranges().to_vec()
+        };
+        let hasher = std::collections::hash_map::RandomState::new();
+        let mut h = hasher.build_hasher();
+        for &(a, b) in &ranges {
+            let mut at = a;
+            while at < b {
+                let n = (b - at).min(1 << 20);
+                let chunk = s.read_local(at, n).ok()?;
+                if chunk.is_empty() {
+                    break;
+                }
+                h.write(&chunk);
+                at += chunk.len() as u64;
+            }
+        }
+        Some(Attempt {
+            len: s.len,
+            ranges,
+            hasher,
+            digest: h.finish(),
+        })
+    }
 }
 
 /// A transient failure is worth retrying by itself.
@@ -140,8 +185,28 @@ impl Failures {
         }
     }
 
+    fn note_attempt(&self, node: NodeId, a: Option<Attempt>) {
+        if let Some(a) = a {
+            let mut m = self.attempts.lock().expect("attempts lock");
+            let list = m.entry(node).or_default();
+            if list.len() == MAX_ATTEMPTS {
+                list.remove(0);
+            }
+            list.push(a);
+        }
+    }
+
+    /// Unanswered attempts since the last push that is known to have landed, newest first.
+    fn attempts(&self, node: NodeId) -> Vec<Attempt> {
+        let m = self.attempts.lock().expect("attempts lock");
+        m.get(&node)
+            .map(|l| l.iter().rev().cloned().collect())
+            .unwrap_or_default()
+    }
+
     pub fn clear(&self, node: NodeId) {
         self.map.lock().expect("failures lock").remove(&node);
+        self.attempts.lock().expect("attempts lock").remove(&node);
     }
 
     /// A failure not yet reported to the program: reported now, once.
@@ -278,27 +343,57 @@ impl FsCore {
                 };
             }
         };
-        let content = match s.content() {
-            Ok(c) => c,
-            Err(e) => {
-                let e = local_io(&e);
-                self.failures.record(node, &path.display(), &e);
-                return Err(e);
+        let mut result;
+        let mut bytes;
+        let mut rebased = false;
+        loop {
+            let content = match s.content() {
+                Ok(c) => c,
+                Err(e) => {
+                    let e = local_io(&e);
+                    self.failures.record(node, &path.display(), &e);
+                    return Err(e);
+                }
+            };
+            let content_of;
+            (content_of, bytes) = content;
+            result = self.note(
+                self.remote
+                    .commit(
+                        &path,
+                        content_of,
+                        CommitOptions {
+                            base: s.base.clone(),
+                            create_mode: Some(n.attr.mode),
+                        },
+                    )
+                    .await,
+            );
+            if let Err(e) = &result {
+                if unreachable(e) {
+                    // The commit may have reached the sandbox: remember what it sent, to
+                    // recognise it if the next attempt meets it as a "conflict".
+                    self.failures.note_attempt(node, Attempt::of(&s));
+                }
             }
-        };
-        let (content, bytes) = content;
-        let result = self.note(
-            self.remote
-                .commit(
-                    &path,
-                    content,
-                    CommitOptions {
-                        base: s.base.clone(),
-                        create_mode: Some(n.attr.mode),
-                    },
-                )
-                .await,
-        );
+            if !rebased && matches!(result, Err(RemoteError::Conflict { .. })) {
+                let mut found = None;
+                for a in self.failures.attempts(node) {
+                    if let Some(v) = self.landed(&path, &a).await {
+                        found = Some(v);
+                        break;
+                    }
+                }
+                if let Some(landed) = found {
+                    // An earlier attempt landed and only its answer was lost: the sandbox
+                    // holds our own content. Push what came since over it.
+                    s.base = Some(landed);
+                    rebased = true;
+                    continue;
+                }
+            }
+            break;
+        }
         match result {
             Ok(mut attr) => {
                 self.stats.commits.fetch_add(1, Ordering::Relaxed);
@@ -370,6 +465,30 @@ impl FsCore {
                 Err(e)
             }
         }
+    }
+
+    /// Does the sandbox's file hold exactly what an earlier attempt sent (a push whose answer
+    /// was lost landed)? Compares the size and the bytes of every range it wrote; answers the
+    /// file's version if so.
+    async fn landed(&self, path: &RemotePath, a: &Attempt) -> Option<crate::remote::Version> {
+        let st = self.note(self.remote.stat(path).await).ok()?;
+        if st.size != a.len {
+            return None;
+        }
+        let mut h = a.hasher.build_hasher();
+        for &(start, end) in &a.ranges {
+            let mut at = start;
+            while at < end {
+                let n = (end - at).min(crate::remote::wire::MAX_READ_BYTES as u64) as u32;
+                let r = self.note(self.remote.read(path, at, n).await).ok()?;
+                if r.version != st.version || r.data.is_empty() {
+                    return None;
+                }
+                h.write(&r.data);
+                at += r.data.len() as u64;
+            }
+        }
+        (h.finish() == a.digest).then_some(st.version)
     }
 
     fn removed_for_good(&self, node: NodeId) {
