@@ -4,6 +4,10 @@
 //! not, gets 401 without it and touches nothing). Every path is confined to the root by
 //! [`workspace::Workspace`]. Requests are bounded: JSON bodies, read sizes, search results and
 //! search time. File work runs on tokio's blocking pool so slow disks never stall the server.
+//!
+//! No request can take the agent down: a panic in a handler answers 500 with an error body
+//! ([`harden`]) and the next request is served; recursive parsing of user input is bounded
+//! (glob braces); FIFOs and devices are never opened for reading (they would block a worker).
 
 pub mod watch;
 pub mod workspace;
@@ -33,7 +37,10 @@ use crate::remote::wire::{
     self, ErrorBody, PatchHeader, QueryArgs, MAX_JSON_BODY_BYTES, MAX_READ_BYTES, PROTOCOL_VERSION,
     VERSION_HEADER,
 };
-use crate::remote::{FuzzyRequest, RemoteError, RemoteInfo, RemotePath, SetAttr};
+use crate::remote::{
+    FuzzyRequest, RemoteError, RemoteInfo, RemotePath, RenameMode, SetAttr, SpecialKind, WireBytes,
+    XattrFlags,
+};
 use crate::search::grep::GrepOptions;
 use crate::search::scan::ScanRequest;
 use workspace::Workspace;
@@ -141,7 +148,7 @@ pub fn router(ws: Arc<Workspace>, feed: Option<watch::ChangeFeed>, token: Vec<u8
         stats: AgentStats::default(),
     });
     let json_limit = DefaultBodyLimit::max(MAX_JSON_BODY_BYTES);
-    Router::new()
+    let router = Router::new()
         .route("/v1/info", get(info))
         .route("/v1/stats", get(stats))
         .route("/v1/stat", get(stat))
@@ -163,14 +170,57 @@ pub fn router(ws: Arc<Workspace>, feed: Option<watch::ChangeFeed>, token: Vec<u8
         .route("/v1/glob", post(glob).layer(json_limit))
         .route("/v1/fuzzy", post(fuzzy).layer(json_limit))
         .route("/v1/edit", post(edit).layer(json_limit))
+        .route("/v1/mknod", post(mknod))
+        .route("/v1/link", post(link))
+        .route("/v1/getxattr", get(getxattr))
+        .route("/v1/listxattr", get(listxattr))
+        .route("/v1/setxattr", post(setxattr).layer(json_limit))
+        .route("/v1/removexattr", post(removexattr))
+        .route("/v1/fallocate", post(fallocate))
+        .route("/v1/copy_range", post(copy_range))
         .route("/v1/watch", get(watch_feed))
         .fallback(|| async { ApiError(RemoteError::NotFound("no such endpoint".into())) })
-        .layer(middleware::from_fn_with_state(app.clone(), require_token))
-        .with_state(app)
+        .layer(middleware::from_fn_with_state(app.clone(), require_token));
+    harden(router).with_state(app)
+}
+
+/// The outermost layer: a panic anywhere below answers 500 with the protocol's error body
+/// (token `EIO`) instead of dropping the connection, and the agent goes on serving. (Work on
+/// the blocking pool is already caught by its join handle; this covers the async side.)
+fn harden<S: Clone + Send + Sync + 'static>(router: Router<S>) -> Router<S> {
+    router.layer(middleware::from_fn(catch_panics))
+}
+
+async fn catch_panics(req: Request, next: Next) -> Response {
+    use futures_util::FutureExt;
+    match std::panic::AssertUnwindSafe(next.run(req))
+        .catch_unwind()
+        .await
+    {
+        Ok(resp) => resp,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("(no message)");
+            tracing::error!(panic = what, "a request handler panicked; the agent goes on");
+            let err = RemoteError::Io(
+                String::new(),
+                format!("the agent failed on this request (a bug): {what}"),
+            );
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Json(ErrorBody::from_error(&err)),
+            )
+                .into_response()
+        }
+    }
 }
 
 /// Serve until SIGTERM or SIGINT; prints one line when ready.
 pub async fn serve(cfg: AgentConfig) -> anyhow::Result<()> {
+    workspace::set_exact_modes();
     let ws = Arc::new(Workspace::open(&cfg.root)?);
     let sweeper = ws.clone();
     tokio::task::spawn_blocking(move || {
@@ -320,6 +370,13 @@ async fn commit(
     let base = a.text("base")?.map(crate::remote::Version);
     let create_mode: Option<u32> = a.number("mode")?;
     let patch = a.flag("patch");
+    let mut stream = body.into_data_stream();
+    // A patch's header says how much of the base to copy (its cut): read it first.
+    let header = if patch {
+        Some(read_patch_header(&mut stream).await?)
+    } else {
+        None
+    };
     let ws = app.ws.clone();
     let target = {
         let (ws, p) = (ws.clone(), path.clone());
@@ -328,7 +385,8 @@ async fn commit(
     let _serial = app.ws.commit_lock(&target).lock().await;
     let prepared = {
         let (ws, t, b) = (ws.clone(), target.clone(), base.clone());
-        blocking(move || ws.prepare_commit(&t, b, create_mode, patch)).await
+        let copy_base = header.as_ref().map(|(h, _)| h.cut);
+        blocking(move || ws.prepare_commit(&t, b, create_mode, copy_base)).await
     };
     let prepared = match prepared {
         Ok(p) => p,
@@ -338,7 +396,6 @@ async fn commit(
             }
             // Read the body before answering: a client still sending would otherwise see its
             // connection reset instead of this answer (and take a conflict for a network error).
-            let mut stream = body.into_data_stream();
             while let Some(Ok(_)) = stream.next().await {}
             return Err(e);
         }
@@ -347,16 +404,20 @@ async fn commit(
         .temp
         .try_clone()
         .map_err(|e| RemoteError::from_io(&e, &path.display()))?;
-    let written = if patch {
-        write_patch(temp, body, &path).await?
-    } else {
-        write_whole(temp, body, &path).await?
+    let written = match header {
+        Some((header, rest)) => write_patch(temp, header, rest, stream, &path).await?,
+        None => write_whole(temp, stream, &path).await?,
     };
     app.stats
         .bytes_committed
         .fetch_add(written, Ordering::Relaxed);
     let result = blocking(move || ws.finish_commit(prepared)).await;
-    match &result {
+    count_commit(&app, &result);
+    Ok(Json(result?).into_response())
+}
+
+fn count_commit<T>(app: &App, result: &ApiResult<T>) {
+    match result {
         Ok(_) => {
             app.stats.commits.fetch_add(1, Ordering::Relaxed);
         }
@@ -365,13 +426,17 @@ async fn commit(
         }
         Err(_) => {}
     }
-    Ok(Json(result?).into_response())
 }
 
+type BodyStream = axum::body::BodyDataStream;
+
 /// Stream a whole-file body into the temp file.
-async fn write_whole(temp: std::fs::File, body: Body, path: &RemotePath) -> ApiResult<u64> {
+async fn write_whole(
+    temp: std::fs::File,
+    mut stream: BodyStream,
+    path: &RemotePath,
+) -> ApiResult<u64> {
     let mut out = tokio::fs::File::from_std(temp);
-    let mut stream = body.into_data_stream();
     let mut written = 0u64;
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|e| RemoteError::Transport(format!("commit body: {e}")))?;
@@ -392,18 +457,15 @@ async fn write_whole(temp: std::fs::File, body: Body, path: &RemotePath) -> ApiR
     Ok(written)
 }
 
-/// Apply a patch body (a [`PatchHeader`] line, then each range's bytes) to the temp copy.
-async fn write_patch(temp: std::fs::File, body: Body, path: &RemotePath) -> ApiResult<u64> {
-    use std::os::unix::fs::FileExt;
-    let io_err = |e: std::io::Error| ApiError(RemoteError::from_io(&e, &path.display()));
-    let mut stream = body.into_data_stream();
+/// Read a patch body's first line, its [`PatchHeader`]; answers it with the bytes read past it.
+async fn read_patch_header(stream: &mut BodyStream) -> ApiResult<(PatchHeader, Vec<u8>)> {
     let mut buf: Vec<u8> = Vec::new();
-    let header: PatchHeader = loop {
+    loop {
         if let Some(nl) = buf.iter().position(|&b| b == b'\n') {
             let h = serde_json::from_slice(&buf[..nl])
                 .map_err(|e| RemoteError::Invalid(format!("patch header: {e}")))?;
             buf.drain(..=nl);
-            break h;
+            return Ok((h, buf));
         }
         if buf.len() > MAX_JSON_BODY_BYTES {
             return Err(RemoteError::TooLarge("patch header too long".into()).into());
@@ -416,7 +478,37 @@ async fn write_patch(temp: std::fs::File, body: Body, path: &RemotePath) -> ApiR
                 return Err(RemoteError::Invalid("patch body ends before its header".into()).into())
             }
         }
-    };
+    }
+}
+
+/// Apply a patch (its header read, then each range's bytes) to the temp copy of the base,
+/// which [`Workspace::prepare_commit`] already cut to `header.cut`.
+async fn write_patch(
+    temp: std::fs::File,
+    header: PatchHeader,
+    mut buf: Vec<u8>,
+    mut stream: BodyStream,
+    path: &RemotePath,
+) -> ApiResult<u64> {
+    use std::os::unix::fs::FileExt;
+    let io_err = |e: std::io::Error| ApiError(RemoteError::from_io(&e, &path.display()));
+    if header.new_len > MAX_COMMIT_BYTES {
+        return Err(RemoteError::TooLarge(format!(
+            "commits are limited to {MAX_COMMIT_BYTES} bytes"
+        ))
+        .into());
+    }
+    for [offset, len] in &header.ranges {
+        if offset
+            .checked_add(*len)
+            .is_none_or(|end| end > MAX_COMMIT_BYTES)
+        {
+            return Err(RemoteError::TooLarge(format!(
+                "a patch range ends past {MAX_COMMIT_BYTES} bytes"
+            ))
+            .into());
+        }
+    }
     let temp = Arc::new(temp);
     let mut written = 0u64;
     for [offset, len] in header.ranges {
@@ -489,10 +581,146 @@ async fn rmdir(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Re
 
 async fn rename(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
     let a = args(&q);
-    let (from, to, no_replace) = (a.path("path")?, a.path("to")?, a.flag("noreplace"));
+    let (from, to) = (a.path("path")?, a.path("to")?);
+    let mode = match (a.flag("noreplace"), a.flag("exchange")) {
+        (false, false) => RenameMode::Replace,
+        (true, false) => RenameMode::NoReplace,
+        (false, true) => RenameMode::Exchange,
+        (true, true) => {
+            return Err(
+                RemoteError::Invalid("rename: noreplace and exchange are exclusive".into()).into(),
+            )
+        }
+    };
     let ws = app.ws.clone();
-    blocking(move || ws.rename(&from, &to, no_replace)).await?;
+    blocking(move || ws.rename(&from, &to, mode)).await?;
     Ok(Json(json!({})).into_response())
+}
+
+async fn mknod(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+    let a = args(&q);
+    let path = a.path("path")?;
+    let kind = match a.bytes("kind").unwrap_or_default() {
+        b"fifo" => SpecialKind::Fifo,
+        b"socket" => SpecialKind::Socket,
+        b"chardevice" => SpecialKind::CharDevice,
+        b"blockdevice" => SpecialKind::BlockDevice,
+        other => {
+            return Err(RemoteError::Invalid(format!(
+                "mknod: unknown kind {:?}",
+                String::from_utf8_lossy(other)
+            ))
+            .into())
+        }
+    };
+    let mode: u32 = a.number("mode")?.unwrap_or(0o644);
+    let rdev: u64 = a.number("rdev")?.unwrap_or(0);
+    let ws = app.ws.clone();
+    Ok(Json(blocking(move || ws.mknod(&path, kind, mode, rdev)).await?).into_response())
+}
+
+async fn link(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+    let a = args(&q);
+    let (existing, new) = (a.path("path")?, a.path("to")?);
+    let ws = app.ws.clone();
+    Ok(Json(blocking(move || ws.link(&existing, &new)).await?).into_response())
+}
+
+fn xattr_name_arg(a: &QueryArgs) -> ApiResult<Vec<u8>> {
+    a.bytes("name")
+        .map(<[u8]>::to_vec)
+        .ok_or_else(|| RemoteError::Invalid("an attribute name is required".into()).into())
+}
+
+async fn getxattr(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+    let a = args(&q);
+    let (path, name) = (a.path("path")?, xattr_name_arg(&a)?);
+    let ws = app.ws.clone();
+    let value = blocking(move || ws.getxattr(&path, &name)).await?;
+    Ok(Json(json!({ "value": WireBytes(value) })).into_response())
+}
+
+async fn listxattr(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+    let path = args(&q).path("path")?;
+    let ws = app.ws.clone();
+    let names = blocking(move || ws.listxattr(&path)).await?;
+    let names: Vec<WireBytes> = names.into_iter().map(WireBytes).collect();
+    Ok(Json(json!({ "names": names })).into_response())
+}
+
+async fn setxattr(
+    State(app): State<Shared>,
+    RawQuery(q): RawQuery,
+    Json(body): Json<wire::XattrBody>,
+) -> ApiResult<Response> {
+    let a = args(&q);
+    let (path, name) = (a.path("path")?, xattr_name_arg(&a)?);
+    let flags = XattrFlags {
+        create: a.flag("create"),
+        replace: a.flag("replace"),
+    };
+    let ws = app.ws.clone();
+    blocking(move || ws.setxattr(&path, &name, &body.value.0, flags)).await?;
+    Ok(Json(json!({})).into_response())
+}
+
+async fn removexattr(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+    let a = args(&q);
+    let (path, name) = (a.path("path")?, xattr_name_arg(&a)?);
+    let ws = app.ws.clone();
+    blocking(move || ws.removexattr(&path, &name)).await?;
+    Ok(Json(json!({})).into_response())
+}
+
+async fn fallocate(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+    let a = args(&q);
+    let path = a.path("path")?;
+    let offset: u64 = a.number("offset")?.unwrap_or(0);
+    let len: u64 = a
+        .number("len")?
+        .ok_or_else(|| RemoteError::Invalid("fallocate: len is required".into()))?;
+    let keep_size = a.flag("keep_size");
+    let ws = app.ws.clone();
+    Ok(Json(blocking(move || ws.fallocate(&path, offset, len, keep_size)).await?).into_response())
+}
+
+/// `copy_range`: an atomic commit of `to` (a copy of its base, the range copied in from `path`
+/// inside the sandbox, the base checked, then the rename), serialised with `to`'s commits.
+async fn copy_range(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+    let a = args(&q);
+    let (src, dst) = (a.path("path")?, a.path("to")?);
+    let src_offset: u64 = a.number("offset")?.unwrap_or(0);
+    let dst_offset: u64 = a.number("to_offset")?.unwrap_or(0);
+    let len: u64 = a
+        .number("len")?
+        .ok_or_else(|| RemoteError::Invalid("copy_range: len is required".into()))?;
+    let base = a.text("base")?.map(crate::remote::Version);
+    if dst_offset
+        .checked_add(len.min(MAX_COMMIT_BYTES))
+        .is_none_or(|end| end > MAX_COMMIT_BYTES)
+    {
+        return Err(
+            RemoteError::TooLarge(format!("a copy ending past {MAX_COMMIT_BYTES} bytes")).into(),
+        );
+    }
+    let ws = app.ws.clone();
+    let target = {
+        let (ws, p) = (ws.clone(), dst.clone());
+        blocking(move || ws.commit_target(&p)).await?
+    };
+    let _serial = app.ws.commit_lock(&target).lock().await;
+    let result = blocking(move || {
+        let prepared = ws.prepare_commit(&target, base, None, Some(u64::MAX))?;
+        let copied = ws.copy_into(&prepared, &src, src_offset, dst_offset, len)?;
+        Ok((copied, ws.finish_commit(prepared)?))
+    })
+    .await;
+    count_commit(&app, &result);
+    let (copied, attr) = result?;
+    app.stats
+        .bytes_committed
+        .fetch_add(copied, Ordering::Relaxed);
+    Ok(Json(wire::CopyRangeAnswer { copied, attr }).into_response())
 }
 
 async fn symlink(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
@@ -557,7 +785,7 @@ async fn grep(
     // Reject a bad pattern with a status before streaming anything.
     crate::search::grep::build_matcher(&opts).map_err(RemoteError::from)?;
     let ws = app.ws.clone();
-    let root = blocking(move || ws.resolve(&path)).await?;
+    let root = blocking(move || ws.resolve_search_root(&path)).await?;
     let (tx, rx) = mpsc::channel(STREAM_QUEUE);
     let app2 = app.clone();
     app.stats.greps_started.fetch_add(1, Ordering::Relaxed);
@@ -651,6 +879,10 @@ async fn edit(
     let count = blocking(move || {
         let (mut file, attr) = ws.open_file(&target).map_err(|e| match e {
             RemoteError::NotFound(m) => RemoteError::Query(crate::search::SearchError::NotFound(m)),
+            // A FIFO or a device: "PATH: not a regular file".
+            RemoteError::Invalid(m) => {
+                RemoteError::Query(crate::search::SearchError::ReadFailed(path.display(), m))
+            }
             other => other,
         })?;
         if attr.size > crate::search::edit::MAX_EDIT_FILE_BYTES {
@@ -673,7 +905,7 @@ async fn edit(
         })?;
         let (updated, count) =
             crate::search::edit::replace_in(&text, &body.old, &body.new, body.replace_all)?;
-        let prepared = ws.prepare_commit(&target, Some(attr.version), None, false)?;
+        let prepared = ws.prepare_commit(&target, Some(attr.version), None, None)?;
         std::io::Write::write_all(&mut &prepared.temp, updated.as_bytes()).map_err(|e| {
             RemoteError::from(crate::search::SearchError::WriteFailed(
                 path.display(),
@@ -723,4 +955,40 @@ async fn watch_feed(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResu
         }
     });
     Ok(line_stream(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panicking_handler_answers_500_with_an_error_body_and_the_next_request_is_served()
+    {
+        let router = harden(
+            Router::new()
+                .route(
+                    "/boom",
+                    get(|| async {
+                        let v: Vec<u8> = Vec::new();
+                        format!("{}", v[std::hint::black_box(3)]) // out of bounds: panics
+                    }),
+                )
+                .route("/ok", get(|| async { "fine" })),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move { axum::serve(listener, router).await });
+        let http = reqwest::Client::new();
+        for _ in 0..2 {
+            let resp = http.get(format!("{base}/boom")).send().await.unwrap();
+            assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
+            let err: ErrorBody = resp.json().await.unwrap();
+            assert_eq!(err.error, "EIO");
+            assert!(err.message.contains("index out of bounds"), "{}", err.message);
+            let ok = http.get(format!("{base}/ok")).send().await.unwrap();
+            assert_eq!(ok.status(), StatusCode::OK);
+            assert_eq!(ok.text().await.unwrap(), "fine");
+        }
+        server.abort();
+    }
 }

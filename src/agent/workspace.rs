@@ -6,16 +6,34 @@
 //! (stat, unlink, mkdir, rename, symlink) open its parent that way and then act on the last
 //! component with the `*at` calls, so a final symlink is never followed out of the root.
 //!
+//! Paths longer than one `openat2` may take (PATH_MAX) are walked in chunks of whole
+//! components, each chunk resolved with the same flags from the directory the previous one
+//! opened, so a tree deeper than PATH_MAX below the root works and every step stays confined.
+//! (A symlink met inside such a long path resolves beneath its chunk's directory: a target
+//! climbing above it with `..` is refused even where it would stay inside the root.)
+//!
 //! Commits write a temp file in the target's own directory (unnamed, `O_TMPFILE`, where the
 //! filesystem allows: a crash leaves nothing behind), give it the target's mode and owner,
 //! fsync it, check the base version once more, and rename it over the target. Named temps (the
 //! fallback, and `edit` from the CLI) follow `.NAME.sbxfs-*.tmp`; the agent sweeps stale ones
-//! at start-up.
+//! at start-up. A target with other hard links is the exception: a rename would cut it off
+//! from them, so its new content (assembled in the temp file all the same) is copied into the
+//! existing inode after the base check. That keeps the links but gives up atomicity: readers
+//! may see the file empty or half copied while the copy runs, and a crash during it leaves it
+//! so. An upload that fails still never touches the file.
+//!
+//! Files are read (read, scan, edit, copies) only when they are regular: the path is opened
+//! `O_PATH` first, checked with `fstat`, and only then reopened for reading, so a FIFO or a
+//! device in the workspace is never opened (a FIFO would block a worker thread forever).
+//!
+//! Modes are exact: the agent runs with umask 0 ([`set_exact_modes`]), and every call that
+//! creates something sets the mode it was asked for afterwards if the kernel changed it (a
+//! set-group-ID directory passes its bit on).
 
 use std::ffi::OsStr;
 use std::fs::File;
 use std::hash::{Hash, Hasher};
-use std::io::{self, Read};
+use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::FileExt;
@@ -23,13 +41,25 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustix::fs::{
-    self as rfs, AtFlags, Mode, OFlags, RenameFlags, ResolveFlags, StatxFlags, Timespec, Timestamps,
+    self as rfs, AtFlags, FallocateFlags, FileType, Mode, OFlags, RenameFlags, ResolveFlags,
+    StatxFlags, Timespec, Timestamps,
 };
 
 use crate::remote::{
-    Attr, DirEntry, FileKind, RemoteError, RemotePath, Result, StatFs, TreeEntry, Version,
-    WireBytes,
+    Attr, DirEntry, FileKind, RemoteError, RemotePath, RenameMode, Result, SetAttr, SpecialKind,
+    StatFs, TreeEntry, Version, WireBytes, XattrFlags, MAX_XATTR_NAME_BYTES, MAX_XATTR_VALUE_BYTES,
 };
+
+/// Longest path resolved by one `openat2`: comfortably under PATH_MAX (4096, counting the NUL),
+/// so a chunk of whole components (each at most 255 bytes) always fits.
+const PATH_CHUNK_BYTES: usize = 3072;
+
+/// Make the process's umask 0, so that `create`, `mkdir`, `mknod` and commits give exactly the
+/// mode asked for (the modes the mount sends already carry the caller's umask). Called once
+/// at agent start, before any request is served; the agent creates nothing else.
+pub fn set_exact_modes() {
+    rustix::process::umask(Mode::empty());
+}
 
 /// Stripes of the per-target commit lock: commits to one file are serialised in the agent (so
 /// its own base-version check cannot race itself); different files rarely share a stripe.
@@ -57,7 +87,44 @@ fn os(name: &[u8]) -> &OsStr {
 }
 
 fn ts_ns(t: rfs::StatxTimestamp) -> i64 {
-    t.tv_sec.saturating_mul(1_000_000_000) + i64::from(t.tv_nsec)
+    // Saturating: a file dated past the year 2262 must not overflow (and panic) here.
+    t.tv_sec
+        .saturating_mul(1_000_000_000)
+        .saturating_add(i64::from(t.tv_nsec))
+}
+
+fn is_kind(st: &rfs::Statx, fmt: u32) -> bool {
+    u32::from(st.stx_mode) & libc::S_IFMT == fmt
+}
+
+fn not_regular(path: &RemotePath) -> RemoteError {
+    RemoteError::Invalid(format!("{}: not a regular file", path.display()))
+}
+
+/// `/proc/self/fd/N`: names an open descriptor's inode for the calls that only take a path.
+fn proc_fd(fd: &impl std::os::fd::AsRawFd) -> String {
+    format!("/proc/self/fd/{}", fd.as_raw_fd())
+}
+
+/// Split a long relative path into chunks of whole components, each at most
+/// [`PATH_CHUNK_BYTES`] long.
+fn path_chunks(path: &[u8]) -> Vec<&[u8]> {
+    let mut chunks = Vec::new();
+    let mut start = 0;
+    let mut end = 0; // end of the last component that fits the current chunk
+    for (i, _) in path.iter().enumerate().filter(|(_, &b)| b == b'/') {
+        if i - start > PATH_CHUNK_BYTES {
+            chunks.push(&path[start..end]);
+            start = end + 1;
+        }
+        end = i;
+    }
+    if path.len() - start > PATH_CHUNK_BYTES {
+        chunks.push(&path[start..end]);
+        start = end + 1;
+    }
+    chunks.push(&path[start..]);
+    chunks
 }
 
 fn version_of(st: &rfs::Statx) -> Version {
@@ -177,21 +244,55 @@ impl Workspace {
         &self.root_path
     }
 
-    /// Open `path` beneath the root (following symlinks that stay inside it).
+    /// Open `path` beneath the root (following symlinks that stay inside it). A path longer
+    /// than one call may take is opened chunk by chunk ([`path_chunks`]), each chunk's
+    /// directory held open and the next resolved beneath it.
     pub fn open_beneath(&self, path: &RemotePath, flags: OFlags, mode: Mode) -> Result<OwnedFd> {
-        let p: &OsStr = if path.is_root() {
-            OsStr::new(".")
-        } else {
-            os(path.as_bytes())
-        };
-        rfs::openat2(
-            &self.root,
-            p,
-            flags | OFlags::CLOEXEC,
-            mode,
-            ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
+        let how = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
+        if path.is_root() {
+            return rfs::openat2(&self.root, ".", flags | OFlags::CLOEXEC, mode, how)
+                .map_err(|e| errno(e, path));
+        }
+        let chunks = path_chunks(path.as_bytes());
+        let (last, dirs) = chunks.split_last().expect("at least one chunk");
+        let mut held: Option<OwnedFd> = None;
+        for chunk in dirs {
+            let from = held.as_ref().unwrap_or(&self.root);
+            let next = rfs::openat2(
+                from,
+                os(chunk),
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+                how,
+            )
+            .map_err(|e| errno(e, path))?;
+            held = Some(next);
+        }
+        let from = held.as_ref().unwrap_or(&self.root);
+        rfs::openat2(from, os(last), flags | OFlags::CLOEXEC, mode, how).map_err(|e| errno(e, path))
+    }
+
+    /// Open a regular file for reading or writing without ever opening anything else: the
+    /// path is opened `O_PATH` and checked first, so a FIFO (which would block) or a device
+    /// is refused with "not a regular file", a directory with `IsDir`.
+    pub fn open_regular(&self, path: &RemotePath, flags: OFlags) -> Result<(File, rfs::Statx)> {
+        let fd = self.open_beneath(path, OFlags::PATH, Mode::empty())?;
+        let st = statx_fd(&fd).map_err(|e| errno(e, path))?;
+        if is_kind(&st, libc::S_IFDIR) {
+            return Err(RemoteError::IsDir(path.display()));
+        }
+        if !is_kind(&st, libc::S_IFREG) {
+            return Err(not_regular(path));
+        }
+        // Reopening the O_PATH descriptor's inode cannot reach another file; O_NONBLOCK and
+        // O_NOCTTY are no-ops for a regular file, kept as a second guard.
+        let file = rfs::open(
+            proc_fd(&fd).as_str(),
+            flags | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::empty(),
         )
-        .map_err(|e| errno(e, path))
+        .map_err(|e| errno(e, path))?;
+        Ok((File::from(file), st))
     }
 
     /// The parent directory (opened for reading, so it can be fsynced) and the last name.
@@ -228,6 +329,17 @@ impl Workspace {
     /// Resolve `path` (following symlinks inside the root) to a real path for the search core.
     pub fn resolve(&self, path: &RemotePath) -> Result<PathBuf> {
         let fd = self.open_beneath(path, OFlags::PATH, Mode::empty())?;
+        self.real_path(&fd, path)
+    }
+
+    /// [`Workspace::resolve`] for a grep: a directory or a regular file, nothing else (a FIFO
+    /// would block the search that opened it).
+    pub fn resolve_search_root(&self, path: &RemotePath) -> Result<PathBuf> {
+        let fd = self.open_beneath(path, OFlags::PATH, Mode::empty())?;
+        let st = statx_fd(&fd).map_err(|e| errno(e, path))?;
+        if !is_kind(&st, libc::S_IFDIR) && !is_kind(&st, libc::S_IFREG) {
+            return Err(not_regular(path));
+        }
         self.real_path(&fd, path)
     }
 
@@ -312,13 +424,9 @@ impl Workspace {
     /// Read up to `len` bytes at `offset`, with the version they came from. A file changed in
     /// place during the read is read again, so bytes and version agree.
     pub fn read(&self, path: &RemotePath, offset: u64, len: u32) -> Result<(Vec<u8>, Version)> {
-        let fd = self.open_beneath(path, OFlags::RDONLY, Mode::empty())?;
-        let file = File::from(fd);
+        let (file, _) = self.open_regular(path, OFlags::RDONLY)?;
         for _ in 0..3 {
             let before = statx_fd(&file).map_err(|e| errno(e, path))?;
-            if u32::from(before.stx_mode) & libc::S_IFMT == libc::S_IFDIR {
-                return Err(RemoteError::IsDir(path.display()));
-            }
             let want = (len as u64).min(before.stx_size.saturating_sub(offset)) as usize;
             let mut buf = vec![0u8; want];
             let mut got = 0;
@@ -352,25 +460,34 @@ impl Workspace {
     /// The file a commit to `path` replaces: `path` itself, or a symlink's target (the link
     /// stays a link), as a workspace path.
     pub fn commit_target(&self, path: &RemotePath) -> Result<RemotePath> {
-        match self.open_beneath(path, OFlags::PATH, Mode::empty()) {
-            Ok(fd) => {
-                let real = self.real_path(&fd, path)?;
-                self.relative(&real, path)
+        let fd = match self.open_beneath(path, OFlags::PATH, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(RemoteError::NotFound(_)) => return Ok(path.clone()),
+            Err(e) => return Err(e),
+        };
+        match self
+            .real_path(&fd, path)
+            .and_then(|real| self.relative(&real, path))
+        {
+            Ok(target) => Ok(target),
+            // Deeper than the kernel can name (/proc answers ENAMETOOLONG past PATH_MAX): a
+            // path whose last component is not a symlink is its own target.
+            Err(RemoteError::NameTooLong(_)) if self.stat(path)?.kind != FileKind::Symlink => {
+                Ok(path.clone())
             }
-            Err(RemoteError::NotFound(_)) => Ok(path.clone()),
             Err(e) => Err(e),
         }
     }
 
     /// Start a commit to `target` (from [`Workspace::commit_target`]): check the base version,
-    /// create the temp file; for a patch, fill it with a copy of the base (reflinked where the
-    /// filesystem can).
+    /// create the temp file; with `copy_base = Some(cut)`, fill it with the base's first
+    /// `min(cut, size)` bytes (holes stay holes; reflinked where the filesystem can).
     pub fn prepare_commit(
         &self,
         target: &RemotePath,
         base: Option<Version>,
         create_mode: Option<u32>,
-        copy_base: bool,
+        copy_base: Option<u64>,
     ) -> Result<PreparedCommit> {
         let (dir, name) = self.parent(target)?;
         let current = match statx_at(&dir, name) {
@@ -379,16 +496,16 @@ impl Workspace {
             Err(e) => return Err(errno(e, target)),
         };
         if let Some(st) = &current {
-            if u32::from(st.stx_mode) & libc::S_IFMT != libc::S_IFREG {
-                return Err(RemoteError::IsDir(format!(
-                    "{}: not a regular file",
-                    target.display()
-                )));
+            if is_kind(st, libc::S_IFDIR) {
+                return Err(RemoteError::IsDir(target.display()));
+            }
+            if !is_kind(st, libc::S_IFREG) {
+                return Err(not_regular(target));
             }
         }
         check_base(target, base.as_ref(), current.as_ref())?;
-        if copy_base && current.is_none() {
-            return Err(RemoteError::Invalid(format!(
+        if copy_base.is_some() && current.is_none() {
+            return Err(RemoteError::NotFound(format!(
                 "{}: a patch needs an existing base file",
                 target.display()
             )));
@@ -410,21 +527,43 @@ impl Workspace {
             owner,
             done: false,
         };
-        if copy_base {
+        if let Some(cut) = copy_base {
             let src = rfs::openat(
                 &prepared.dir,
                 os(name),
-                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
                 Mode::empty(),
             )
             .map_err(|e| errno(e, target))?;
-            copy_all(&src, &prepared.temp)
+            let st = statx_fd(&src).map_err(|e| errno(e, target))?;
+            // The copy must be of the base version (checked once more after it is made).
+            check_base(target, prepared.base.as_ref(), Some(&st))?;
+            if !is_kind(&st, libc::S_IFREG) {
+                return Err(not_regular(target));
+            }
+            copy_sparse(&src, &prepared.temp, st.stx_size.min(cut))
                 .map_err(|e| RemoteError::from_io(&e, &target.display()))?;
-            // The copy must be of the base version: check again now that it is made.
             let st = statx_fd(&src).map_err(|e| errno(e, target))?;
             check_base(target, prepared.base.as_ref(), Some(&st))?;
         }
         Ok(prepared)
+    }
+
+    /// Copy `len` bytes of `src` at `src_offset` into a prepared commit's temp file at
+    /// `dst_offset` (in the sandbox: no bytes cross the network). Answers the bytes copied,
+    /// fewer when `src` ends first.
+    pub fn copy_into(
+        &self,
+        c: &PreparedCommit,
+        src: &RemotePath,
+        src_offset: u64,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<u64> {
+        let (src_file, _) = self.open_regular(src, OFlags::RDONLY)?;
+        let copied = copy_plain(&src_file, src_offset, &c.temp, dst_offset, len)
+            .map_err(|e| RemoteError::from_io(&e, &c.target.display()))?;
+        Ok(copied)
     }
 
     fn create_temp(
@@ -460,10 +599,20 @@ impl Workspace {
         }
     }
 
-    /// Finish a commit: mode, owner, fsync, the last base check, then the rename.
+    /// Finish a commit: mode, owner, fsync, the last base check, then the rename; or, for a
+    /// target with other hard links, the last base check and a copy into the target itself
+    /// (see the module notes for what that trades away).
     pub fn finish_commit(&self, mut c: PreparedCommit) -> Result<Attr> {
         let t = c.target.clone();
         let io_err = |e: rustix::io::Errno| errno(e, &t);
+        let current = match statx_at(&c.dir, &c.name) {
+            Ok(st) => Some(st),
+            Err(rustix::io::Errno::NOENT) => None,
+            Err(e) => return Err(io_err(e)),
+        };
+        if let Some(st) = current.as_ref().filter(|st| st.stx_nlink > 1) {
+            return self.finish_in_place(&c, st);
+        }
         rfs::fchmod(&c.temp, Mode::from_raw_mode(c.mode)).map_err(io_err)?;
         if let Some((uid, gid)) = c.owner {
             // Only root can give a file away; otherwise it becomes ours, like an editor's save.
@@ -484,11 +633,9 @@ impl Workspace {
             Some(n) => n.clone(),
             None => {
                 let n = unique_temp_name(&c.name);
-                let proc_path =
-                    format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&c.temp));
                 rfs::linkat(
                     rfs::CWD,
-                    proc_path.as_str(),
+                    proc_fd(&c.temp).as_str(),
                     &c.dir,
                     os(&n),
                     AtFlags::SYMLINK_FOLLOW,
@@ -504,15 +651,49 @@ impl Workspace {
         self.stat_at(&c.dir, &c.name, &c.target)
     }
 
+    /// The hard-linked target's commit: check the base on the very inode about to be written,
+    /// then replace its content with the temp file's (holes kept). The temp is dropped after.
+    fn finish_in_place(&self, c: &PreparedCommit, seen: &rfs::Statx) -> Result<Attr> {
+        let t = &c.target;
+        let io_err = |e: io::Error| RemoteError::from_io(&e, &t.display());
+        let target = rfs::openat(
+            &c.dir,
+            os(&c.name),
+            OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| errno(e, t))?;
+        let st = statx_fd(&target).map_err(|e| errno(e, t))?;
+        if (st.stx_ino, st.stx_dev_major, st.stx_dev_minor)
+            != (seen.stx_ino, seen.stx_dev_major, seen.stx_dev_minor)
+            || !is_kind(&st, libc::S_IFREG)
+        {
+            return Err(RemoteError::Conflict {
+                path: t.display(),
+                base: c.base.as_ref().map_or_else(String::new, |b| b.0.clone()),
+                current: version_of(&st).0,
+            });
+        }
+        check_base(t, c.base.as_ref(), Some(&st))?;
+        let len = statx_fd(&c.temp).map_err(|e| errno(e, t))?.stx_size;
+        let target = File::from(target);
+        target.set_len(0).map_err(io_err)?;
+        copy_sparse(&c.temp, &target, len).map_err(io_err)?;
+        rfs::fsync(&target).map_err(|e| errno(e, t))?;
+        self.stat_at(&c.dir, &c.name, t)
+    }
+
+    /// Create an empty file with exactly `mode`.
     pub fn create(&self, path: &RemotePath, mode: u32) -> Result<Attr> {
         let (dir, name) = self.parent(path)?;
-        rfs::openat(
+        let fd = rfs::openat(
             &dir,
             os(name),
             OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::from_raw_mode(mode & 0o7777),
         )
         .map_err(|e| errno(e, path))?;
+        rfs::fchmod(&fd, Mode::from_raw_mode(mode & 0o7777)).map_err(|e| errno(e, path))?;
         self.stat_at(&dir, name, path)
     }
 
@@ -520,7 +701,64 @@ impl Workspace {
         let (dir, name) = self.parent(path)?;
         rfs::mkdirat(&dir, os(name), Mode::from_raw_mode(mode & 0o7777))
             .map_err(|e| errno(e, path))?;
-        self.stat_at(&dir, name, path)
+        self.exact_mode_at(&dir, name, path, mode)
+    }
+
+    /// Make a FIFO, a socket, or (when the agent may: `CAP_MKNOD`) a device, with exactly
+    /// `mode`. A device the agent may not make is refused by the kernel with `EPERM`.
+    pub fn mknod(
+        &self,
+        path: &RemotePath,
+        kind: SpecialKind,
+        mode: u32,
+        rdev: u64,
+    ) -> Result<Attr> {
+        let (dir, name) = self.parent(path)?;
+        let (file_type, dev) = match kind {
+            SpecialKind::Fifo => (FileType::Fifo, 0),
+            SpecialKind::Socket => (FileType::Socket, 0),
+            SpecialKind::CharDevice => (FileType::CharacterDevice, rdev),
+            SpecialKind::BlockDevice => (FileType::BlockDevice, rdev),
+        };
+        rfs::mknodat(
+            &dir,
+            os(name),
+            file_type,
+            Mode::from_raw_mode(mode & 0o7777),
+            dev as rfs::Dev,
+        )
+        .map_err(|e| errno(e, path))?;
+        self.exact_mode_at(&dir, name, path, mode)
+    }
+
+    /// Give a just-made entry exactly `mode` if the kernel changed it (umask, or a set-group-ID
+    /// parent), through an `O_PATH` descriptor of the entry itself (never a symlink in its
+    /// place), and answer its attributes.
+    fn exact_mode_at(
+        &self,
+        dir: &OwnedFd,
+        name: &[u8],
+        path: &RemotePath,
+        mode: u32,
+    ) -> Result<Attr> {
+        let fd = rfs::openat(
+            dir,
+            os(name),
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| errno(e, path))?;
+        let st = statx_fd(&fd).map_err(|e| errno(e, path))?;
+        if u32::from(st.stx_mode) & 0o7777 != mode & 0o7777 && !is_kind(&st, libc::S_IFLNK) {
+            rfs::chmodat(
+                rfs::CWD,
+                proc_fd(&fd).as_str(),
+                Mode::from_raw_mode(mode & 0o7777),
+                AtFlags::empty(),
+            )
+            .map_err(|e| errno(e, path))?;
+        }
+        self.stat_at(dir, name, path)
     }
 
     pub fn unlink(&self, path: &RemotePath) -> Result<()> {
@@ -533,21 +771,47 @@ impl Workspace {
         rfs::unlinkat(&dir, os(name), AtFlags::REMOVEDIR).map_err(|e| errno(e, path))
     }
 
-    pub fn rename(&self, from: &RemotePath, to: &RemotePath, no_replace: bool) -> Result<()> {
+    /// `renameat2`: replace, refuse an existing target, or swap the two names.
+    pub fn rename(&self, from: &RemotePath, to: &RemotePath, mode: RenameMode) -> Result<()> {
         let (from_dir, from_name) = self.parent(from)?;
         let (to_dir, to_name) = self.parent(to)?;
-        let flags = if no_replace {
-            RenameFlags::NOREPLACE
-        } else {
-            RenameFlags::empty()
+        let flags = match mode {
+            RenameMode::Replace => RenameFlags::empty(),
+            RenameMode::NoReplace => RenameFlags::NOREPLACE,
+            RenameMode::Exchange => RenameFlags::EXCHANGE,
         };
         rfs::renameat_with(&from_dir, os(from_name), &to_dir, os(to_name), flags).map_err(|e| {
-            if e == rustix::io::Errno::EXIST || e == rustix::io::Errno::NOTEMPTY {
+            let to_missing = mode == RenameMode::Exchange
+                && e == rustix::io::Errno::NOENT
+                && statx_at(&to_dir, to_name).is_err();
+            if e == rustix::io::Errno::EXIST || e == rustix::io::Errno::NOTEMPTY || to_missing {
                 errno(e, to)
             } else {
                 errno(e, from)
             }
         })
+    }
+
+    /// A hard link `new` to `existing` (the name itself: a final symlink is linked, not
+    /// followed). Answers the attributes through the new name.
+    pub fn link(&self, existing: &RemotePath, new: &RemotePath) -> Result<Attr> {
+        let (from_dir, from_name) = self.parent(existing)?;
+        let (to_dir, to_name) = self.parent(new)?;
+        rfs::linkat(
+            &from_dir,
+            os(from_name),
+            &to_dir,
+            os(to_name),
+            AtFlags::empty(),
+        )
+        .map_err(|e| {
+            if e == rustix::io::Errno::EXIST {
+                errno(e, new)
+            } else {
+                errno(e, existing)
+            }
+        })?;
+        self.stat_at(&to_dir, to_name, new)
     }
 
     pub fn symlink(&self, path: &RemotePath, target: &[u8]) -> Result<Attr> {
@@ -568,12 +832,37 @@ impl Workspace {
             .map_err(|e| errno(e, path))
     }
 
-    pub fn setattr(&self, path: &RemotePath, set: &crate::remote::SetAttr) -> Result<Attr> {
-        let fd = self.open_beneath(path, OFlags::PATH, Mode::empty())?;
-        // An O_PATH descriptor names the inode; /proc/self/fd/N reaches it for the calls that
-        // need a path (chmod, utimens) without resolving the user's path a second time.
-        let proc_path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+    /// Change attributes of `path` itself (a final symlink is not followed: its own owner and
+    /// times change; a mode on it is `Unsupported`, as Linux has no lchmod).
+    pub fn setattr(&self, path: &RemotePath, set: &SetAttr) -> Result<Attr> {
+        // The entry itself, held: for the root its descriptor, else the parent and the name.
+        let held = if path.is_root() {
+            None
+        } else {
+            Some(self.parent(path)?)
+        };
+        let fd = match &held {
+            None => self.open_beneath(path, OFlags::PATH, Mode::empty())?,
+            Some((dir, name)) => rfs::openat(
+                dir,
+                os(name),
+                OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| errno(e, path))?,
+        };
+        let st = statx_fd(&fd).map_err(|e| errno(e, path))?;
+        let symlink = is_kind(&st, libc::S_IFLNK);
+        // /proc/self/fd/N reaches the O_PATH descriptor's inode for the calls that need a path
+        // (chmod, reopening to truncate) without resolving the user's path a second time.
+        let proc_path = proc_fd(&fd);
         if let Some(mode) = set.mode {
+            if symlink {
+                return Err(RemoteError::Unsupported(format!(
+                    "{}: a symlink has no mode of its own",
+                    path.display()
+                )));
+            }
             rfs::chmodat(
                 rfs::CWD,
                 proc_path.as_str(),
@@ -582,8 +871,39 @@ impl Workspace {
             )
             .map_err(|e| errno(e, path))?;
         }
+        if set.uid.is_some() || set.gid.is_some() {
+            // AT_EMPTY_PATH on the O_PATH descriptor: the entry itself, symlink or not.
+            rfs::chownat(
+                &fd,
+                "",
+                set.uid.map(rustix::fs::Uid::from_raw),
+                set.gid.map(rustix::fs::Gid::from_raw),
+                AtFlags::EMPTY_PATH,
+            )
+            .map_err(|e| errno(e, path))?;
+        }
         if let Some(size) = set.size {
-            let w = self.open_beneath(path, OFlags::WRONLY, Mode::empty())?;
+            if size > i64::MAX as u64 {
+                return Err(RemoteError::FileTooBig(path.display()));
+            }
+            let (w, _) = if symlink {
+                // truncate(2) follows a symlink: so does this.
+                self.open_regular(path, OFlags::WRONLY)?
+            } else {
+                if is_kind(&st, libc::S_IFDIR) {
+                    return Err(RemoteError::IsDir(path.display()));
+                }
+                if !is_kind(&st, libc::S_IFREG) {
+                    return Err(not_regular(path));
+                }
+                let w = rfs::open(
+                    proc_path.as_str(),
+                    OFlags::WRONLY | OFlags::NONBLOCK | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(|e| errno(e, path))?;
+                (File::from(w), st)
+            };
             rfs::ftruncate(&w, size).map_err(|e| errno(e, path))?;
         }
         if set.atime_ns.is_some() || set.mtime_ns.is_some() {
@@ -601,16 +921,126 @@ impl Workspace {
                 last_access: ts(set.atime_ns),
                 last_modification: ts(set.mtime_ns),
             };
-            rfs::utimensat(rfs::CWD, proc_path.as_str(), &times, AtFlags::empty())
-                .map_err(|e| errno(e, path))?;
+            match &held {
+                Some((dir, name)) => {
+                    rfs::utimensat(dir, os(name), &times, AtFlags::SYMLINK_NOFOLLOW)
+                }
+                None => rfs::utimensat(rfs::CWD, proc_path.as_str(), &times, AtFlags::empty()),
+            }
+            .map_err(|e| errno(e, path))?;
         }
-        let st = statx_fd(&fd).map_err(|e| errno(e, path))?;
-        let target = if u32::from(st.stx_mode) & libc::S_IFMT == libc::S_IFLNK {
-            Some(self.readlink(path)?)
-        } else {
-            None
+        match &held {
+            Some((dir, name)) => self.stat_at(dir, name, path),
+            None => self.stat(path),
+        }
+    }
+
+    /// The directory-relative name of `path` for the `l*xattr` calls: its parent held open
+    /// and reached through `/proc/self/fd/N/NAME`, so only the last name is looked up (never
+    /// followed); the root, which has no parent, through a descriptor of its own.
+    fn xattr_target(&self, path: &RemotePath) -> Result<XattrTarget> {
+        if path.is_root() {
+            let fd = self.open_beneath(path, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())?;
+            return Ok(XattrTarget::Fd(fd));
+        }
+        let (dir, name) = self.parent(path)?;
+        let mut p = proc_fd(&dir).into_bytes();
+        p.push(b'/');
+        p.extend_from_slice(name);
+        Ok(XattrTarget::Path(
+            dir,
+            PathBuf::from(std::ffi::OsString::from_vec(p)),
+        ))
+    }
+
+    pub fn getxattr(&self, path: &RemotePath, name: &[u8]) -> Result<Vec<u8>> {
+        let name = xattr_name(name)?;
+        let mut buf = vec![0u8; MAX_XATTR_VALUE_BYTES];
+        let n = match self.xattr_target(path)? {
+            XattrTarget::Fd(fd) => rfs::fgetxattr(&fd, name, &mut buf[..]),
+            XattrTarget::Path(_dir, p) => rfs::lgetxattr(&p, name, &mut buf[..]),
+        }
+        .map_err(|e| xattr_errno(e, path, name))?;
+        buf.truncate(n);
+        Ok(buf)
+    }
+
+    pub fn listxattr(&self, path: &RemotePath) -> Result<Vec<Vec<u8>>> {
+        let mut buf = vec![0u8; MAX_XATTR_VALUE_BYTES];
+        let n = match self.xattr_target(path)? {
+            XattrTarget::Fd(fd) => rfs::flistxattr(&fd, &mut buf[..]),
+            XattrTarget::Path(_dir, p) => rfs::llistxattr(&p, &mut buf[..]),
+        }
+        .map_err(|e| errno(e, path))?;
+        Ok(buf[..n]
+            .split(|&b| b == 0)
+            .filter(|n| !n.is_empty())
+            .map(<[u8]>::to_vec)
+            .collect())
+    }
+
+    pub fn setxattr(
+        &self,
+        path: &RemotePath,
+        name: &[u8],
+        value: &[u8],
+        flags: XattrFlags,
+    ) -> Result<()> {
+        let name = xattr_name(name)?;
+        if value.len() > MAX_XATTR_VALUE_BYTES {
+            return Err(RemoteError::TooLarge(format!(
+                "extended attribute values are limited to {MAX_XATTR_VALUE_BYTES} bytes"
+            )));
+        }
+        let f = match (flags.create, flags.replace) {
+            (true, true) => {
+                return Err(RemoteError::Invalid(
+                    "setxattr: create and replace are exclusive".into(),
+                ))
+            }
+            (true, false) => rfs::XattrFlags::CREATE,
+            (false, true) => rfs::XattrFlags::REPLACE,
+            (false, false) => rfs::XattrFlags::empty(),
         };
-        Ok(attr_of(&st, target))
+        match self.xattr_target(path)? {
+            XattrTarget::Fd(fd) => rfs::fsetxattr(&fd, name, value, f),
+            XattrTarget::Path(_dir, p) => rfs::lsetxattr(&p, name, value, f),
+        }
+        .map_err(|e| xattr_errno(e, path, name))
+    }
+
+    pub fn removexattr(&self, path: &RemotePath, name: &[u8]) -> Result<()> {
+        let name = xattr_name(name)?;
+        match self.xattr_target(path)? {
+            XattrTarget::Fd(fd) => rfs::fremovexattr(&fd, name),
+            XattrTarget::Path(_dir, p) => rfs::lremovexattr(&p, name),
+        }
+        .map_err(|e| xattr_errno(e, path, name))
+    }
+
+    /// `fallocate(2)` mode 0 or `KEEP_SIZE`, in place, on a regular file.
+    pub fn fallocate(
+        &self,
+        path: &RemotePath,
+        offset: u64,
+        len: u64,
+        keep_size: bool,
+    ) -> Result<Attr> {
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > i64::MAX as u64)
+        {
+            return Err(RemoteError::FileTooBig(path.display()));
+        }
+        let (file, _) = self.open_regular(path, OFlags::WRONLY)?;
+        let flags = if keep_size {
+            FallocateFlags::KEEP_SIZE
+        } else {
+            FallocateFlags::empty()
+        };
+        rfs::fallocate(&file, flags, offset, len).map_err(|e| errno(e, path))?;
+        let st = statx_fd(&file).map_err(|e| errno(e, path))?;
+        Ok(attr_of(&st, None))
     }
 
     pub fn statfs(&self) -> Result<StatFs> {
@@ -626,14 +1056,11 @@ impl Workspace {
         })
     }
 
-    /// Open a regular file for a query (scan, edit), with its version.
+    /// Open a regular file for a query (scan, edit), with its attributes. Anything else is
+    /// refused without being opened ([`Workspace::open_regular`]).
     pub fn open_file(&self, path: &RemotePath) -> Result<(File, Attr)> {
-        let fd = self.open_beneath(path, OFlags::RDONLY, Mode::empty())?;
-        let st = statx_fd(&fd).map_err(|e| errno(e, path))?;
-        if u32::from(st.stx_mode) & libc::S_IFMT == libc::S_IFDIR {
-            return Err(RemoteError::IsDir(path.display()));
-        }
-        Ok((File::from(fd), attr_of(&st, None)))
+        let (file, st) = self.open_regular(path, OFlags::RDONLY)?;
+        Ok((file, attr_of(&st, None)))
     }
 
     /// Remove stale named temp files left by a crash. Returns how many were removed.
@@ -678,23 +1105,128 @@ fn check_base(
     Ok(())
 }
 
-/// Copy a whole file, with `copy_file_range` (a reflink on filesystems that share extents).
-fn copy_all(src: &OwnedFd, dst: &File) -> io::Result<()> {
-    let mut off_in = 0u64;
-    let mut off_out = 0u64;
-    loop {
-        match rfs::copy_file_range(src, Some(&mut off_in), dst, Some(&mut off_out), 1 << 30) {
-            Ok(0) => return Ok(()),
-            Ok(_) => {}
+enum XattrTarget {
+    /// The root: its own descriptor (the `f*xattr` calls).
+    Fd(OwnedFd),
+    /// `/proc/self/fd/DIR/NAME`, valid while the parent descriptor is held.
+    Path(OwnedFd, PathBuf),
+}
+
+/// A checked attribute name: non-empty, at most [`MAX_XATTR_NAME_BYTES`], no NUL.
+fn xattr_name(name: &[u8]) -> Result<&OsStr> {
+    if name.is_empty() || name.contains(&0) {
+        return Err(RemoteError::Invalid(
+            "an extended attribute name is empty or has a NUL".into(),
+        ));
+    }
+    if name.len() > MAX_XATTR_NAME_BYTES {
+        return Err(RemoteError::NameTooLong(
+            String::from_utf8_lossy(name).into_owned(),
+        ));
+    }
+    Ok(os(name))
+}
+
+fn xattr_errno(e: rustix::io::Errno, path: &RemotePath, name: &OsStr) -> RemoteError {
+    let shown = format!("{} ({})", path.display(), name.to_string_lossy());
+    RemoteError::from_errno(e.raw_os_error(), &shown)
+}
+
+/// Largest piece one `copy_file_range` call is asked for: big enough that a large copy takes
+/// few calls, small enough that each call returns soon.
+const COPY_CHUNK: u64 = 1 << 30;
+
+/// Copy up to `len` bytes from `src` at `off_in` to `dst` at `off_out`, with `copy_file_range`
+/// (a reflink where the filesystem shares extents), falling back to reads and writes between
+/// filesystems. Answers the bytes copied: fewer than `len` when `src` ends first.
+fn copy_plain(src: &impl AsFd, off_in: u64, dst: &File, off_out: u64, len: u64) -> io::Result<u64> {
+    let (mut i, mut o, mut left) = (off_in, off_out, len);
+    while left > 0 {
+        match rfs::copy_file_range(
+            src,
+            Some(&mut i),
+            dst,
+            Some(&mut o),
+            left.min(COPY_CHUNK) as usize,
+        ) {
+            Ok(0) => break,
+            Ok(n) => left -= n as u64,
+            Err(rustix::io::Errno::INTR) => {}
             Err(
-                rustix::io::Errno::XDEV | rustix::io::Errno::NOSYS | rustix::io::Errno::OPNOTSUPP,
-            ) if off_in == 0 => {
-                let mut r = File::from(src.try_clone()?);
-                let mut w = dst.try_clone()?;
-                io::copy(&mut r.by_ref(), &mut w)?;
-                return Ok(());
+                rustix::io::Errno::XDEV
+                | rustix::io::Errno::NOSYS
+                | rustix::io::Errno::OPNOTSUPP
+                | rustix::io::Errno::INVAL,
+            ) => {
+                let mut buf = vec![0u8; 256 * 1024];
+                let src = File::from(src.as_fd().try_clone_to_owned()?);
+                while left > 0 {
+                    let want = (left as usize).min(buf.len());
+                    let n = match src.read_at(&mut buf[..want], i) {
+                        Ok(0) => break,
+                        Ok(n) => n,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e) => return Err(e),
+                    };
+                    dst.write_all_at(&buf[..n], o)?;
+                    (i, o, left) = (i + n as u64, o + n as u64, left - n as u64);
+                }
+                break;
             }
             Err(e) => return Err(e.into()),
         }
+    }
+    Ok(len - left)
+}
+
+/// Copy the first `len` bytes of `src` into the empty `dst` at the same offsets, copying only
+/// the data segments (`SEEK_DATA`/`SEEK_HOLE`), so a sparse file stays sparse; then `dst` is
+/// exactly `len` long.
+fn copy_sparse(src: &impl AsFd, dst: &File, len: u64) -> io::Result<()> {
+    let mut pos = 0u64;
+    while pos < len {
+        let data = match rfs::seek(src, rfs::SeekFrom::Data(pos)) {
+            Ok(d) => d,
+            // Only a hole remains.
+            Err(rustix::io::Errno::NXIO) => break,
+            // No hole support: copy the rest whole.
+            Err(_) => {
+                copy_plain(src, pos, dst, pos, len - pos)?;
+                break;
+            }
+        };
+        if data >= len {
+            break;
+        }
+        let hole = rfs::seek(src, rfs::SeekFrom::Hole(data))
+            .unwrap_or(len)
+            .min(len);
+        let want = hole - data;
+        if copy_plain(src, data, dst, data, want)? < want {
+            break; // the source shrank under us; the base check after the copy will say so
+        }
+        pos = hole;
+    }
+    dst.set_len(len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_paths_split_into_chunks_of_whole_components_under_path_max() {
+        let name = "n".repeat(255);
+        for count in [1, 11, 12, 13, 40] {
+            let path = vec![name.as_str(); count].join("/");
+            let chunks = path_chunks(path.as_bytes());
+            assert_eq!(chunks.join(&b'/'), path.as_bytes());
+            for c in &chunks {
+                assert!(c.len() <= PATH_CHUNK_BYTES && !c.is_empty());
+                assert!(!c.starts_with(b"/") && !c.ends_with(b"/"));
+            }
+            assert_eq!(chunks.len() > 1, path.len() > PATH_CHUNK_BYTES);
+        }
+        assert_eq!(path_chunks(b"a/b/c"), vec![&b"a/b/c"[..]]);
     }
 }

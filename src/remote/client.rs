@@ -197,6 +197,22 @@ fn stream_error(v: &serde_json::Value) -> Option<RemoteError> {
         .map(ErrorBody::into_error)
 }
 
+/// The agent checks names too; checking here first spares a round trip and keeps a bad name
+/// out of the URL.
+fn check_xattr_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() || name.contains(&0) {
+        return Err(RemoteError::Invalid(
+            "an extended attribute name is empty or has a NUL".into(),
+        ));
+    }
+    if name.len() > MAX_XATTR_NAME_BYTES {
+        return Err(RemoteError::NameTooLong(
+            String::from_utf8_lossy(name).into_owned(),
+        ));
+    }
+    Ok(())
+}
+
 fn p(path: &RemotePath) -> (&'static str, Vec<u8>) {
     ("path", path.as_bytes().to_vec())
 }
@@ -205,60 +221,137 @@ fn p(path: &RemotePath) -> (&'static str, Vec<u8>) {
 impl Remote for AgentClient {
     async fn mknod(
         &self,
-        _path: &RemotePath,
-        _kind: SpecialKind,
-        _mode: u32,
-        _rdev: u64,
+        path: &RemotePath,
+        kind: SpecialKind,
+        mode: u32,
+        rdev: u64,
     ) -> Result<Attr> {
-        Err(RemoteError::Unsupported("mknod (not yet)".into()))
+        let kind: &[u8] = match kind {
+            SpecialKind::Fifo => b"fifo",
+            SpecialKind::Socket => b"socket",
+            SpecialKind::CharDevice => b"chardevice",
+            SpecialKind::BlockDevice => b"blockdevice",
+        };
+        let q = [
+            p(path),
+            ("kind", kind.to_vec()),
+            ("mode", mode.to_string().into_bytes()),
+            ("rdev", rdev.to_string().into_bytes()),
+        ];
+        self.post_json("mknod", &q, None, false).await
     }
 
-    async fn link(&self, _existing: &RemotePath, _new: &RemotePath) -> Result<Attr> {
-        Err(RemoteError::Unsupported("link (not yet)".into()))
+    async fn link(&self, existing: &RemotePath, new: &RemotePath) -> Result<Attr> {
+        let q = [p(existing), ("to", new.as_bytes().to_vec())];
+        self.post_json("link", &q, None, false).await
     }
 
-    async fn getxattr(&self, _path: &RemotePath, _name: &[u8]) -> Result<Vec<u8>> {
-        Err(RemoteError::Unsupported("xattrs (not yet)".into()))
+    async fn getxattr(&self, path: &RemotePath, name: &[u8]) -> Result<Vec<u8>> {
+        #[derive(Deserialize)]
+        struct Value {
+            value: WireBytes,
+        }
+        check_xattr_name(name)?;
+        let q = [p(path), ("name", name.to_vec())];
+        let v: Value = self.get_json("getxattr", &q).await?;
+        if v.value.0.len() > MAX_XATTR_VALUE_BYTES {
+            return Err(RemoteError::TooLarge(
+                "an xattr value from the agent".into(),
+            ));
+        }
+        Ok(v.value.0)
     }
 
-    async fn listxattr(&self, _path: &RemotePath) -> Result<Vec<Vec<u8>>> {
-        Err(RemoteError::Unsupported("xattrs (not yet)".into()))
+    async fn listxattr(&self, path: &RemotePath) -> Result<Vec<Vec<u8>>> {
+        #[derive(Deserialize)]
+        struct Names {
+            names: Vec<WireBytes>,
+        }
+        let n: Names = self.get_json("listxattr", &[p(path)]).await?;
+        Ok(n.names.into_iter().map(|n| n.0).collect())
     }
 
     async fn setxattr(
         &self,
-        _path: &RemotePath,
-        _name: &[u8],
-        _value: &[u8],
-        _flags: XattrFlags,
+        path: &RemotePath,
+        name: &[u8],
+        value: &[u8],
+        flags: XattrFlags,
     ) -> Result<()> {
-        Err(RemoteError::Unsupported("xattrs (not yet)".into()))
+        check_xattr_name(name)?;
+        if value.len() > MAX_XATTR_VALUE_BYTES {
+            return Err(RemoteError::TooLarge(format!(
+                "extended attribute values are limited to {MAX_XATTR_VALUE_BYTES} bytes"
+            )));
+        }
+        let mut q = vec![p(path), ("name", name.to_vec())];
+        if flags.create {
+            q.push(("create", b"1".to_vec()));
+        }
+        if flags.replace {
+            q.push(("replace", b"1".to_vec()));
+        }
+        let body = serde_json::to_value(wire::XattrBody {
+            value: WireBytes(value.to_vec()),
+        })
+        .expect("serialisable");
+        self.post_json::<serde_json::Value>("setxattr", &q, Some(body), false)
+            .await
+            .map(|_| ())
     }
 
-    async fn removexattr(&self, _path: &RemotePath, _name: &[u8]) -> Result<()> {
-        Err(RemoteError::Unsupported("xattrs (not yet)".into()))
+    async fn removexattr(&self, path: &RemotePath, name: &[u8]) -> Result<()> {
+        check_xattr_name(name)?;
+        let q = [p(path), ("name", name.to_vec())];
+        self.post_json::<serde_json::Value>("removexattr", &q, None, false)
+            .await
+            .map(|_| ())
     }
 
     async fn fallocate(
         &self,
-        _path: &RemotePath,
-        _offset: u64,
-        _len: u64,
-        _keep_size: bool,
+        path: &RemotePath,
+        offset: u64,
+        len: u64,
+        keep_size: bool,
     ) -> Result<Attr> {
-        Err(RemoteError::Unsupported("fallocate (not yet)".into()))
+        let mut q = vec![
+            p(path),
+            ("offset", offset.to_string().into_bytes()),
+            ("len", len.to_string().into_bytes()),
+        ];
+        if keep_size {
+            q.push(("keep_size", b"1".to_vec()));
+        }
+        self.post_json("fallocate", &q, None, false).await
     }
 
     async fn copy_range(
         &self,
-        _src: &RemotePath,
-        _src_offset: u64,
-        _dst: &RemotePath,
-        _dst_offset: u64,
-        _len: u64,
-        _dst_base: Option<Version>,
+        src: &RemotePath,
+        src_offset: u64,
+        dst: &RemotePath,
+        dst_offset: u64,
+        len: u64,
+        dst_base: Option<Version>,
     ) -> Result<(u64, Attr)> {
-        Err(RemoteError::Unsupported("copy_range (not yet)".into()))
+        let mut q = vec![
+            p(src),
+            ("offset", src_offset.to_string().into_bytes()),
+            ("to", dst.as_bytes().to_vec()),
+            ("to_offset", dst_offset.to_string().into_bytes()),
+            ("len", len.to_string().into_bytes()),
+        ];
+        if let Some(b) = dst_base {
+            q.push(("base", b.0.into_bytes()));
+        }
+        // A copy of a large file takes the sandbox's time, not the network's: no call timeout
+        // beyond the commit's (none), like a commit.
+        let resp = self
+            .send(false, None, || self.request(Method::POST, "copy_range", &q))
+            .await?;
+        let a: wire::CopyRangeAnswer = resp.json().await.map_err(transport)?;
+        Ok((a.copied, a.attr))
     }
 
     async fn info(&self) -> Result<RemoteInfo> {

@@ -30,10 +30,18 @@ use crate::search::fuzzy::FuzzyMatch;
 use crate::search::grep::{GrepMatch, GrepOptions, GrepSummary};
 use crate::search::scan::{ScanRequest, ScanResult};
 
-/// Longest path accepted (bytes), as Linux's PATH_MAX.
-pub const MAX_PATH_BYTES: usize = 4096;
+/// Longest path accepted (bytes): deeper than Linux's PATH_MAX (4096) on purpose, since a
+/// workspace may hold trees deeper than one system call can name (the agent walks such paths
+/// in chunks). Not more: a request may carry two paths (rename, link, copy_range) percent-
+/// encoded at up to 3 bytes per byte, and an HTTP URI is limited to 64 KiB (the `http` crate's
+/// limit), so 2 × 3 × 10 KiB leaves room for the rest of the URI.
+pub const MAX_PATH_BYTES: usize = 10 * 1024;
 /// Longest name accepted (bytes), as Linux's NAME_MAX.
 pub const MAX_NAME_BYTES: usize = 255;
+/// Largest extended attribute value, and name list (Linux's XATTR_SIZE_MAX, XATTR_LIST_MAX).
+pub const MAX_XATTR_VALUE_BYTES: usize = 64 * 1024;
+/// Longest extended attribute name (Linux's XATTR_NAME_MAX).
+pub const MAX_XATTR_NAME_BYTES: usize = 255;
 
 /// A path inside the workspace: relative, `/`-separated, no `.`/`..`/empty components, no NUL.
 /// The empty path is the workspace root.
@@ -374,7 +382,12 @@ pub trait Remote: Send + Sync {
     // --- data
     /// Up to `len` bytes at `offset` (fewer at the end of the file), with their version.
     async fn read(&self, path: &RemotePath, offset: u64, len: u32) -> Result<ReadResult>;
-    /// Replace the file's content atomically (temp file beside it, then rename).
+    /// Replace the file's content atomically (temp file beside it, then rename), after
+    /// checking `opts.base`. A file with other hard links (`nlink > 1`) is the exception: a
+    /// rename would cut those names off, so its new content, assembled aside all the same, is
+    /// copied into the existing inode after the base check. The links are kept; atomicity is
+    /// not (a reader in the sandbox may see the file empty or half copied during that local
+    /// copy, and a crash then leaves it so), though a failed upload still changes nothing.
     async fn commit(
         &self,
         path: &RemotePath,

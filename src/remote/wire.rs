@@ -1,11 +1,16 @@
-//! The agent protocol, version 1: shared by the agent (`crate::agent`) and its client
+//! The agent protocol, version 2: shared by the agent (`crate::agent`) and its client
 //! ([`super::client`]), so neither can drift from the other.
 //!
 //! HTTP/1.1 on `/v1/...`; every request carries `Authorization: Bearer TOKEN` (else 401, on any
 //! path, known or not). Paths travel in the query string as `path=` (and `to=`), percent-encoded
 //! raw bytes, relative to the workspace root. Answers are JSON; streams (`tree`, `grep`,
 //! `watch`) are JSON lines; `read` answers raw bytes with the version in [`VERSION_HEADER`].
-//! Errors are a status code plus `{"error": TOKEN, "message": …}` ([`ErrorBody`]).
+//! Errors are a status code plus `{"error": TOKEN, "message": …}` ([`ErrorBody`]); a request
+//! that made the agent fail unexpectedly answers 500 with token `EIO`.
+//!
+//! Version 2 added mknod, link, the xattr calls, fallocate, copy_range, rename's `exchange`,
+//! a patch's `cut`, `uid`/`gid` in setattr, and attributes' `dev`/`rdev`; versions name the
+//! device and no longer the ctime. Paths may be up to [`super::MAX_PATH_BYTES`] long.
 //!
 //! | method and path | query | body | answer |
 //! |---|---|---|---|
@@ -15,13 +20,21 @@
 //! | `GET /v1/tree` | path | | JSON lines of [`super::TreeEntry`], then `{"end": n}` |
 //! | `GET /v1/read` | path, offset, len | | bytes; header `x-sbxfs-version` |
 //! | `PUT /v1/commit` | path, base?, mode?, patch? | the file, or a patch ([`PatchHeader`] line + bytes) | Attr |
-//! | `POST /v1/create` `/v1/mkdir` | path, mode | | Attr |
+//! | `POST /v1/create` `/v1/mkdir` | path, mode (exact: no umask) | | Attr |
+//! | `POST /v1/mknod` | path, kind (`fifo` `socket` `chardevice` `blockdevice`), mode, rdev? | | Attr |
 //! | `POST /v1/unlink` `/v1/rmdir` | path | | `{}` |
-//! | `POST /v1/rename` | path, to, noreplace? | | `{}` |
+//! | `POST /v1/rename` | path, to, noreplace? or exchange? | | `{}` |
+//! | `POST /v1/link` | path (existing), to (new name) | | Attr (its nlink one more) |
 //! | `POST /v1/symlink` | path, target | | Attr |
 //! | `GET /v1/readlink` | path | | `{"target": bytes}` |
 //! | `POST /v1/setattr` | path | [`super::SetAttr`] | Attr |
 //! | `GET /v1/statfs` | | | [`super::StatFs`] |
+//! | `GET /v1/getxattr` | path, name | | `{"value": bytes}` (`ENODATA` if none) |
+//! | `GET /v1/listxattr` | path | | `{"names": [bytes]}` |
+//! | `POST /v1/setxattr` | path, name, create? or replace? | [`XattrBody`] | `{}` |
+//! | `POST /v1/removexattr` | path, name | | `{}` |
+//! | `POST /v1/fallocate` | path, offset, len, keep_size? | | Attr |
+//! | `POST /v1/copy_range` | path (source), offset, to, to_offset, len, base? | | [`CopyRangeAnswer`] |
 //! | `POST /v1/scan` | path | ScanRequest | ScanResult |
 //! | `POST /v1/grep` | path | GrepOptions | JSON lines of matches, then the summary |
 //! | `POST /v1/glob` | path | `{"pattern"}` | `{"paths": [...]}` |
@@ -34,7 +47,7 @@ use std::collections::HashMap;
 use percent_encoding::{percent_decode, utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde::{Deserialize, Serialize};
 
-use super::{RemoteError, RemotePath};
+use super::{Attr, RemoteError, RemotePath, WireBytes};
 
 pub const PROTOCOL_VERSION: u32 = 2;
 pub const VERSION_HEADER: &str = "x-sbxfs-version";
@@ -219,6 +232,19 @@ pub struct EditBody {
     pub new: String,
     #[serde(default)]
     pub replace_all: bool,
+}
+
+/// The body of `POST /v1/setxattr`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct XattrBody {
+    pub value: WireBytes,
+}
+
+/// The answer of `POST /v1/copy_range`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CopyRangeAnswer {
+    pub copied: u64,
+    pub attr: Attr,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -34,6 +34,12 @@ use std::os::unix::ffi::OsStrExt;
 pub const MAX_ALTERNATIVES: usize = 1024;
 /// Most UTF-16 code units (as Node counts string length) all expanded patterns may total.
 pub const MAX_EXPANDED_UNITS: usize = 65_536;
+/// Deepest nesting of braces: expansion recurses once per level, so this bounds the stack a
+/// pattern can use (5,000 nested braces overflowed it); real patterns nest two or three deep.
+pub const MAX_BRACE_DEPTH: usize = 64;
+/// Deepest directory a pattern's walk descends (it recurses once per level): far below what
+/// a worker thread's stack allows, far above real trees.
+pub const MAX_WALK_DEPTH: usize = 1024;
 
 /// Glob `pattern` under `root`; paths relative to `root`, `/`-separated, sorted.
 pub fn glob(root: &Path, pattern: &str) -> Result<Vec<String>, SearchError> {
@@ -52,8 +58,15 @@ pub fn glob(root: &Path, pattern: &str) -> Result<Vec<String>, SearchError> {
             fs: &fs,
             pattern: p,
             found: &mut found,
+            depth: 0,
+            too_deep: false,
         };
         walker.walk_at(&real_root, "", 0);
+        if walker.too_deep {
+            return Err(SearchError::LimitExceeded(format!(
+                "directories nested more than {MAX_WALK_DEPTH} deep"
+            )));
+        }
     }
     Ok(found.into_iter().collect())
 }
@@ -294,6 +307,26 @@ fn class_has_posix(b: &[u8]) -> bool {
 
 /// Expand `{a,b}` alternatives, nested, left to right like the `brace-expansion` package.
 pub fn expand_braces(pattern: &str) -> Result<Vec<String>, SearchError> {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    let b = pattern.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'\\' => i += 1,
+            b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        i += 1;
+    }
+    if deepest > MAX_BRACE_DEPTH {
+        return Err(SearchError::LimitExceeded(format!(
+            "braces nested {deepest} deep; at most {MAX_BRACE_DEPTH} are allowed"
+        )));
+    }
     expand(pattern)
 }
 
@@ -520,11 +553,25 @@ struct Walker<'a> {
     fs: &'a dyn GlobFs,
     pattern: &'a Pattern,
     found: &'a mut BTreeSet<String>,
+    /// Directories entered below the root, now.
+    depth: usize,
+    /// Set when the walk met a tree deeper than [`MAX_WALK_DEPTH`] (then it stops).
+    too_deep: bool,
 }
 
 impl Walker<'_> {
     /// Match `segments[idx..]` inside `dir`, whose path relative to the root is `rel`.
     fn walk_at(&mut self, dir: &Path, rel: &str, idx: usize) {
+        if self.depth > MAX_WALK_DEPTH || self.too_deep {
+            self.too_deep = true;
+            return;
+        }
+        self.depth += 1;
+        self.walk_segment(dir, rel, idx);
+        self.depth -= 1;
+    }
+
+    fn walk_segment(&mut self, dir: &Path, rel: &str, idx: usize) {
         let segments = &self.pattern.segments;
         if idx == segments.len() {
             self.record(dir, rel);
@@ -644,5 +691,19 @@ mod tests {
             expand_braces("{1..3}"),
             Err(SearchError::Unsupported(_))
         ));
+    }
+
+    #[test]
+    fn deeply_nested_braces_are_refused_not_recursed() {
+        let bomb = format!("{}a{}", "{".repeat(5000), "}".repeat(5000));
+        let err = expand_braces(&bomb).unwrap_err();
+        assert!(matches!(err, SearchError::LimitExceeded(_)), "{err:?}");
+        assert!(err.to_string().contains("nested"), "{err}");
+        let ok = format!(
+            "{}a,b{}",
+            "{".repeat(MAX_BRACE_DEPTH),
+            "}".repeat(MAX_BRACE_DEPTH)
+        );
+        assert!(expand_braces(&ok).is_ok());
     }
 }

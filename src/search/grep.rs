@@ -293,8 +293,23 @@ fn search_file(
     file: WalkedFile,
 ) -> FileResult {
     let shown = file.path.display().to_string();
+    // The walk yields regular files only, but one may have been replaced since (a FIFO would
+    // block the search): open it without blocking and look before reading.
+    let opened = match super::open_regular(&file.path) {
+        Ok(f) => f,
+        Err(SearchError::ReadFailed(..) | SearchError::IsADirectory(_)) => {
+            return FileResult::default()
+        }
+        Err(e) => {
+            return FileResult {
+                searched: true,
+                error: Some(e.to_string()),
+                ..Default::default()
+            }
+        }
+    };
     let mut result = search_with(matcher, opts, file.relative, |sink| {
-        searcher.search_path(matcher, &file.path, sink)
+        searcher.search_file(matcher, &opened, sink)
     });
     if let Some(e) = &mut result.error {
         *e = format!("{shown}: {e}");

@@ -43,6 +43,30 @@ pub enum SearchError {
     Io(String, String),
 }
 
+/// Open a file for reading only if it is a regular file: opened `O_NONBLOCK` (so a FIFO put in
+/// its place never blocks the open) and checked with `fstat` before anything reads it.
+/// A directory is [`SearchError::IsADirectory`]; a FIFO, socket or device is
+/// [`SearchError::ReadFailed`] with "not a regular file".
+pub fn open_regular(path: &std::path::Path) -> Result<std::fs::File, SearchError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| SearchError::from_io(path, e))?;
+    let meta = file.metadata().map_err(|e| SearchError::from_io(path, e))?;
+    if meta.is_dir() {
+        return Err(SearchError::IsADirectory(path.display().to_string()));
+    }
+    if !meta.is_file() {
+        return Err(SearchError::ReadFailed(
+            path.display().to_string(),
+            "not a regular file".into(),
+        ));
+    }
+    Ok(file)
+}
+
 impl SearchError {
     /// The stable machine-readable name of this error.
     pub fn token(&self) -> &'static str {

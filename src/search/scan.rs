@@ -73,11 +73,8 @@ impl ScanRequest {
 /// Scan a file on disk with positional reads bounded by the size seen at open.
 pub fn scan_file(path: &Path, req: ScanRequest) -> Result<ScanResult, SearchError> {
     req.validate()?;
-    let file = File::open(path).map_err(|e| SearchError::from_io(path, e))?;
+    let file = super::open_regular(path)?;
     let meta = file.metadata().map_err(|e| SearchError::from_io(path, e))?;
-    if meta.is_dir() {
-        return Err(SearchError::IsADirectory(path.display().to_string()));
-    }
     scan_reader_at(&file, meta.len(), req).map_err(|e| SearchError::from_io(path, e))
 }
 
