@@ -1,6 +1,7 @@
 //! The agent as a process: authentication, request limits, commit atomicity seen from inside the
 //! sandbox, bytes on the wire for patch commits, a crash during a commit, cancellation of a
-//! search, clean shutdown.
+//! search, clean shutdown; requests that must not take it down (brace bombs, FIFOs), exact
+//! modes under a umask, sparse files kept sparse.
 
 mod common;
 
@@ -469,4 +470,291 @@ async fn dropping_a_grep_stream_stops_the_search_in_the_agent() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The agent answers and is still the same process.
+async fn still_serving(agent: &mut AgentProcess, client: &AgentClient) {
+    assert!(
+        agent.child.try_wait().unwrap().is_none(),
+        "the agent process died"
+    );
+    let a = tokio::time::timeout(Duration::from_secs(10), client.stat(&RemotePath::root()))
+        .await
+        .expect("the agent answers")
+        .unwrap();
+    assert_eq!(a.kind, FileKind::Dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_glob_brace_bomb_is_refused_and_the_agent_keeps_serving() {
+    let (_d, root) = workspace();
+    fs::write(root.join("a"), "a").unwrap();
+    let mut agent = AgentProcess::start(&root);
+    let client = agent.client();
+    // 5,000 nested braces used to overflow the expansion's stack and kill the agent.
+    let bomb = format!("{}a{}", "{".repeat(5000), "}".repeat(5000));
+    let err = client.glob(&RemotePath::root(), &bomb).await.unwrap_err();
+    assert_eq!(err.token(), "limit_exceeded", "{err:?}");
+    assert!(err.to_string().contains("nested"), "{err}");
+    still_serving(&mut agent, &client).await;
+    // A deep tree: the walk bounds its own recursion too.
+    let mut deep = root.join("deep");
+    for _ in 0..1500 {
+        deep.push("d");
+    }
+    fs::create_dir_all(&deep).unwrap();
+    match client.glob(&RemotePath::root(), "**").await {
+        Ok(paths) => assert!(paths.len() > 1000),
+        Err(e) => assert_eq!(e.token(), "limit_exceeded", "{e:?}"),
+    }
+    still_serving(&mut agent, &client).await;
+    assert_eq!(
+        client.glob(&RemotePath::root(), "{a,b}").await.unwrap(),
+        vec!["a".to_string()]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifos_are_refused_at_once_by_read_scan_grep_and_edit() {
+    let (_d, root) = workspace();
+    fs::write(root.join("real.txt"), "needle here\n").unwrap();
+    let mut agent = AgentProcess::start(&root);
+    let client = agent.client();
+    client
+        .mknod(&rp("fifo"), SpecialKind::Fifo, 0o644, 0)
+        .await
+        .unwrap();
+    std::os::unix::fs::symlink("fifo", root.join("to-fifo")).unwrap();
+    // Generous: what is proved is "answers", not "answers fast".
+    let soon = Duration::from_secs(20);
+    for path in ["fifo", "to-fifo"] {
+        let p = rp(path);
+        let read = tokio::time::timeout(soon, client.read(&p, 0, 100))
+            .await
+            .expect("read of a FIFO must not block");
+        let scan = tokio::time::timeout(
+            soon,
+            client.scan(
+                &p,
+                sbxfs::search::scan::ScanRequest {
+                    start_line: 1,
+                    end_line: None,
+                    max_bytes: 65536,
+                },
+            ),
+        )
+        .await
+        .expect("scan of a FIFO must not block");
+        let edit = tokio::time::timeout(soon, client.edit(&p, "a", "b", false))
+            .await
+            .expect("edit of a FIFO must not block");
+        let grep = tokio::time::timeout(soon, async {
+            let opts = GrepOptions {
+                pattern: "needle".into(),
+                ..Default::default()
+            };
+            match client.grep(&p, opts).await {
+                Err(e) => Err(e),
+                Ok(mut s) => match s.next().await {
+                    Some(Err(e)) => Err(e),
+                    other => panic!("grep of a FIFO answered {other:?}"),
+                },
+            }
+        })
+        .await
+        .expect("grep of a FIFO must not block");
+        for (op, result) in [
+            ("read", read.map(|_| ())),
+            ("scan", scan.map(|_| ())),
+            ("edit", edit.map(|_| ())),
+            ("grep", grep),
+        ] {
+            let err = result.expect_err(op);
+            assert!(
+                err.to_string().contains("not a regular file"),
+                "{op} {path}: {err}"
+            );
+        }
+    }
+    // A search of the directory skips the FIFO and finds the file.
+    let opts = GrepOptions {
+        pattern: "needle".into(),
+        ..Default::default()
+    };
+    let events: Vec<GrepEvent> = tokio::time::timeout(soon, async {
+        client
+            .grep(&RemotePath::root(), opts)
+            .await
+            .unwrap()
+            .map(|e| e.unwrap())
+            .collect()
+            .await
+    })
+    .await
+    .expect("grep of a directory holding a FIFO must not block");
+    let matched: Vec<&str> = events
+        .iter()
+        .filter_map(|e| match e {
+            GrepEvent::Match(m) => Some(m.path.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(matched, ["real.txt"]);
+    still_serving(&mut agent, &client).await;
+    use std::os::unix::fs::FileTypeExt;
+    assert!(
+        fs::symlink_metadata(root.join("fifo"))
+            .unwrap()
+            .file_type()
+            .is_fifo(),
+        "edit left the FIFO alone"
+    );
+}
+
+/// An agent started with a umask (as a service manager might leave it); killed on drop.
+struct AgentWithUmask {
+    child: std::process::Child,
+    client: AgentClient,
+    _token_dir: tempfile::TempDir,
+}
+
+impl AgentWithUmask {
+    fn start(root: &std::path::Path, umask: u32) -> Self {
+        use std::io::BufRead;
+        let token = "umask-token-0123456789";
+        let token_dir = tempfile::tempdir().unwrap();
+        let token_file = token_dir.path().join("token");
+        fs::write(&token_file, token).unwrap();
+        let mut child = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("umask {umask:03o} && exec \"$0\" \"$@\""))
+            .arg(sbxfs_bin())
+            .args(["agent", "--listen", "127.0.0.1:0", "--root"])
+            .arg(root)
+            .arg("--token-file")
+            .arg(&token_file)
+            .env("SBXFS_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .unwrap_or_else(|| panic!("no ready line from the agent: {line:?}"));
+        AgentWithUmask {
+            client: AgentClient::new(url, token).unwrap(),
+            child,
+            _token_dir: token_dir,
+        }
+    }
+}
+
+impl Drop for AgentWithUmask {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn modes_are_exact_under_a_restrictive_umask() {
+    let (_d, root) = workspace();
+    let agent = AgentWithUmask::start(&root, 0o077);
+    let client = agent.client.clone();
+    assert_eq!(client.create(&rp("f"), 0o666).await.unwrap().mode, 0o666);
+    assert_eq!(client.mkdir(&rp("d"), 0o1777).await.unwrap().mode, 0o1777);
+    assert_eq!(client.mkdir(&rp("e"), 0o777).await.unwrap().mode, 0o777);
+    let fifo = client
+        .mknod(&rp("p"), SpecialKind::Fifo, 0o644, 0)
+        .await
+        .unwrap();
+    assert_eq!(fifo.mode, 0o644);
+    let c = client
+        .commit(
+            &rp("c"),
+            CommitContent::Whole(Box::new(std::io::Cursor::new(b"x".to_vec()))),
+            CommitOptions {
+                base: None,
+                create_mode: Some(0o664),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(c.mode, 0o664);
+    use std::os::unix::fs::PermissionsExt;
+    for (name, mode) in [("f", 0o666), ("d", 0o1777), ("e", 0o777), ("c", 0o664)] {
+        let m = fs::metadata(root.join(name)).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(m, mode, "{name} on disk");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sparse_file_stays_sparse_through_patches_and_linked_commits() {
+    use std::os::unix::fs::MetadataExt;
+    let (_d, root) = workspace();
+    let path = root.join("sparse.img");
+    let f = fs::File::create(&path).unwrap();
+    f.set_len(256 << 20).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, b"head", 0).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, b"tail", (256 << 20) - 4).unwrap();
+    drop(f);
+    let agent = AgentProcess::start(&root);
+    let client = agent.client();
+    let allocated = |p: &std::path::Path| fs::metadata(p).unwrap().blocks() * 512;
+    let v = client.stat(&rp("sparse.img")).await.unwrap().version;
+    client
+        .commit(
+            &rp("sparse.img"),
+            CommitContent::Patch {
+                cut: u64::MAX,
+                new_len: 256 << 20,
+                ranges: vec![(100 << 20, Bytes::from_static(b"middle"))],
+            },
+            CommitOptions {
+                base: Some(v),
+                create_mode: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert!(
+        allocated(&path) < 1 << 20,
+        "patched copy allocates {} bytes of a 256 MiB sparse file",
+        allocated(&path)
+    );
+    let got = client.read(&rp("sparse.img"), 100 << 20, 6).await.unwrap();
+    assert_eq!(&got.data[..], b"middle");
+    let got = client
+        .read(&rp("sparse.img"), (256 << 20) - 4, 4)
+        .await
+        .unwrap();
+    assert_eq!(&got.data[..], b"tail");
+    // The same through a hard-linked file's in-place commit.
+    client.link(&rp("sparse.img"), &rp("other")).await.unwrap();
+    let v = client.stat(&rp("sparse.img")).await.unwrap().version;
+    client
+        .commit(
+            &rp("sparse.img"),
+            CommitContent::Patch {
+                cut: u64::MAX,
+                new_len: 256 << 20,
+                ranges: vec![(0, Bytes::from_static(b"HEAD"))],
+            },
+            CommitOptions {
+                base: Some(v),
+                create_mode: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert!(allocated(&path) < 1 << 20, "{}", allocated(&path));
+    assert_eq!(
+        &client.read(&rp("other"), 0, 4).await.unwrap().data[..],
+        b"HEAD"
+    );
+    assert_eq!(fs::metadata(&path).unwrap().nlink(), 2);
 }

@@ -1037,6 +1037,632 @@ async fn hard_links_made_in_the_sandbox_share_an_inode(b: &Backend) {
     ));
 }
 
+fn patch(cut: u64, new_len: u64, ranges: Vec<(u64, &'static [u8])>) -> CommitContent {
+    CommitContent::Patch {
+        cut,
+        new_len,
+        ranges: ranges
+            .into_iter()
+            .map(|(o, b)| (o, Bytes::from_static(b)))
+            .collect(),
+    }
+}
+
+fn based_on(v: Version) -> CommitOptions {
+    CommitOptions {
+        base: Some(v),
+        create_mode: None,
+    }
+}
+
+/// The whole file through the remote (so any backend can be checked the same way).
+async fn read_all(b: &Backend, path: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let got = b
+            .remote
+            .read(&rp(path), out.len() as u64, 1 << 20)
+            .await
+            .unwrap();
+        if got.data.is_empty() {
+            return out;
+        }
+        out.extend_from_slice(&got.data);
+    }
+}
+
+async fn patches_cut_before_they_write(b: &Backend) {
+    let r = &b.remote;
+    b.sb.write(b"t.bin", &[b'A'; 20_000]);
+    let base = r.stat(&rp("t.bin")).await.unwrap().version;
+    // As `truncate -s 100` then a write at 30,000: what was between is gone, not kept.
+    let a = r
+        .commit(
+            &rp("t.bin"),
+            patch(100, 30_010, vec![(30_000, b"BBBBBBBBBB")]),
+            based_on(base),
+        )
+        .await
+        .unwrap();
+    assert_eq!(a.size, 30_010);
+    let got = read_all(b, "t.bin").await;
+    assert_eq!(got.len(), 30_010);
+    assert!(got[..100].iter().all(|&c| c == b'A'), "kept below the cut");
+    assert!(
+        got[100..30_000].iter().all(|&c| c == 0),
+        "bytes between the cut and the range read as zeros"
+    );
+    assert_eq!(&got[30_000..], b"BBBBBBBBBB");
+
+    // Cut, then grown again with no range: zeros past the cut.
+    let base = a.version;
+    r.commit(&rp("t.bin"), patch(5, 50, vec![]), based_on(base))
+        .await
+        .unwrap();
+    let mut want = vec![b'A'; 5];
+    want.resize(50, 0);
+    assert_eq!(read_all(b, "t.bin").await, want);
+
+    // A cut at or past the base size cuts nothing.
+    let base = r.stat(&rp("t.bin")).await.unwrap().version;
+    r.commit(
+        &rp("t.bin"),
+        patch(50, 52, vec![(50, b"zz")]),
+        based_on(base),
+    )
+    .await
+    .unwrap();
+    want.extend_from_slice(b"zz");
+    assert_eq!(read_all(b, "t.bin").await, want);
+    assert_no_temp_files(&*b.sb);
+}
+
+async fn hard_links_share_content_and_survive_commits(b: &Backend) {
+    let r = &b.remote;
+    b.sb.write(b"a", b"one");
+    let before = r.stat(&rp("a")).await.unwrap();
+    let l = r.link(&rp("a"), &rp("b")).await.unwrap();
+    assert_eq!((l.nlink, l.ino, l.kind), (2, before.ino, FileKind::File));
+    assert_eq!(
+        l.version, before.version,
+        "a link changes the ctime only, not the version"
+    );
+    assert!(matches!(
+        r.link(&rp("a"), &rp("b")).await,
+        Err(RemoteError::Exists(_))
+    ));
+    assert!(matches!(
+        r.link(&rp("missing"), &rp("c")).await,
+        Err(RemoteError::NotFound(_))
+    ));
+
+    // A whole-file commit to one name: both names see it, still one inode.
+    let a = r
+        .commit(
+            &rp("a"),
+            whole(b"two, longer".to_vec()),
+            based_on(l.version),
+        )
+        .await
+        .unwrap();
+    assert_eq!((a.ino, a.nlink), (before.ino, 2), "the link survives");
+    assert_eq!(read_all(b, "b").await, b"two, longer");
+    // A patch through the other name.
+    let p = r
+        .commit(
+            &rp("b"),
+            patch(3, 5, vec![(3, b"!!")]),
+            based_on(a.version.clone()),
+        )
+        .await
+        .unwrap();
+    assert_eq!((p.ino, p.nlink), (before.ino, 2));
+    assert_eq!(read_all(b, "a").await, b"two!!");
+    // A stale base is still a conflict, and changes nothing.
+    let err = r
+        .commit(&rp("a"), whole(b"lost".to_vec()), based_on(a.version))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RemoteError::Conflict { .. }), "{err:?}");
+    assert_eq!(read_all(b, "b").await, b"two!!");
+    // Once the other name is gone, commits are renames again (a new inode).
+    r.unlink(&rp("b")).await.unwrap();
+    let v = r.stat(&rp("a")).await.unwrap().version;
+    let c = r
+        .commit(&rp("a"), whole(b"three".to_vec()), based_on(v))
+        .await
+        .unwrap();
+    assert_eq!(c.nlink, 1);
+    assert_no_temp_files(&*b.sb);
+}
+
+async fn mknod_makes_fifos_sockets_and_devices_when_allowed(b: &Backend) {
+    let r = &b.remote;
+    let f = r
+        .mknod(&rp("fifo"), SpecialKind::Fifo, 0o640, 0)
+        .await
+        .unwrap();
+    assert_eq!((f.kind, f.mode, f.size), (FileKind::Fifo, 0o640, 0));
+    let s = r
+        .mknod(&rp("sock"), SpecialKind::Socket, 0o600, 0)
+        .await
+        .unwrap();
+    assert_eq!((s.kind, s.mode), (FileKind::Socket, 0o600));
+    assert!(matches!(
+        r.mknod(&rp("fifo"), SpecialKind::Fifo, 0o644, 0).await,
+        Err(RemoteError::Exists(_))
+    ));
+    let names: Vec<(Vec<u8>, FileKind)> = r
+        .list(&RemotePath::root())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.name.0, e.attr.kind))
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            (b"fifo".to_vec(), FileKind::Fifo),
+            (b"sock".to_vec(), FileKind::Socket)
+        ]
+    );
+    // /dev/null's numbers (1, 3): made only where the sandbox may, else honestly EPERM.
+    let rdev = libc::makedev(1, 3);
+    match r
+        .mknod(&rp("null"), SpecialKind::CharDevice, 0o666, rdev)
+        .await
+    {
+        Ok(d) => assert_eq!(
+            (d.kind, d.rdev, d.mode),
+            (FileKind::CharDevice, rdev, 0o666)
+        ),
+        Err(e) => assert!(matches!(e, RemoteError::Perm(_)), "{e:?}"),
+    }
+    // Never opened for reading: a FIFO would block the reader forever.
+    let err = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        r.read(&rp("fifo"), 0, 10),
+    )
+    .await
+    .expect("reading a FIFO must not block")
+    .unwrap_err();
+    assert!(err.to_string().contains("not a regular file"), "{err}");
+}
+
+async fn rename_exchanges_and_refuses_to_replace(b: &Backend) {
+    let r = &b.remote;
+    b.sb.write(b"x", b"x");
+    b.sb.mkdir_all(b"d");
+    b.sb.write(b"d/inner", b"inner");
+    r.rename(&rp("x"), &rp("d"), RenameMode::Exchange)
+        .await
+        .unwrap();
+    assert_eq!(r.stat(&rp("x")).await.unwrap().kind, FileKind::Dir);
+    assert_eq!(read_all(b, "x/inner").await, b"inner");
+    assert_eq!(read_all(b, "d").await, b"x");
+    assert!(matches!(
+        r.rename(&rp("d"), &rp("missing"), RenameMode::Exchange)
+            .await,
+        Err(RemoteError::NotFound(_))
+    ));
+    assert!(matches!(
+        r.rename(&rp("d"), &rp("x"), RenameMode::NoReplace).await,
+        Err(RemoteError::Exists(_))
+    ));
+    assert_eq!(
+        read_all(b, "d").await,
+        b"x",
+        "a refused rename changes nothing"
+    );
+    r.rename(&rp("d"), &rp("y"), RenameMode::NoReplace)
+        .await
+        .unwrap();
+    assert_eq!(read_all(b, "y").await, b"x");
+}
+
+async fn modes_are_exactly_those_asked(b: &Backend) {
+    // The test process (and so the agent it starts) has a umask, 022 by default: none of it
+    // may show in what is made.
+    let r = &b.remote;
+    for (name, mode) in [("f666", 0o666), ("f600", 0o600), ("f4755", 0o4755)] {
+        assert_eq!(
+            r.create(&rp(name), mode).await.unwrap().mode,
+            mode,
+            "{name}"
+        );
+        assert_eq!(r.stat(&rp(name)).await.unwrap().mode, mode, "{name}");
+    }
+    for (name, mode) in [("d777", 0o777), ("d1777", 0o1777), ("d700", 0o700)] {
+        assert_eq!(r.mkdir(&rp(name), mode).await.unwrap().mode, mode, "{name}");
+    }
+    let f = r
+        .mknod(&rp("p666"), SpecialKind::Fifo, 0o666, 0)
+        .await
+        .unwrap();
+    assert_eq!(f.mode, 0o666);
+    let c = r
+        .commit(
+            &rp("c666"),
+            whole(b"new".to_vec()),
+            CommitOptions {
+                base: None,
+                create_mode: Some(0o666),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(c.mode, 0o666);
+    // A set-group-ID parent passes its bit on to new directories; asked for 0755, 0755 it is.
+    b.sb.mkdir_all(b"sgid");
+    b.sb.chmod(b"sgid", 0o2775);
+    assert_eq!(r.mkdir(&rp("sgid/sub"), 0o755).await.unwrap().mode, 0o755);
+}
+
+async fn setattr_owners_symlink_times_and_limits(b: &Backend) {
+    let r = &b.remote;
+    b.sb.write(b"f", b"data");
+    let a = r.stat(&rp("f")).await.unwrap();
+    let same = r
+        .setattr(
+            &rp("f"),
+            SetAttr {
+                uid: Some(a.uid),
+                gid: Some(a.gid),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (same.uid, same.gid),
+        (a.uid, a.gid),
+        "chown to its own owner"
+    );
+
+    b.sb.symlink(b"f", b"ln");
+    let t = 1_500_000_000_000_000_123i64;
+    let l = r
+        .setattr(
+            &rp("ln"),
+            SetAttr {
+                mtime_ns: Some(t),
+                atime_ns: Some(t),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (l.kind, l.mtime_ns),
+        (FileKind::Symlink, t),
+        "the link's own times"
+    );
+    assert_ne!(
+        r.stat(&rp("f")).await.unwrap().mtime_ns,
+        t,
+        "the target's times are untouched"
+    );
+    assert_eq!(
+        b.sb.lstat(b"ln").unwrap().mtime_ns,
+        t,
+        "as the sandbox sees it"
+    );
+    assert!(matches!(
+        r.setattr(
+            &rp("ln"),
+            SetAttr {
+                mode: Some(0o600),
+                ..Default::default()
+            }
+        )
+        .await,
+        Err(RemoteError::Unsupported(_))
+    ));
+    assert_eq!(
+        r.stat(&rp("f")).await.unwrap().mode,
+        a.mode,
+        "target mode kept"
+    );
+    // A chown through a symlink changes the link's owner, not the target's.
+    let lo = r
+        .setattr(
+            &rp("ln"),
+            SetAttr {
+                uid: Some(l.uid),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(lo.kind, FileKind::Symlink);
+
+    for size in [u64::MAX, 1 << 63] {
+        let err = r
+            .setattr(
+                &rp("f"),
+                SetAttr {
+                    size: Some(size),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(err, RemoteError::FileTooBig(_)), "{size}: {err:?}");
+        assert_eq!(err.errno(), libc::EFBIG);
+    }
+    assert_eq!(read_all(b, "f").await, b"data");
+}
+
+async fn xattrs_round_trip_without_following_symlinks(b: &Backend) {
+    let r = &b.remote;
+    b.sb.write(b"f", b"data");
+    let f = rp("f");
+    let none = XattrFlags::default();
+    let create = XattrFlags {
+        create: true,
+        replace: false,
+    };
+    let replace = XattrFlags {
+        create: false,
+        replace: true,
+    };
+    assert!(matches!(
+        r.getxattr(&f, b"user.sbxfs").await,
+        Err(RemoteError::NoAttr(_))
+    ));
+    assert_eq!(
+        r.getxattr(&f, b"user.sbxfs").await.unwrap_err().errno(),
+        libc::ENODATA
+    );
+    assert!(matches!(
+        r.setxattr(&f, b"user.sbxfs", b"v", replace).await,
+        Err(RemoteError::NoAttr(_))
+    ));
+    let value: Vec<u8> = (0..=255u8).collect(); // not UTF-8
+    r.setxattr(&f, b"user.sbxfs", &value, create).await.unwrap();
+    assert_eq!(r.getxattr(&f, b"user.sbxfs").await.unwrap(), value);
+    assert!(matches!(
+        r.setxattr(&f, b"user.sbxfs", b"again", create).await,
+        Err(RemoteError::Exists(_))
+    ));
+    r.setxattr(&f, b"user.sbxfs", b"replaced", replace)
+        .await
+        .unwrap();
+    r.setxattr(&f, b"user.empty", b"", none).await.unwrap();
+    assert_eq!(r.getxattr(&f, b"user.sbxfs").await.unwrap(), b"replaced");
+    assert_eq!(r.getxattr(&f, b"user.empty").await.unwrap(), b"");
+    let mut names = r.listxattr(&f).await.unwrap();
+    names.retain(|n| n.starts_with(b"user."));
+    names.sort();
+    assert_eq!(names, vec![b"user.empty".to_vec(), b"user.sbxfs".to_vec()]);
+    r.removexattr(&f, b"user.empty").await.unwrap();
+    assert!(matches!(
+        r.removexattr(&f, b"user.empty").await,
+        Err(RemoteError::NoAttr(_))
+    ));
+    // Through a symlink: the link's own attributes (user.* has none on a link), not the file's.
+    b.sb.symlink(b"f", b"ln");
+    assert!(r.getxattr(&rp("ln"), b"user.sbxfs").await.is_err());
+    // The root and a directory have attributes too.
+    r.mkdir(&rp("d"), 0o755).await.unwrap();
+    r.setxattr(&rp("d"), b"user.d", b"dir", none).await.unwrap();
+    assert_eq!(r.getxattr(&rp("d"), b"user.d").await.unwrap(), b"dir");
+    r.setxattr(&RemotePath::root(), b"user.root", b"r", none)
+        .await
+        .unwrap();
+    assert_eq!(
+        r.getxattr(&RemotePath::root(), b"user.root").await.unwrap(),
+        b"r"
+    );
+    // Bounds.
+    let long_name = [b"user.".to_vec(), vec![b'n'; 251]].concat();
+    assert!(matches!(
+        r.setxattr(&f, &long_name, b"v", none).await,
+        Err(RemoteError::NameTooLong(_))
+    ));
+    assert!(matches!(
+        r.setxattr(&f, b"user.big", &vec![0u8; 64 * 1024 + 1], none)
+            .await,
+        Err(RemoteError::TooLarge(_))
+    ));
+    assert!(matches!(
+        r.getxattr(&rp("missing"), b"user.x").await,
+        Err(RemoteError::NotFound(_))
+    ));
+}
+
+async fn fallocate_grows_or_keeps_the_size(b: &Backend) {
+    let r = &b.remote;
+    b.sb.write(b"f", b"0123456789");
+    let kept = r.fallocate(&rp("f"), 0, 1 << 20, true).await.unwrap();
+    assert_eq!(kept.size, 10, "KEEP_SIZE");
+    let grown = r.fallocate(&rp("f"), 4096, 8192, false).await.unwrap();
+    assert_eq!(grown.size, 4096 + 8192);
+    let got = read_all(b, "f").await;
+    assert_eq!(&got[..10], b"0123456789", "the content does not change");
+    assert!(got[10..].iter().all(|&c| c == 0));
+    assert_eq!(r.stat(&rp("f")).await.unwrap().size, 12_288);
+    assert!(matches!(
+        r.fallocate(&rp("missing"), 0, 1, false).await,
+        Err(RemoteError::NotFound(_))
+    ));
+    r.mkdir(&rp("d"), 0o755).await.unwrap();
+    assert!(matches!(
+        r.fallocate(&rp("d"), 0, 1, false).await,
+        Err(RemoteError::IsDir(_))
+    ));
+}
+
+async fn copy_range_is_an_atomic_commit_of_the_destination(b: &Backend) {
+    let r = &b.remote;
+    b.sb.write(b"src", b"0123456789");
+    b.sb.write(b"dst", b"abcdefghij");
+    let before = r.stat(&rp("dst")).await.unwrap();
+    let (n, a) = r
+        .copy_range(
+            &rp("src"),
+            2,
+            &rp("dst"),
+            5,
+            3,
+            Some(before.version.clone()),
+        )
+        .await
+        .unwrap();
+    assert_eq!((n, a.size), (3, 10));
+    assert_eq!(read_all(b, "dst").await, b"abcde234ij");
+    assert_ne!(a.version, before.version);
+    // Past the source's end: fewer bytes; past the destination's end: it grows (a hole between).
+    let (n, a) = r
+        .copy_range(&rp("src"), 8, &rp("dst"), 12, 100, Some(a.version))
+        .await
+        .unwrap();
+    assert_eq!((n, a.size), (2, 14));
+    assert_eq!(read_all(b, "dst").await, b"abcde234ij\0\089");
+    // Without a base: no check.
+    let (n, _) = r
+        .copy_range(&rp("src"), 0, &rp("dst"), 0, 1, None)
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    // A stale base: a conflict, nothing written.
+    let err = r
+        .copy_range(&rp("src"), 0, &rp("dst"), 0, 5, Some(before.version))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RemoteError::Conflict { .. }), "{err:?}");
+    assert_eq!(read_all(b, "dst").await, b"0bcde234ij\0\089");
+    assert!(matches!(
+        r.copy_range(&rp("missing"), 0, &rp("dst"), 0, 5, None)
+            .await,
+        Err(RemoteError::NotFound(_))
+    ));
+    assert!(matches!(
+        r.copy_range(&rp("src"), 0, &rp("nodst"), 0, 5, None).await,
+        Err(RemoteError::NotFound(_))
+    ));
+    assert_no_temp_files(&*b.sb);
+}
+
+async fn paths_deeper_than_path_max_work(b: &Backend) {
+    let r = &b.remote;
+    // 24 levels of 200-byte names: about 4,800 bytes, past PATH_MAX (4096).
+    let name = "d".repeat(200);
+    let mut dir = RemotePath::root();
+    for _ in 0..24 {
+        dir = dir.join(name.as_bytes()).unwrap();
+        assert_eq!(r.mkdir(&dir, 0o755).await.unwrap().kind, FileKind::Dir);
+    }
+    assert!(dir.as_bytes().len() > 4096);
+    let file = dir.join(b"f.txt").unwrap();
+    let a = r.create(&file, 0o644).await.unwrap();
+    assert_eq!(a.kind, FileKind::File);
+    let a = r
+        .commit(&file, whole(b"deep".to_vec()), based_on(a.version))
+        .await
+        .unwrap();
+    assert_eq!(r.stat(&file).await.unwrap().size, 4);
+    assert_eq!(r.read(&file, 0, 100).await.unwrap().data, &b"deep"[..]);
+    let names: Vec<Vec<u8>> = r
+        .list(&dir)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name.0)
+        .collect();
+    assert_eq!(names, vec![b"f.txt".to_vec()]);
+    let moved = dir.join(b"g.txt").unwrap();
+    r.rename(&file, &moved, RenameMode::NoReplace)
+        .await
+        .unwrap();
+    r.commit(&moved, patch(4, 6, vec![(4, b"er")]), based_on(a.version))
+        .await
+        .unwrap();
+    assert_eq!(r.read(&moved, 0, 100).await.unwrap().data, &b"deeper"[..]);
+    assert!(matches!(r.stat(&file).await, Err(RemoteError::NotFound(_))));
+    r.unlink(&moved).await.unwrap();
+    // Too deep even for us: refused by name, not by a failed call.
+    let mut too_deep = Vec::new();
+    while too_deep.len() <= MAX_PATH_BYTES {
+        too_deep.extend_from_slice(b"abcdefgh/");
+    }
+    too_deep.pop();
+    assert!(matches!(
+        RemotePath::new(too_deep),
+        Err(RemoteError::NameTooLong(_))
+    ));
+    while !dir.is_root() {
+        r.rmdir(&dir).await.unwrap();
+        dir = dir.split_last().unwrap().0;
+    }
+    assert!(r.list(&RemotePath::root()).await.unwrap().is_empty());
+}
+
+/// A tmpfs mounted inside the workspace: two files there and beside it differ by their device,
+/// which versions name. Agent only (a real OS); skipped, with the reason printed, where
+/// mounting is not allowed.
+async fn versions_name_the_device(b: &Backend) {
+    let r = &b.remote;
+    let root = b.real_root.as_ref().expect("agent only");
+    let mnt = root.join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "sbxfs-test"])
+        .arg(&mnt)
+        .stderr(std::process::Stdio::piped())
+        .output();
+    match ok {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => {
+            eprintln!(
+                "skipping versions_name_the_device: mount failed: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            );
+            return;
+        }
+        Err(e) => {
+            eprintln!("skipping versions_name_the_device: cannot run mount: {e}");
+            return;
+        }
+    }
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+    let _unmount = Unmount(mnt.clone());
+    b.sb.write(b"here", b"same");
+    fs::write(mnt.join("there"), "same").unwrap();
+    let here = r.stat(&rp("here")).await.unwrap();
+    let there = r.stat(&rp("mnt/there")).await.unwrap();
+    assert_ne!(here.dev, there.dev, "two filesystems, two devices");
+    assert_ne!(here.version, there.version);
+    assert!(there.version.0.contains(&format!("{:x}", there.ino)));
+    // A commit there checks its base with the same versions.
+    let a = r
+        .commit(
+            &rp("mnt/there"),
+            whole(b"new".to_vec()),
+            based_on(there.version.clone()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(a.dev, there.dev);
+    assert!(matches!(
+        r.commit(
+            &rp("mnt/there"),
+            whole(b"x".to_vec()),
+            based_on(here.version)
+        )
+        .await,
+        Err(RemoteError::Conflict { .. })
+    ));
+}
+
 macro_rules! conformance {
     ($backend:ident: $($check:ident),* $(,)?) => {
         mod $backend {
@@ -1063,8 +1689,22 @@ conformance!(agent_backend:
     change_feed_sees_writes_made_in_the_sandbox,
     change_feed_reports_lost_events,
     hard_links_made_in_the_sandbox_share_an_inode,
+    patches_cut_before_they_write,
+    hard_links_share_content_and_survive_commits,
+    mknod_makes_fifos_sockets_and_devices_when_allowed,
+    rename_exchanges_and_refuses_to_replace,
+    modes_are_exactly_those_asked,
+    setattr_owners_symlink_times_and_limits,
+    xattrs_round_trip_without_following_symlinks,
+    fallocate_grows_or_keeps_the_size,
+    copy_range_is_an_atomic_commit_of_the_destination,
+    paths_deeper_than_path_max_work,
+    // Agent only: a tmpfs mounted inside the real workspace.
+    versions_name_the_device,
 );
 
+// Not yet for memory: hard_links_share_content_and_survive_commits (its commits still replace the inode, cutting
+// the other names off).
 conformance!(memory_backend:
     stat_list_and_tree,
     ranged_reads_carry_the_version,
@@ -1077,4 +1717,13 @@ conformance!(memory_backend:
     change_feed_sees_writes_made_in_the_sandbox,
     change_feed_reports_lost_events,
     hard_links_made_in_the_sandbox_share_an_inode,
+    patches_cut_before_they_write,
+    mknod_makes_fifos_sockets_and_devices_when_allowed,
+    rename_exchanges_and_refuses_to_replace,
+    modes_are_exactly_those_asked,
+    setattr_owners_symlink_times_and_limits,
+    xattrs_round_trip_without_following_symlinks,
+    fallocate_grows_or_keeps_the_size,
+    copy_range_is_an_atomic_commit_of_the_destination,
+    paths_deeper_than_path_max_work,
 );
