@@ -1703,8 +1703,8 @@ conformance!(agent_backend:
     versions_name_the_device,
 );
 
-// Not yet for memory: hard_links_share_content_and_survive_commits (its commits still replace the inode, cutting
-// the other names off).
+// Not yet for memory: hard_links_share_content_and_survive_commits (its commits still
+// replace the inode, cutting the other names off).
 conformance!(memory_backend:
     stat_list_and_tree,
     ranged_reads_carry_the_version,

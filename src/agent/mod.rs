@@ -204,7 +204,10 @@ async fn catch_panics(req: Request, next: Next) -> Response {
                 .map(String::as_str)
                 .or_else(|| panic.downcast_ref::<&str>().copied())
                 .unwrap_or("(no message)");
-            tracing::error!(panic = what, "a request handler panicked; the agent goes on");
+            tracing::error!(
+                panic = what,
+                "a request handler panicked; the agent goes on"
+            );
             let err = RemoteError::Io(
                 String::new(),
                 format!("the agent failed on this request (a bug): {what}"),
@@ -962,8 +965,7 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn a_panicking_handler_answers_500_with_an_error_body_and_the_next_request_is_served()
-    {
+    async fn a_panicking_handler_answers_500_with_an_error_body_and_the_next_request_is_served() {
         let router = harden(
             Router::new()
                 .route(
@@ -984,7 +986,11 @@ mod tests {
             assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
             let err: ErrorBody = resp.json().await.unwrap();
             assert_eq!(err.error, "EIO");
-            assert!(err.message.contains("index out of bounds"), "{}", err.message);
+            assert!(
+                err.message.contains("index out of bounds"),
+                "{}",
+                err.message
+            );
             let ok = http.get(format!("{base}/ok")).send().await.unwrap();
             assert_eq!(ok.status(), StatusCode::OK);
             assert_eq!(ok.text().await.unwrap(), "fine");

@@ -99,8 +99,15 @@ pub fn glob_source(
             fs: &fs,
             pattern: p,
             found: &mut found,
+            depth: 0,
+            too_deep: false,
         };
         walker.walk_at(&top, "", 0);
+        if walker.too_deep {
+            return Err(SearchError::LimitExceeded(format!(
+                "directories nested more than {MAX_WALK_DEPTH} deep"
+            )));
+        }
     }
     Ok(found.into_iter().collect())
 }
