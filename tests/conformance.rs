@@ -1703,8 +1703,6 @@ conformance!(agent_backend:
     versions_name_the_device,
 );
 
-// Not yet for memory: hard_links_share_content_and_survive_commits (its commits still
-// replace the inode, cutting the other names off).
 conformance!(memory_backend:
     stat_list_and_tree,
     ranged_reads_carry_the_version,
@@ -1718,6 +1716,7 @@ conformance!(memory_backend:
     change_feed_reports_lost_events,
     hard_links_made_in_the_sandbox_share_an_inode,
     patches_cut_before_they_write,
+    hard_links_share_content_and_survive_commits,
     mknod_makes_fifos_sockets_and_devices_when_allowed,
     rename_exchanges_and_refuses_to_replace,
     modes_are_exactly_those_asked,
