@@ -1,4 +1,4 @@
-//! The glob, grep and fuzzy vectors, run against the Rust core. (Their expected results were
+//! The glob, grep and fuzzy vectors, run against the Rust core on disk and over `MemoryRemote`. (Their expected results were
 //! checked against Node's fs.globSync, ripgrep and fzf; tests/peers.rs re-checks those peers.)
 
 mod common;

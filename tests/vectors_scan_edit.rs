@@ -1,6 +1,7 @@
 //! The scan and edit vectors, run against every implementation: the Rust core (scan fed whole,
 //! byte by byte and in odd chunks), `scripts/scan.sh` under dash+mawk, dash+gawk and busybox,
-//! `scripts/edit.py`, and the independent Python references in `tests/reference/`.
+//! `scripts/edit.py`, the independent Python references in `tests/reference/`, and
+//! `MemoryRemote`'s scan and edit.
 
 mod common;
 
@@ -421,4 +422,108 @@ fn edit_vectors_python_reference() {
     println!(
         "edit vectors: {checked} passed (python reference; file-system cases are the scripts' job)"
     );
+}
+
+// The same vectors over `MemoryRemote`: its scan feeds the core's `LineWindow` and its edit
+// uses the core's `replace_in`, so they must answer what the core answers on disk.
+
+use sbxfs::remote::memory::MemoryRemote;
+use sbxfs::remote::{Remote, RemoteError, RemotePath};
+
+fn mem_path(s: &str) -> RemotePath {
+    RemotePath::new(s.as_bytes().to_vec()).unwrap()
+}
+
+/// The vector token for a `Remote` error: the core's own for a query error; a missing file is
+/// `not_found`. A directory: the `Remote` answers EISDIR (as the agent does), the core's
+/// `scan_file` says `is_a_directory` and its `edit_file` `read_failed`.
+fn mem_token(e: RemoteError, dir_token: &str) -> String {
+    match e {
+        RemoteError::Query(q) => q.token().to_string(),
+        RemoteError::NotFound(_) => "not_found".into(),
+        RemoteError::IsDir(_) => dir_token.into(),
+        other => other.token().to_string(),
+    }
+}
+
+#[tokio::test]
+async fn scan_vectors_memory_remote() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = scan_cases(dir.path());
+    let m = MemoryRemote::new();
+    for c in &cases {
+        let name = c.path.file_name().unwrap().to_str().unwrap();
+        if let Ok(data) = fs::read(&c.path) {
+            m.sandbox().write(name, &data).unwrap();
+        }
+        let got = m
+            .scan(&mem_path(name), c.req)
+            .await
+            .map(|r| scan_value(&r))
+            .map_err(|e| mem_token(e, "is_a_directory"));
+        assert_eq!(got, c.expect, "scan vector {:?} (memory remote)", c.name);
+    }
+}
+
+#[tokio::test]
+async fn edit_vectors_memory_remote() {
+    let v = load_vectors("edit.json");
+    for c in v["cases"].as_array().unwrap() {
+        let name = c["name"].as_str().unwrap();
+        let m = MemoryRemote::new();
+        let sb = m.sandbox();
+        let spec = &c["file"];
+        if spec.get("dir").and_then(Value::as_bool) == Some(true) {
+            sb.mkdir("file.txt").unwrap();
+        } else if !spec.is_null() {
+            sb.write("file.txt", &file_bytes(spec)).unwrap();
+            if let Some(mode) = spec.get("mode").and_then(Value::as_str) {
+                sb.chmod("file.txt", u32::from_str_radix(mode, 8).unwrap())
+                    .unwrap();
+            }
+        }
+        let via_link = c.get("via_symlink").and_then(Value::as_bool) == Some(true);
+        if via_link {
+            sb.symlink("file.txt", "link.txt").unwrap();
+        }
+        let before = sb.read("file.txt").ok();
+        let (old, new, all) = edit_args(c);
+        let path = mem_path(if via_link { "link.txt" } else { "file.txt" });
+        let got = match m.edit(&path, &old, &new, all).await {
+            Ok(count) => json!({ "count": count }),
+            Err(RemoteError::Query(sbxfs::search::SearchError::MultipleOccurrences(n))) => {
+                json!({"error": "multiple_occurrences", "count": n})
+            }
+            Err(e) => json!({ "error": mem_token(e, "read_failed") }),
+        };
+        if let Some(tok) = c.get("expect_error").and_then(Value::as_str) {
+            assert_eq!(got["error"], json!(tok), "edit vector {name:?} (memory)");
+            if let Some(n) = c.get("expect_count") {
+                assert_eq!(&got["count"], n, "edit vector {name:?} (memory)");
+            }
+            assert_eq!(sb.read("file.txt").ok(), before, "{name:?}: file changed");
+        } else {
+            let e = &c["expect"];
+            assert_eq!(got, json!({"count": e["count"]}), "edit vector {name:?}");
+            assert_eq!(
+                sb.read("file.txt").unwrap(),
+                e["content"].as_str().unwrap().as_bytes(),
+                "edit vector {name:?} (memory)"
+            );
+            if let Some(mode) = e.get("mode").and_then(Value::as_str) {
+                let got_mode = sb.metadata("file.txt").unwrap().mode;
+                assert_eq!(format!("{got_mode:o}"), mode, "edit vector {name:?}: mode");
+            }
+            if via_link {
+                let kind = sb.metadata("link.txt").unwrap().kind;
+                assert_eq!(kind, sbxfs::remote::FileKind::Symlink, "{name:?}");
+            }
+        }
+        let expected_names = usize::from(!spec.is_null()) + usize::from(via_link);
+        assert_eq!(
+            sb.list("").unwrap().len(),
+            expected_names,
+            "edit vector {name:?} (memory): nothing left beside the file"
+        );
+    }
 }
