@@ -24,8 +24,8 @@
 //! `read(2)` in the mount reaches [`mount::fuse`], which hands it to a task running
 //! [`mount::core::FsCore::read`]: the handle's version (from the revalidation at `open`) and the
 //! page index key the page cache; a miss calls [`remote::Remote::read`], and the agent opens the
-//! path beneath its root, `pread`s the range and answers the bytes with the version (inode, size,
-//! mtime, ctime) they came from.
+//! path beneath its root, `pread`s the range and answers the bytes with the version (device,
+//! inode, size, mtime) they came from.
 //!
 //! # The path of a write
 //! `write(2)` goes to the node's staging file ([`mount::staging`]), fetching only the pages a

@@ -1571,6 +1571,15 @@ async fn paths_deeper_than_path_max_work(b: &Backend) {
         .map(|e| e.name.0)
         .collect();
     assert_eq!(names, vec![b"f.txt".to_vec()]);
+    let tree: Vec<Vec<u8>> = r
+        .tree(&RemotePath::root())
+        .await
+        .unwrap()
+        .map(|e| e.unwrap().path.0)
+        .collect()
+        .await;
+    assert_eq!(tree.len(), 25, "24 directories and the file");
+    assert_eq!(tree.last().unwrap(), file.as_bytes());
     let moved = dir.join(b"g.txt").unwrap();
     r.rename(&file, &moved, RenameMode::NoReplace)
         .await
