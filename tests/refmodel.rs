@@ -586,6 +586,34 @@ fn a_push_whose_answer_was_lost_is_not_taken_for_a_conflict() {
 }
 
 #[test]
+fn a_file_closed_by_every_handle_follows_the_sandbox_again() {
+    use Step::*;
+    run(&[
+        Open {
+            name: 2,
+            slot: 3,
+            write: false,
+            create: true,
+            trunc: false,
+        },
+        Open {
+            name: 2,
+            slot: 1,
+            write: false,
+            create: false,
+            trunc: false,
+        },
+        Close(3),
+        Close(1),
+        SandboxWrite {
+            name: 2,
+            len: 1,
+            byte: 0,
+        },
+    ]);
+}
+
+#[test]
 fn a_failed_push_is_kept_and_pushed_later() {
     use Step::*;
     run(&[

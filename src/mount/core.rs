@@ -671,30 +671,31 @@ impl FsCore {
             return Ok(());
         };
         let result = if let Some(s) = self.staged_of(h.node) {
-            let orphan = self.inodes.path_of(h.node).is_none();
-            let removed = self
-                .inodes
-                .get(h.node)
-                .is_some_and(|n| n.removed_locally || orphan);
-            let last = {
+            let removed = self.inodes.get(h.node).is_some_and(|n| n.removed_locally);
+            {
                 let mut g = s.lock().await;
                 if h.writable {
                     g.handles = g.handles.saturating_sub(1);
                 }
-                g.handles == 0 && self.inodes.get(h.node).is_some_and(|n| n.open <= 1)
-            };
+            }
+            // This is the last handle open on the node.
+            let last = self.inodes.get(h.node).is_some_and(|n| n.open <= 1);
             if removed && last {
                 // Unlinked while open: on the last close its data goes, as on ext4.
                 self.drop_staged(h.node);
                 Ok(())
-            } else if h.writable && !removed {
-                let r = self.push(h.node).await;
+            } else if removed {
+                Ok(())
+            } else {
+                let r = if h.writable {
+                    self.push(h.node).await
+                } else {
+                    Ok(())
+                };
                 if last {
                     self.drop_staged_if_clean(h.node).await;
                 }
                 r
-            } else {
-                Ok(())
             }
         } else {
             Ok(())

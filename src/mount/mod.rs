@@ -54,7 +54,14 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     let token = String::from_utf8(cfg.token.clone()).context("the token must be UTF-8")?;
     let client = AgentClient::new(&cfg.remote_url, &token)?;
     // Every call has a deadline: a sandbox that stops answering blocks nothing for good.
-    let remote: Arc<dyn Remote> = Arc::new(crate::remote::deadline::Deadlines::new(client));
+    // (`SBXFS_CALL_TIMEOUT_MS` shortens them, for tests and very near sandboxes.)
+    let call = std::env::var("SBXFS_CALL_TIMEOUT_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(crate::remote::deadline::CALL, Duration::from_millis);
+    let remote: Arc<dyn Remote> = Arc::new(crate::remote::deadline::Deadlines::with_call_deadline(
+        client, call,
+    ));
     let root = rt
         .block_on(remote.stat(&RemotePath::root()))
         .with_context(|| format!("cannot reach the sandbox at {}", cfg.remote_url))?;

@@ -32,11 +32,24 @@ const BYTES_PER_SEC: u64 = 1024 * 1024;
 
 pub struct Deadlines<R> {
     inner: R,
+    call: Duration,
+    query: Duration,
+    idle: Duration,
 }
 
 impl<R> Deadlines<R> {
     pub fn new(inner: R) -> Self {
-        Deadlines { inner }
+        Self::with_call_deadline(inner, CALL)
+    }
+
+    /// Deadlines scaled from one call's (queries get 6×, an idle transfer 3×).
+    pub fn with_call_deadline(inner: R, call: Duration) -> Self {
+        Deadlines {
+            inner,
+            call,
+            query: call * (QUERY.as_secs() / CALL.as_secs()) as u32,
+            idle: call * (IDLE.as_secs() / CALL.as_secs()) as u32,
+        }
     }
 }
 
@@ -84,19 +97,19 @@ impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Progress<R> {
 #[async_trait]
 impl<R: Remote> Remote for Deadlines<R> {
     async fn info(&self) -> Result<RemoteInfo> {
-        within("info", CALL, self.inner.info()).await
+        within("info", self.call, self.inner.info()).await
     }
     async fn stat(&self, path: &RemotePath) -> Result<Attr> {
-        within("stat", CALL, self.inner.stat(path)).await
+        within("stat", self.call, self.inner.stat(path)).await
     }
     async fn list(&self, path: &RemotePath) -> Result<Vec<DirEntry>> {
-        within("list", QUERY, self.inner.list(path)).await
+        within("list", self.query, self.inner.list(path)).await
     }
     async fn tree(&self, path: &RemotePath) -> Result<BoxStream<'static, Result<TreeEntry>>> {
-        within("tree", CALL, self.inner.tree(path)).await
+        within("tree", self.call, self.inner.tree(path)).await
     }
     async fn read(&self, path: &RemotePath, offset: u64, len: u32) -> Result<ReadResult> {
-        let limit = for_bytes(CALL, u64::from(len));
+        let limit = for_bytes(self.call, u64::from(len));
         within("read", limit, self.inner.read(path, offset, len)).await
     }
     async fn commit(
@@ -119,7 +132,7 @@ impl<R: Remote> Remote for Deadlines<R> {
                 };
                 within(
                     "commit",
-                    for_bytes(IDLE, bytes),
+                    for_bytes(self.idle, bytes),
                     self.inner.commit(path, content, opts),
                 )
                 .await
@@ -138,7 +151,7 @@ impl<R: Remote> Remote for Deadlines<R> {
                 tokio::pin!(call);
                 loop {
                     let moved = Duration::from_millis(last.load(Ordering::Relaxed));
-                    let idle_until = start + moved + IDLE;
+                    let idle_until = start + moved + self.idle;
                     tokio::select! {
                         r = &mut call => return r,
                         _ = tokio::time::sleep_until(idle_until.into()) => {
@@ -147,7 +160,7 @@ impl<R: Remote> Remote for Deadlines<R> {
                                 return Err(RemoteError::TimedOut(format!(
                                     "commit of {}: nothing moved for {} s",
                                     path.display(),
-                                    IDLE.as_secs()
+                                    self.idle.as_secs()
                                 )));
                             }
                         }
@@ -157,10 +170,10 @@ impl<R: Remote> Remote for Deadlines<R> {
         }
     }
     async fn create(&self, path: &RemotePath, mode: u32) -> Result<Attr> {
-        within("create", CALL, self.inner.create(path, mode)).await
+        within("create", self.call, self.inner.create(path, mode)).await
     }
     async fn mkdir(&self, path: &RemotePath, mode: u32) -> Result<Attr> {
-        within("mkdir", CALL, self.inner.mkdir(path, mode)).await
+        within("mkdir", self.call, self.inner.mkdir(path, mode)).await
     }
     async fn mknod(
         &self,
@@ -169,37 +182,37 @@ impl<R: Remote> Remote for Deadlines<R> {
         mode: u32,
         rdev: u64,
     ) -> Result<Attr> {
-        within("mknod", CALL, self.inner.mknod(path, kind, mode, rdev)).await
+        within("mknod", self.call, self.inner.mknod(path, kind, mode, rdev)).await
     }
     async fn unlink(&self, path: &RemotePath) -> Result<()> {
-        within("unlink", CALL, self.inner.unlink(path)).await
+        within("unlink", self.call, self.inner.unlink(path)).await
     }
     async fn rmdir(&self, path: &RemotePath) -> Result<()> {
-        within("rmdir", CALL, self.inner.rmdir(path)).await
+        within("rmdir", self.call, self.inner.rmdir(path)).await
     }
     async fn rename(&self, from: &RemotePath, to: &RemotePath, mode: RenameMode) -> Result<()> {
-        within("rename", CALL, self.inner.rename(from, to, mode)).await
+        within("rename", self.call, self.inner.rename(from, to, mode)).await
     }
     async fn link(&self, existing: &RemotePath, new: &RemotePath) -> Result<Attr> {
-        within("link", CALL, self.inner.link(existing, new)).await
+        within("link", self.call, self.inner.link(existing, new)).await
     }
     async fn symlink(&self, path: &RemotePath, target: &[u8]) -> Result<Attr> {
-        within("symlink", CALL, self.inner.symlink(path, target)).await
+        within("symlink", self.call, self.inner.symlink(path, target)).await
     }
     async fn readlink(&self, path: &RemotePath) -> Result<Vec<u8>> {
-        within("readlink", CALL, self.inner.readlink(path)).await
+        within("readlink", self.call, self.inner.readlink(path)).await
     }
     async fn setattr(&self, path: &RemotePath, attr: SetAttr) -> Result<Attr> {
-        within("setattr", CALL, self.inner.setattr(path, attr)).await
+        within("setattr", self.call, self.inner.setattr(path, attr)).await
     }
     async fn statfs(&self) -> Result<StatFs> {
-        within("statfs", CALL, self.inner.statfs()).await
+        within("statfs", self.call, self.inner.statfs()).await
     }
     async fn getxattr(&self, path: &RemotePath, name: &[u8]) -> Result<Vec<u8>> {
-        within("getxattr", CALL, self.inner.getxattr(path, name)).await
+        within("getxattr", self.call, self.inner.getxattr(path, name)).await
     }
     async fn listxattr(&self, path: &RemotePath) -> Result<Vec<Vec<u8>>> {
-        within("listxattr", CALL, self.inner.listxattr(path)).await
+        within("listxattr", self.call, self.inner.listxattr(path)).await
     }
     async fn setxattr(
         &self,
@@ -210,13 +223,13 @@ impl<R: Remote> Remote for Deadlines<R> {
     ) -> Result<()> {
         within(
             "setxattr",
-            CALL,
+            self.call,
             self.inner.setxattr(path, name, value, flags),
         )
         .await
     }
     async fn removexattr(&self, path: &RemotePath, name: &[u8]) -> Result<()> {
-        within("removexattr", CALL, self.inner.removexattr(path, name)).await
+        within("removexattr", self.call, self.inner.removexattr(path, name)).await
     }
     async fn fallocate(
         &self,
@@ -227,7 +240,7 @@ impl<R: Remote> Remote for Deadlines<R> {
     ) -> Result<Attr> {
         within(
             "fallocate",
-            QUERY,
+            self.query,
             self.inner.fallocate(path, offset, len, keep_size),
         )
         .await
@@ -243,27 +256,27 @@ impl<R: Remote> Remote for Deadlines<R> {
     ) -> Result<(u64, Attr)> {
         within(
             "copy_range",
-            QUERY,
+            self.query,
             self.inner
                 .copy_range(src, src_offset, dst, dst_offset, len, dst_base),
         )
         .await
     }
     async fn scan(&self, path: &RemotePath, req: ScanRequest) -> Result<ScanResult> {
-        within("scan", QUERY, self.inner.scan(path, req)).await
+        within("scan", self.query, self.inner.scan(path, req)).await
     }
     async fn grep(
         &self,
         path: &RemotePath,
         opts: GrepOptions,
     ) -> Result<BoxStream<'static, Result<GrepEvent>>> {
-        within("grep", CALL, self.inner.grep(path, opts)).await
+        within("grep", self.call, self.inner.grep(path, opts)).await
     }
     async fn glob(&self, path: &RemotePath, pattern: &str) -> Result<Vec<String>> {
-        within("glob", QUERY, self.inner.glob(path, pattern)).await
+        within("glob", self.query, self.inner.glob(path, pattern)).await
     }
     async fn fuzzy(&self, path: &RemotePath, req: FuzzyRequest) -> Result<Vec<FuzzyMatch>> {
-        within("fuzzy", QUERY, self.inner.fuzzy(path, req)).await
+        within("fuzzy", self.query, self.inner.fuzzy(path, req)).await
     }
     async fn edit(
         &self,
@@ -272,10 +285,15 @@ impl<R: Remote> Remote for Deadlines<R> {
         new: &str,
         replace_all: bool,
     ) -> Result<usize> {
-        within("edit", QUERY, self.inner.edit(path, old, new, replace_all)).await
+        within(
+            "edit",
+            self.query,
+            self.inner.edit(path, old, new, replace_all),
+        )
+        .await
     }
     async fn watch(&self, since: Option<u64>) -> Result<BoxStream<'static, Result<ChangeEvent>>> {
-        within("watch", CALL, self.inner.watch(since)).await
+        within("watch", self.call, self.inner.watch(since)).await
     }
 }
 

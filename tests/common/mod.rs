@@ -268,6 +268,26 @@ impl MountProcess {
         extra: &[&str],
         cache: Option<&Path>,
     ) -> MountProcess {
+        Self::start_full(url, token, extra, cache, &[])
+    }
+
+    /// Mount with extra environment variables for the daemon.
+    pub fn start_url_env(
+        url: &str,
+        token: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> MountProcess {
+        Self::start_full(url, token, extra, None, env)
+    }
+
+    fn start_full(
+        url: &str,
+        token: &str,
+        extra: &[&str],
+        cache: Option<&Path>,
+        env: &[(&str, &str)],
+    ) -> MountProcess {
         let base = tempfile::tempdir().unwrap();
         let cache = cache
             .map(Path::to_path_buf)
@@ -286,6 +306,7 @@ impl MountProcess {
             .args(extra)
             .env("SBXFS_LOG", "info")
             .env("XDG_CACHE_HOME", &cache)
+            .envs(env.iter().copied())
             .stdout(std::process::Stdio::piped())
             .stderr(fs::File::create(&log).unwrap())
             .spawn()
