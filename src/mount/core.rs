@@ -495,18 +495,14 @@ impl FsCore {
         if attr.kind == FileKind::Dir && writable {
             return Err(RemoteError::IsDir(self.path_of(node)?.display()));
         }
+        // Counted open before any staging, so a release racing this open never drops the
+        // staged state it is about to use.
+        self.inodes.opened(node, 1);
         if writable {
-            if self.inodes.path_of(node).is_none() && !staged {
-                return Err(RemoteError::NotFound(self.path_of(node)?.display()));
+            if let Err(e) = self.stage_for_open(node, &attr, staged, truncate).await {
+                self.inodes.opened(node, -1);
+                return Err(e);
             }
-            let s = self.stage(node, &attr)?;
-            let mut g = s.lock().await;
-            g.handles += 1;
-            if truncate && g.len > 0 {
-                g.truncate(0).map_err(|e| local_io(&e))?;
-                g.mtime_ns = Some(now_ns());
-            }
-            s.sync(&g);
         }
         let keep = self
             .inodes
@@ -516,7 +512,6 @@ impl FsCore {
                 keep
             })
             .unwrap_or(false);
-        self.inodes.opened(node, 1);
         let fh = self.handles.open_file(OpenFile {
             node,
             version: attr.version.clone(),
@@ -598,6 +593,26 @@ impl FsCore {
         g.read_local(offset, size).map_err(|e| local_io(&e))
     }
 
+    async fn stage_for_open(
+        &self,
+        node: NodeId,
+        attr: &crate::remote::Attr,
+        staged: bool,
+        truncate: bool,
+    ) -> Result<()> {
+        if self.inodes.path_of(node).is_none() && !staged {
+            return Err(RemoteError::NotFound(self.path_of(node)?.display()));
+        }
+        let s = self.stage(node, attr, true)?;
+        let mut g = s.lock().await;
+        if truncate && g.len > 0 {
+            g.truncate(0).map_err(|e| local_io(&e))?;
+            g.mtime_ns = Some(now_ns());
+        }
+        s.sync(&g);
+        Ok(())
+    }
+
     /// Fetch the base pages a read of the range needs into the staged file.
     pub(super) async fn fill(
         &self,
@@ -672,11 +687,8 @@ impl FsCore {
         };
         let result = if let Some(s) = self.staged_of(h.node) {
             let removed = self.inodes.get(h.node).is_some_and(|n| n.removed_locally);
-            {
-                let mut g = s.lock().await;
-                if h.writable {
-                    g.handles = g.handles.saturating_sub(1);
-                }
+            if h.writable {
+                s.writers.fetch_sub(1, Ordering::SeqCst);
             }
             // This is the last handle open on the node.
             let last = self.inodes.get(h.node).is_some_and(|n| n.open <= 1);
@@ -807,7 +819,7 @@ impl FsCore {
         if n.open == 0 || n.links.len() > 1 || n.attr.kind != FileKind::File {
             return Ok(());
         }
-        let s = self.stage(node, &n.attr)?;
+        let s = self.stage(node, &n.attr, false)?;
         let mut g = s.lock().await;
         let len = g.len;
         self.fill(node, &mut g, 0, len).await?;

@@ -44,8 +44,6 @@ pub struct Staged {
     dirty: Vec<(u64, u64)>,
     /// The length changed (truncate/extend) since the last push.
     len_changed: bool,
-    /// Handles open on this staged file.
-    pub handles: usize,
     /// The last push failed; it is retried in the background.
     pub failed: bool,
     /// Mode and times set while writes were staged: applied after the next push, so they are
@@ -67,7 +65,6 @@ impl Staged {
             present: BTreeSet::new(),
             dirty: Vec::new(),
             len_changed: false,
-            handles: 0,
             failed: false,
             pending_attr: crate::remote::SetAttr::default(),
             mtime_ns: None,

@@ -38,6 +38,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// wait for it), and the facts `stat` needs without waiting for that lock.
 pub struct StagedEntry {
     inner: tokio::sync::Mutex<Staged>,
+    /// Handles open for writing on it (counted under the staged map's lock, so it is never
+    /// dropped while an open is taking it).
+    pub writers: std::sync::atomic::AtomicUsize,
     len: AtomicU64,
     mtime_ns: AtomicI64,
     dirty: AtomicBool,
@@ -46,6 +49,7 @@ pub struct StagedEntry {
 impl StagedEntry {
     fn new(s: Staged) -> Self {
         let e = StagedEntry {
+            writers: std::sync::atomic::AtomicUsize::new(0),
             len: AtomicU64::new(s.len),
             mtime_ns: AtomicI64::new(i64::MIN),
             dirty: AtomicBool::new(s.is_dirty()),
@@ -254,9 +258,17 @@ impl Failures {
 
 impl FsCore {
     /// The staged state of a node, created over `attr` (its current version) if there is none.
-    pub(super) fn stage(&self, node: NodeId, attr: &Attr) -> Result<Arc<StagedEntry>> {
+    pub(super) fn stage(
+        &self,
+        node: NodeId,
+        attr: &Attr,
+        writer: bool,
+    ) -> Result<Arc<StagedEntry>> {
         let mut staged = self.staged.lock().expect("staged lock");
         if let Some(s) = staged.get(&node) {
+            if writer {
+                s.writers.fetch_add(1, Ordering::SeqCst);
+            }
             return Ok(s.clone());
         }
         let path = self
@@ -277,6 +289,9 @@ impl FsCore {
         let mut s = Staged::new(file, Some(attr.version.clone()), attr.size);
         s.journal = Some(journal);
         let e = Arc::new(StagedEntry::new(s));
+        if writer {
+            e.writers.fetch_add(1, Ordering::SeqCst);
+        }
         staged.insert(node, e.clone());
         Ok(e)
     }
@@ -296,13 +311,25 @@ impl FsCore {
 
     /// Drop a node's staged state once nothing is open on it and all of it is pushed.
     pub(super) async fn drop_staged_if_clean(&self, node: NodeId) {
-        let Some(s) = self.staged_of(node) else {
-            return;
+        // Decided under the map's lock: an open taking this entry counts itself first.
+        let dropped = {
+            let mut map = self.staged.lock().expect("staged lock");
+            let idle = map.get(&node).is_some_and(|e| {
+                e.writers.load(Ordering::SeqCst) == 0
+                    && !e.is_dirty()
+                    && self.inodes.get(node).is_none_or(|n| n.open <= 1)
+            });
+            if idle {
+                map.remove(&node)
+            } else {
+                None
+            }
         };
-        let g = s.lock().await;
-        if g.handles == 0 && !g.is_dirty() && self.inodes.get(node).is_none_or(|n| n.open <= 1) {
-            drop(g);
-            self.drop_staged(node);
+        if let Some(e) = dropped {
+            let mut g = e.lock().await;
+            if let Some(j) = g.journal.take() {
+                j.remove();
+            }
         }
     }
 
