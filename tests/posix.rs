@@ -534,3 +534,45 @@ fn two_conflict_copies_in_one_second_never_overwrite_each_other() {
         .mode();
     assert_eq!(mode & 0o077, 0, "conflict copies are private: {mode:o}");
 }
+
+fn stat_of(mount: &Path, key: &str) -> u64 {
+    let (_, out, _) = run(Command::new(sbxfs_bin())
+        .args(["ctl", "--json", "--mount"])
+        .arg(mount)
+        .arg("stats"));
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap_or_else(|_| {
+        let (_, o, _) = run(Command::new(sbxfs_bin())
+            .args(["ctl", "--mount"])
+            .arg(mount)
+            .arg("stats"));
+        serde_json::from_slice(&o).unwrap()
+    });
+    v.pointer(&format!("/stats/{key}"))
+        .and_then(|c| c.as_u64())
+        .unwrap_or_else(|| panic!("no {key} in {v}"))
+}
+
+#[test]
+fn copy_file_range_and_fallocate_are_done_in_the_sandbox() {
+    let s = setup();
+    let (m, r) = (&s.mount.dir, &s.root);
+    let big: Vec<u8> = (0..4_000_000u32).map(|i| (i % 251) as u8).collect();
+    fs::write(r.join("src"), &big).unwrap();
+    fs::write(r.join("dst"), b"").unwrap();
+    let before = stat_of(m, "bytes_read");
+    let (code, out, err) = sh(
+        m,
+        "python3 -c \"import os; a = os.open('src', os.O_RDONLY); b = os.open('dst', os.O_WRONLY); n = 0\nwhile True:\n    k = os.copy_file_range(a, b, 1 << 24)\n    n += k\n    if k == 0: break\nos.posix_fallocate(b, 0, 5000000); os.close(b); print(n)\"",
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim(), "4000000");
+    let got = fs::read(r.join("dst")).unwrap();
+    assert_eq!(got.len(), 5_000_000, "fallocate grew the file");
+    assert!(got[..4_000_000] == big[..], "the copy is exact");
+    assert!(got[4_000_000..].iter().all(|&b| b == 0));
+    let read = stat_of(m, "bytes_read") - before;
+    assert!(
+        read < 1_000_000,
+        "{read} bytes crossed for a copy made in the sandbox"
+    );
+}
