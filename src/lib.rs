@@ -12,8 +12,12 @@
 //!   to its root by `openat2(RESOLVE_BENEATH)` ([`agent::workspace`]); a change feed
 //!   ([`agent::watch`]).
 //! - [`mount`]: `sbxfs mount`, a FUSE filesystem over any `Remote`: a thin adapter
-//!   ([`mount::fuse`]) over an async core ([`mount::core`]: inodes, caches, pushes) and write
-//!   staging ([`mount::staging`]).
+//!   ([`mount::fuse`]) over the filesystem operations ([`mount::core`]), which work over the
+//!   inode table ([`mount::inode`]: own node ids, names as links, orphans), listings
+//!   ([`mount::meta`]), the page cache ([`mount::pages`]), open handles ([`mount::handles`]) and
+//!   write-back ([`mount::writeback`]: pushes, retries, conflicts) of durable staged images
+//!   ([`mount::staging`]) in a private directory ([`mount::state`]). Every remote call has a
+//!   deadline ([`remote::deadline`]).
 //! - [`control`]: the mount's INFO ioctl and control socket, one versioned protocol shared by
 //!   the daemon and the CLI, so `sbxfs grep` in a mount runs in the sandbox.
 //! - [`atomic`]: atomic replacement of a local file (used by the CLI's `edit`).
@@ -22,17 +26,19 @@
 //!
 //! # The path of a read
 //! `read(2)` in the mount reaches [`mount::fuse`], which hands it to a task running
-//! [`mount::core::FsCore::read`]: the handle's version (from the revalidation at `open`) and the
-//! page index key the page cache; a miss calls [`remote::Remote::read`], and the agent opens the
+//! [`mount::core::FsCore::read`]: a file with staged writes is read from its staged image
+//! (base pages fetched on demand); otherwise the file's current version (revalidated at `open`)
+//! and the page index key the page cache; a miss calls [`remote::Remote::read`], and the agent opens the
 //! path beneath its root, `pread`s the range and answers the bytes with the version (device,
 //! inode, size, mtime) they came from.
 //!
 //! # The path of a write
-//! `write(2)` goes to the node's staging file ([`mount::staging`]), fetching only the pages a
-//! partial overwrite needs. `close`/`fsync` push: [`remote::Remote::commit`] streams a patch of
-//! the dirty ranges (or the whole file) naming the version seen at open; the agent writes a temp
-//! file beside the target, fsyncs it, checks the base version once more and renames it over the
-//! target. Readers in the sandbox see the old or the new file, never a mix; a stale base is a
+//! `write(2)` goes to the node's staged image ([`mount::staging`]; a journal line records it),
+//! fetching nothing. `close` (of a descriptor that wrote), the last close and `fsync` push
+//! ([`mount::writeback`]): [`remote::Remote::commit`] streams a patch — where the file was cut,
+//! its final length, the dirty ranges — or the whole file, naming the base version; the agent
+//! writes a temp file beside the target, fsyncs it, checks the base version once more and
+//! renames it over the target (a file with several hard links is written in place). Readers in the sandbox see the old or the new file, never a mix; a stale base is a
 //! conflict that changes nothing, and the mount saves the user's version as a conflict copy.
 //!
 //! # The path of a query
