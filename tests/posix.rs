@@ -576,3 +576,40 @@ fn copy_file_range_and_fallocate_are_done_in_the_sandbox() {
         "{read} bytes crossed for a copy made in the sandbox"
     );
 }
+
+#[test]
+fn paths_deeper_than_path_max_work() {
+    let s = setup();
+    let (code, out, err) = sh(
+        &s.mount.dir,
+        "python3 -c \"
+import os
+name = 'd' * 200
+for i in range(30):
+    os.mkdir(name); os.chdir(name)
+open('leaf', 'w').write('deep')
+print(len(os.getcwd()), open('leaf').read())
+\"",
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.trim().ends_with("deep"), "{out}");
+    assert!(
+        out.split_whitespace()
+            .next()
+            .unwrap()
+            .parse::<usize>()
+            .unwrap()
+            > 4096
+    );
+    // In the sandbox itself, walked a component at a time (the whole path is past PATH_MAX).
+    let (code, out, _) = sh(
+        &s.root,
+        "python3 -c \"
+import os
+for i in range(30):
+    os.chdir('d' * 200)
+print(open('leaf').read(), end='')
+\"",
+    );
+    assert_eq!((code, out.as_str()), (0, "deep"));
+}
