@@ -67,6 +67,8 @@ enum Step {
     FailNextCommit,
     /// The next commit lands in the sandbox, but its answer is lost.
     LoseNextCommitAnswer,
+    /// The kernel forgets every node it looked up (memory pressure, `drop_caches`).
+    ForgetAll,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -89,6 +91,7 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|(name, len, byte)| Step::SandboxWrite { name, len, byte }),
         1 => Just(Step::FailNextCommit),
         1 => Just(Step::LoseNextCommitAnswer),
+        1 => Just(Step::ForgetAll),
     ]
 }
 
@@ -363,6 +366,13 @@ async fn apply(step: &Step, m: &mut Model, r: &mut Real) {
                 .fail_once(RemoteOp::Commit, RemoteError::Transport("cut".into()));
         }
         Step::LoseNextCommitAnswer => r.faults.lose_answer_once(RemoteOp::Commit),
+        Step::ForgetAll => {
+            for n in NAMES {
+                if let Ok(na) = r.core.lookup(ROOT, n.as_bytes()).await {
+                    r.core.forget(na.node, u64::MAX);
+                }
+            }
+        }
     }
 }
 
@@ -610,6 +620,30 @@ fn a_file_closed_by_every_handle_follows_the_sandbox_again() {
             len: 1,
             byte: 0,
         },
+    ]);
+}
+
+#[test]
+fn a_forgotten_node_with_a_failed_push_is_still_pushed() {
+    use Step::*;
+    run(&[
+        Open {
+            name: 0,
+            slot: 0,
+            write: true,
+            create: true,
+            trunc: false,
+        },
+        Write {
+            slot: 0,
+            offset: 0,
+            len: 10,
+            byte: 3,
+        },
+        FailNextCommit,
+        FailNextCommit,
+        Close(0),
+        ForgetAll,
     ]);
 }
 

@@ -64,6 +64,9 @@ pub struct Node {
     pub last_path: RemotePath,
     /// Unlinked through the mount: what is staged for it is dropped on the last close.
     pub removed_locally: bool,
+    /// Has staged state: kept even when the kernel forgets it and no handle is open, until its
+    /// writes are in the sandbox (the retries need its name).
+    pub pinned: bool,
 }
 
 #[derive(Default)]
@@ -138,7 +141,7 @@ impl Table {
 
     fn drop_if_unused(&mut self, id: NodeId) {
         let Some(n) = self.nodes.get(&id) else { return };
-        if id == ROOT || n.lookups > 0 || n.open > 0 {
+        if id == ROOT || n.lookups > 0 || n.open > 0 || n.pinned {
             return;
         }
         let n = self.nodes.remove(&id).expect("present");
@@ -183,6 +186,7 @@ impl InodeTable {
                 kernel_version: None,
                 last_path: RemotePath::root(),
                 removed_locally: false,
+                pinned: false,
             },
         );
         InodeTable { t: Mutex::new(t) }
@@ -243,6 +247,7 @@ impl InodeTable {
                                 kernel_version: None,
                                 last_path: RemotePath::root(),
                                 removed_locally: false,
+                                pinned: false,
                             },
                         );
                         t.by_remote.insert(rid, id);
@@ -356,6 +361,15 @@ impl InodeTable {
         let mut t = self.lock();
         if let Some(node) = t.nodes.get_mut(&id) {
             node.lookups = node.lookups.saturating_sub(n);
+        }
+        t.drop_if_unused(id);
+    }
+
+    /// Keep the node (staged state) or let it go once nothing else holds it.
+    pub fn pin(&self, id: NodeId, pinned: bool) {
+        let mut t = self.lock();
+        if let Some(node) = t.nodes.get_mut(&id) {
+            node.pinned = pinned;
         }
         t.drop_if_unused(id);
     }
@@ -474,6 +488,17 @@ mod tests {
         // A new file at the old name is a different node.
         let b = t.remember(ROOT, b"a", attr(6, FileKind::File, 1), true);
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn a_pinned_node_outlives_forget_until_unpinned() {
+        let t = table();
+        let a = t.remember(ROOT, b"a", attr(5, FileKind::File, 1), true);
+        t.pin(a, true);
+        t.forget(a, 1);
+        assert_eq!(t.path_of(a).unwrap().as_bytes(), b"a");
+        t.pin(a, false);
+        assert!(t.get(a).is_none());
     }
 
     #[test]

@@ -293,12 +293,15 @@ impl FsCore {
             e.writers.fetch_add(1, Ordering::SeqCst);
         }
         staged.insert(node, e.clone());
+        drop(staged);
+        self.inodes.pin(node, true);
         Ok(e)
     }
 
     /// Forget what is staged for a node (and its journal).
     pub(super) fn drop_staged(&self, node: NodeId) {
         let e = self.staged.lock().expect("staged lock").remove(&node);
+        self.inodes.pin(node, false);
         if let Some(e) = e {
             if let Ok(mut g) = e.try_lock() {
                 if let Some(j) = g.journal.take() {
@@ -326,6 +329,7 @@ impl FsCore {
             }
         };
         if let Some(e) = dropped {
+            self.inodes.pin(node, false);
             let mut g = e.lock().await;
             if let Some(j) = g.journal.take() {
                 j.remove();
