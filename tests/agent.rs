@@ -612,23 +612,47 @@ async fn fifos_are_refused_at_once_by_read_scan_grep_and_edit() {
     );
 }
 
-/// An agent started with a umask (as a service manager might leave it); killed on drop.
-struct AgentWithUmask {
+/// An agent started through a wrapper command (a umask, another user), as a service manager
+/// might start it; killed on drop.
+struct WrappedAgent {
     child: std::process::Child,
     client: AgentClient,
     _token_dir: tempfile::TempDir,
 }
 
-impl AgentWithUmask {
-    fn start(root: &std::path::Path, umask: u32) -> Self {
+impl WrappedAgent {
+    /// With this umask.
+    fn with_umask(root: &std::path::Path, umask: u32) -> Self {
+        let script = format!("umask {umask:03o} && exec \"$0\" \"$@\"");
+        Self::start(root, &["sh", "-c", &script])
+    }
+
+    /// As `nobody` (uid and gid 65534, no capabilities).
+    fn as_nobody(root: &std::path::Path) -> Self {
+        Self::start(
+            root,
+            &[
+                "setpriv",
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--",
+            ],
+        )
+    }
+
+    fn start(root: &std::path::Path, wrapper: &[&str]) -> Self {
         use std::io::BufRead;
-        let token = "umask-token-0123456789";
+        use std::os::unix::fs::PermissionsExt;
+        let token = "wrapped-token-0123456789";
         let token_dir = tempfile::tempdir().unwrap();
+        // Readable by whichever user the wrapper makes the agent.
+        fs::set_permissions(token_dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
         let token_file = token_dir.path().join("token");
         fs::write(&token_file, token).unwrap();
-        let mut child = std::process::Command::new("sh")
-            .arg("-c")
-            .arg(format!("umask {umask:03o} && exec \"$0\" \"$@\""))
+        fs::set_permissions(&token_file, fs::Permissions::from_mode(0o644)).unwrap();
+        let mut child = std::process::Command::new(wrapper[0])
+            .args(&wrapper[1..])
             .arg(sbxfs_bin())
             .args(["agent", "--listen", "127.0.0.1:0", "--root"])
             .arg(root)
@@ -646,7 +670,7 @@ impl AgentWithUmask {
             .split_whitespace()
             .find(|w| w.starts_with("http://"))
             .unwrap_or_else(|| panic!("no ready line from the agent: {line:?}"));
-        AgentWithUmask {
+        WrappedAgent {
             client: AgentClient::new(url, token).unwrap(),
             child,
             _token_dir: token_dir,
@@ -654,7 +678,7 @@ impl AgentWithUmask {
     }
 }
 
-impl Drop for AgentWithUmask {
+impl Drop for WrappedAgent {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -662,9 +686,67 @@ impl Drop for AgentWithUmask {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unprivileged_agent_reports_eperm_for_devices_and_foreign_owners() {
+    use std::os::unix::fs::PermissionsExt;
+    if !rustix::process::getuid().is_root() {
+        eprintln!("skipping: the test must run as root to start an agent as nobody");
+        return;
+    }
+    let (d, root) = workspace();
+    fs::set_permissions(d.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::chown(&root, Some(65534), Some(65534)).unwrap();
+    let agent = WrappedAgent::as_nobody(&root);
+    let c = &agent.client;
+    let f = c.create(&rp("f"), 0o644).await.unwrap();
+    assert_eq!(f.uid, 65534, "the agent runs as nobody");
+    let err = c
+        .mknod(
+            &rp("null"),
+            SpecialKind::CharDevice,
+            0o666,
+            libc::makedev(1, 3),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RemoteError::Perm(_)), "{err:?}");
+    assert_eq!(err.errno(), libc::EPERM);
+    assert!(!root.join("null").exists());
+    // FIFOs and sockets need no privilege.
+    c.mknod(&rp("p"), SpecialKind::Fifo, 0o600, 0)
+        .await
+        .unwrap();
+    c.mknod(&rp("s"), SpecialKind::Socket, 0o600, 0)
+        .await
+        .unwrap();
+    let err = c
+        .setattr(
+            &rp("f"),
+            SetAttr {
+                uid: Some(0),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RemoteError::Perm(_)), "{err:?}");
+    assert_eq!(c.stat(&rp("f")).await.unwrap().uid, 65534, "unchanged");
+    // Giving it to its own owner is allowed.
+    c.setattr(
+        &rp("f"),
+        SetAttr {
+            uid: Some(65534),
+            gid: Some(65534),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn modes_are_exact_under_a_restrictive_umask() {
     let (_d, root) = workspace();
-    let agent = AgentWithUmask::start(&root, 0o077);
+    let agent = WrappedAgent::with_umask(&root, 0o077);
     let client = agent.client.clone();
     assert_eq!(client.create(&rp("f"), 0o666).await.unwrap().mode, 0o666);
     assert_eq!(client.mkdir(&rp("d"), 0o1777).await.unwrap().mode, 0o1777);
