@@ -57,10 +57,6 @@ pub const RING_EVENTS: usize = 8192;
 const SYMLINK_MAX: usize = 4096;
 /// Symlinks followed in one resolution before `ELOOP`, as Linux's `MAXSYMLINKS`.
 const MAX_SYMLINKS: usize = 40;
-/// Largest extended attribute value, as Linux's `XATTR_SIZE_MAX`.
-const XATTR_SIZE_MAX: usize = 64 * 1024;
-/// Largest extended attribute name, as Linux's `XATTR_NAME_MAX`.
-const XATTR_NAME_MAX: usize = 255;
 /// The block size `statfs` reports and `blocks` counts in.
 const BLOCK_SIZE: u64 = 4096;
 /// The capacity `statfs` reports (blocks of [`BLOCK_SIZE`]): 64 GiB, plenty for any test.
@@ -533,15 +529,25 @@ impl State {
             Some(ino) if self.node(ino).kind == FileKind::Symlink => {
                 match self.resolve(path, true) {
                     Ok(slot) if slot.ino.is_some() => Ok(slot),
-                    // A dangling link: the agent refuses to write through it.
-                    Ok(_) | Err(RemoteError::NotFound(_)) => Err(RemoteError::IsDir(format!(
-                        "{}: not a regular file",
-                        shown(path)
-                    ))),
+                    // A dangling link is its own target: not a regular file, refused later.
+                    Ok(_) | Err(RemoteError::NotFound(_)) => Ok(own),
                     Err(e) => Err(e),
                 }
             }
             _ => Ok(own),
+        }
+    }
+
+    /// A commit's target must be a regular file: a directory is `IsDir`, anything else (a
+    /// dangling symlink, a FIFO) `Invalid`, as the agent answers.
+    fn check_regular(&self, ino: u64, path: &[u8]) -> Result<()> {
+        match self.node(ino).kind {
+            FileKind::File => Ok(()),
+            FileKind::Dir => Err(RemoteError::IsDir(shown(path))),
+            _ => Err(RemoteError::Invalid(format!(
+                "{}: not a regular file",
+                shown(path)
+            ))),
         }
     }
 
@@ -920,12 +926,7 @@ impl Remote for MemoryRemote {
             let s = self.lock();
             s.commit_slot(p).and_then(|slot| {
                 if let Some(ino) = slot.ino {
-                    if s.node(ino).kind != FileKind::File {
-                        return Err(RemoteError::IsDir(format!(
-                            "{}: not a regular file",
-                            shown(p)
-                        )));
-                    }
+                    s.check_regular(ino, p)?;
                 }
                 s.check_base(p, opts.base.as_ref(), slot.ino)
             })
@@ -956,12 +957,7 @@ impl Remote for MemoryRemote {
         let mut s = self.lock();
         let slot = s.commit_slot(p)?;
         if let Some(ino) = slot.ino {
-            if s.node(ino).kind != FileKind::File {
-                return Err(RemoteError::IsDir(format!(
-                    "{}: not a regular file",
-                    shown(p)
-                )));
-            }
+            s.check_regular(ino, p)?;
         }
         s.check_base(p, opts.base.as_ref(), slot.ino)?;
         let bytes = match body {
@@ -971,10 +967,8 @@ impl Remote for MemoryRemote {
             }
             Err((cut, new_len, ranges)) => {
                 let Some(ino) = slot.ino else {
-                    return Err(RemoteError::Invalid(format!(
-                        "{}: a patch needs an existing base file",
-                        shown(p)
-                    )));
+                    // A patch needs its base file (the agent says ENOENT too).
+                    return Err(RemoteError::NotFound(shown(p)));
                 };
                 let mut end = new_len;
                 for (off, data) in &ranges {
@@ -1066,17 +1060,19 @@ impl Remote for MemoryRemote {
     async fn link(&self, existing: &RemotePath, new: &RemotePath) -> Result<Attr> {
         let (e, n) = (existing.as_bytes(), new.as_bytes());
         let mut s = self.lock();
+        // Both parents first, then the names, as the agent opens both parents before linkat.
         let src = s.parent_slot(e)?;
+        let dst = s.parent_slot(n)?;
+        // Then linkat's order: the old name, the new one, and last what the old one is.
         let ino = src.ino.ok_or_else(|| RemoteError::NotFound(shown(e)))?;
+        if dst.ino.is_some() {
+            return Err(RemoteError::Exists(shown(n)));
+        }
         if s.node(ino).kind == FileKind::Dir {
             return Err(RemoteError::Perm(format!(
                 "{}: hard links to directories are not allowed",
                 shown(e)
             )));
-        }
-        let dst = s.parent_slot(n)?;
-        if dst.ino.is_some() {
-            return Err(RemoteError::Exists(shown(n)));
         }
         s.node_mut(ino).nlink += 1;
         s.touch_ctime(ino);
@@ -1127,18 +1123,28 @@ impl Remote for MemoryRemote {
                 shown(p)
             )));
         }
-        if let Some(size) = set.size {
-            match kind {
-                FileKind::File => s.check_size(size, p)?,
-                FileKind::Dir => return Err(RemoteError::IsDir(shown(p))),
-                _ => {
-                    return Err(RemoteError::Invalid(format!(
-                        "{}: not a regular file",
-                        shown(p)
-                    )))
+        // The file a size applies to: truncate(2) follows a final symlink, as the agent does.
+        let sized = match set.size {
+            None => None,
+            Some(size) => {
+                let target = if kind == FileKind::Symlink {
+                    s.lookup(p, true)?
+                } else {
+                    ino
+                };
+                match s.node(target).kind {
+                    FileKind::File => s.check_size(size, p)?,
+                    FileKind::Dir => return Err(RemoteError::IsDir(shown(p))),
+                    _ => {
+                        return Err(RemoteError::Invalid(format!(
+                            "{}: not a regular file",
+                            shown(p)
+                        )))
+                    }
                 }
+                Some((target, size))
             }
-        }
+        };
         let mut changed = false;
         if let Some(mode) = set.mode {
             s.node_mut(ino).mode = mode & 0o7777;
@@ -1161,10 +1167,10 @@ impl Remote for MemoryRemote {
             }
             changed = true;
         }
-        if let Some(size) = set.size {
-            let mut bytes = s.file_bytes(ino, p)?.clone();
+        if let Some((target, size)) = sized {
+            let mut bytes = s.file_bytes(target, p)?.clone();
             bytes.resize(size as usize, 0);
-            s.set_content(ino, bytes);
+            s.set_content(target, bytes);
             changed = true;
         }
         if set.atime_ns.is_some() || set.mtime_ns.is_some() {
@@ -1235,9 +1241,9 @@ impl Remote for MemoryRemote {
                 "setxattr: create and replace together".into(),
             ));
         }
-        if value.len() > XATTR_SIZE_MAX {
+        if value.len() > MAX_XATTR_VALUE_BYTES {
             return Err(RemoteError::TooLarge(format!(
-                "xattr values are limited to {XATTR_SIZE_MAX} bytes"
+                "xattr values are limited to {MAX_XATTR_VALUE_BYTES} bytes"
             )));
         }
         let p = path.as_bytes();
@@ -1270,6 +1276,7 @@ impl Remote for MemoryRemote {
         let p = path.as_bytes();
         let mut s = self.lock();
         let ino = s.lookup(p, false)?;
+        check_user_xattr_kind(s.node(ino).kind, name, p)?;
         if s.node_mut(ino).xattrs.remove(name).is_none() {
             return Err(RemoteError::NoAttr(format!(
                 "{}: {}",
@@ -1320,15 +1327,17 @@ impl Remote for MemoryRemote {
     ) -> Result<(u64, Attr)> {
         let (sp, dp) = (src.as_bytes(), dst.as_bytes());
         let mut s = self.lock();
+        // The destination first, as the agent prepares its commit before it reads the source.
+        let slot = s.commit_slot(dp)?;
+        let dst_ino = slot.ino.ok_or_else(|| RemoteError::NotFound(shown(dp)))?;
+        s.check_regular(dst_ino, dp)?;
+        s.check_base(dp, dst_base.as_ref(), Some(dst_ino))?;
+        let mut bytes = s.file_bytes(dst_ino, dp)?.clone();
         let src_ino = s.lookup(sp, true)?;
         let src_bytes = s.file_bytes(src_ino, sp)?;
         let start = (src_offset.min(src_bytes.len() as u64)) as usize;
         let end = (start as u64 + len).min(src_bytes.len() as u64) as usize;
         let piece = src_bytes[start..end].to_vec();
-        let slot = s.commit_slot(dp)?;
-        let dst_ino = slot.ino.ok_or_else(|| RemoteError::NotFound(shown(dp)))?;
-        let mut bytes = s.file_bytes(dst_ino, dp)?.clone();
-        s.check_base(dp, dst_base.as_ref(), Some(dst_ino))?;
         let copied = piece.len() as u64;
         if copied > 0 {
             let new_end = dst_offset
@@ -1426,7 +1435,14 @@ impl Remote for MemoryRemote {
         let p = path.as_bytes();
         let mut s = self.lock();
         let slot = match s.commit_slot(p) {
-            Ok(slot) if slot.ino.is_some() => slot,
+            // A dangling symlink is its own commit target, but there is no file to edit.
+            Ok(slot)
+                if slot
+                    .ino
+                    .is_some_and(|i| s.node(i).kind != FileKind::Symlink) =>
+            {
+                slot
+            }
             Ok(_) | Err(RemoteError::NotFound(_)) => {
                 return Err(SearchError::NotFound(shown(p)).into())
             }
@@ -1561,7 +1577,7 @@ fn check_xattr_name(name: &[u8]) -> Result<()> {
     if name.is_empty() {
         return Err(RemoteError::Invalid("empty attribute name".into()));
     }
-    if name.len() > XATTR_NAME_MAX {
+    if name.len() > MAX_XATTR_NAME_BYTES {
         return Err(RemoteError::NameTooLong(shown(name)));
     }
     const NAMESPACES: [&[u8]; 4] = [b"user.", b"trusted.", b"security.", b"system."];
@@ -1574,7 +1590,8 @@ fn check_xattr_name(name: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// Linux allows `user.` attributes only on regular files and directories.
+/// Linux allows `user.` attributes only on regular files and directories: setting or removing
+/// one elsewhere is `EPERM` (reading one finds none, `ENODATA`).
 fn check_user_xattr_kind(kind: FileKind, name: &[u8], path: &[u8]) -> Result<()> {
     if name.starts_with(b"user.") && !matches!(kind, FileKind::File | FileKind::Dir) {
         return Err(RemoteError::Perm(format!(
