@@ -17,9 +17,12 @@
 //!   ([`mount::meta`]), the page cache ([`mount::pages`]), open handles ([`mount::handles`]) and
 //!   write-back ([`mount::writeback`]: pushes, retries, conflicts) of durable staged images
 //!   ([`mount::staging`]) in a private directory ([`mount::state`]). Every remote call has a
-//!   deadline ([`remote::deadline`]).
-//! - [`control`]: the mount's INFO ioctl and control socket, one versioned protocol shared by
-//!   the daemon and the CLI, so `sbxfs grep` in a mount runs in the sandbox.
+//!   deadline ([`remote::deadline`]). Around them: the daemon side of the control socket
+//!   ([`mount::control_server`]), the sandbox's reachability as last seen ([`mount::health`]),
+//!   `-o` options ([`mount::options`]) and what mountinfo says ([`mount::mounts`]).
+//! - [`control`]: the mount's control surface as a protocol: the INFO/QUERY ioctl numbers and
+//!   codec, the control socket's requests and location, and the CLI's client; one versioned
+//!   protocol shared by the daemon and the CLI, so `sbxfs grep` in a mount runs in the sandbox.
 //! - [`atomic`]: atomic replacement of a local file (used by the CLI's `edit`).
 //! - [`proxy`]: a delaying, byte-counting TCP proxy for tests and benchmarks.
 //! - [`cli`]: the `sbxfs` command line; `main.rs` only calls [`cli::main`].
@@ -43,7 +46,8 @@
 //!
 //! # The path of a query
 //! `sbxfs grep PATTERN` standing in a mount asks the directory for its mount ([`control`]'s
-//! INFO ioctl), sends the query on the mount's control socket; the daemon pushes unpushed
+//! INFO ioctl), sends the query on the mount's control socket
+//! ([`mount::control_server`]); the daemon pushes unpushed
 //! writes, then streams the agent's `/v1/grep` answer back. In the sandbox (or on a local path)
 //! the core does the work: it walks the tree once with ripgrep's
 //! `ignore` walker ([`search::walk`]), searches files in parallel with `grep-searcher`, and

@@ -75,15 +75,19 @@ struct MountArgs {
     /// The sandbox: an agent URL, http://HOST:PORT.
     remote: String,
     mountpoint: PathBuf,
+    /// Mount options, comma-separated: allow_other, default_permissions, ro, noexec,
+    /// idmap=user|none, and every long flag below as KEY=VALUE (see README "Mount options").
+    #[arg(short = 'o', value_name = "OPTIONS")]
+    options: Vec<String>,
     /// File holding the agent's token (else the SBXFS_TOKEN environment variable).
     #[arg(long)]
     token_file: Option<PathBuf>,
-    /// How long attributes and directory listings are trusted, in milliseconds.
-    #[arg(long, default_value_t = crate::mount::DEFAULT_ATTR_TTL.as_millis() as u64)]
-    attr_ttl_ms: u64,
-    /// Bytes of file data cached in memory.
-    #[arg(long, default_value_t = crate::mount::DEFAULT_CACHE_BYTES)]
-    cache_size: u64,
+    /// How long attributes and directory listings are trusted, in milliseconds [default: 1000].
+    #[arg(long)]
+    attr_ttl_ms: Option<u64>,
+    /// Bytes of file data cached in memory (512M, 1G, …) [default: 512M].
+    #[arg(long, value_parser = crate::mount::options::parse_size)]
+    cache_size: Option<u64>,
     /// Where staged writes are kept (default: a directory under $TMPDIR).
     #[arg(long)]
     staging_dir: Option<PathBuf>,
@@ -99,8 +103,11 @@ struct CtlArgs {
     #[command(subcommand)]
     action: CtlAction,
     /// A path in the mount to control (default: the current directory).
-    #[arg(long, global = true, default_value = ".")]
-    mount: PathBuf,
+    #[arg(long, global = true, value_name = "MOUNTPOINT")]
+    mount: Option<PathBuf>,
+    /// The control socket of the mount to control.
+    #[arg(long, global = true, value_name = "PATH", conflicts_with = "mount")]
+    socket: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -165,22 +172,19 @@ struct RouteArgs {
 }
 
 impl RouteArgs {
-    /// The route for `path`: forced by --socket/--mount, else found by the INFO ioctl.
-    fn route(&self, path: &std::path::Path) -> Option<crate::control::client::Route> {
-        use std::os::unix::ffi::OsStrExt;
-        let rel = |p: &std::path::Path| -> Vec<u8> {
-            let b = p.as_os_str().as_bytes();
-            let b = b.strip_prefix(b"./").unwrap_or(b);
-            if b == b"." {
-                Vec::new()
-            } else {
-                b.trim_ascii_end().to_vec()
-            }
-        };
+    /// The route for `path`. `--socket`/`--mount` must name a live mount: anything else is an
+    /// error, never a silent local run. Without them the INFO ioctl on `path` decides (`None`:
+    /// not in a mount, run locally).
+    fn route(
+        &self,
+        path: &std::path::Path,
+    ) -> Result<Option<crate::control::client::Route>, SearchError> {
+        use crate::control::client;
         if let Some(socket) = &self.socket {
-            return Some(crate::control::client::Route {
+            check_socket(socket)?;
+            return Ok(Some(client::Route {
                 socket: socket.clone(),
-                path: rel(path),
+                path: workspace_rel(path),
                 info: crate::control::MountInfo {
                     v: crate::control::PROTOCOL_VERSION,
                     mountpoint: String::new(),
@@ -190,12 +194,57 @@ impl RouteArgs {
                     version: None,
                 },
                 on: None,
-            });
+            }));
         }
-        match &self.mount {
-            Some(m) => crate::control::client::route(&m.join(path)),
-            None => crate::control::client::route(path),
+        let Some(m) = &self.mount else {
+            return Ok(client::route(path));
+        };
+        let Some(root) = client::mount_info(m) else {
+            return Err(SearchError::Io(
+                format!("--mount {}", m.display()),
+                "not a live sbxfs mount (no sbxfs mount answers there)".into(),
+            ));
+        };
+        if let Some(r) = client::route(&m.join(path)) {
+            return Ok(Some(r));
         }
+        // A path the mount does not show (yet): the sandbox answers about it (`not_found`),
+        // never the local disk.
+        let mut p = root.path.0.clone();
+        let rel = workspace_rel(path);
+        if !p.is_empty() && !rel.is_empty() {
+            p.push(b'/');
+        }
+        p.extend_from_slice(&rel);
+        Ok(Some(client::Route {
+            socket: PathBuf::from(&root.socket),
+            path: p,
+            info: root,
+            on: None,
+        }))
+    }
+}
+
+/// A command-line path as a workspace path: `./` and a lone `.` dropped.
+fn workspace_rel(p: &std::path::Path) -> Vec<u8> {
+    use std::os::unix::ffi::OsStrExt;
+    let b = p.as_os_str().as_bytes();
+    let b = b.strip_prefix(b"./").unwrap_or(b);
+    if b == b"." {
+        Vec::new()
+    } else {
+        b.trim_ascii_end().to_vec()
+    }
+}
+
+/// `--socket PATH` must be a live mount's control socket.
+fn check_socket(socket: &std::path::Path) -> Result<(), SearchError> {
+    match std::os::unix::net::UnixStream::connect(socket) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(SearchError::Io(
+            format!("--socket {}", socket.display()),
+            format!("no live sbxfs mount listens there ({e})"),
+        )),
     }
 }
 
@@ -368,15 +417,31 @@ fn run_agent(a: AgentArgs) -> i32 {
 
 fn run_mount(a: MountArgs) -> i32 {
     init_logging();
-    let result = load_token(a.token_file.as_deref()).and_then(|token| {
-        crate::mount::run(crate::mount::MountConfig {
-            remote_url: a.remote,
-            token,
-            mountpoint: a.mountpoint,
-            attr_ttl: std::time::Duration::from_millis(a.attr_ttl_ms),
-            cache_bytes: a.cache_size,
-            staging_dir: a.staging_dir,
-        })
+    let mut o = crate::mount::options::MountOptions::default();
+    for arg in &a.options {
+        if let Err(e) = o.parse_into(arg) {
+            eprintln!("sbxfs mount: {e} (see the README's \"Mount options\")");
+            return ERROR;
+        }
+    }
+    // `-o` wins over the flag of the same name.
+    let token_file = o.token_file.or(a.token_file);
+    let result = load_token(token_file.as_deref()).and_then(|token| {
+        let mut cfg = crate::mount::MountConfig::new(a.remote, token, a.mountpoint);
+        if let Some(ms) = o.attr_ttl_ms.or(a.attr_ttl_ms) {
+            cfg.attr_ttl = std::time::Duration::from_millis(ms);
+        }
+        if let Some(bytes) = o.cache_size.or(a.cache_size) {
+            cfg.cache_bytes = bytes;
+        }
+        cfg.staging_dir = o.staging_dir.or(a.staging_dir);
+        cfg.allow_other = o.allow_other;
+        // `default_permissions` is on whatever -o says (`o.default_permissions` only confirms
+        // it): without it nothing would check mode bits at all.
+        cfg.read_only = o.read_only.unwrap_or(false);
+        cfg.no_exec = o.no_exec.unwrap_or(false);
+        cfg.idmap = o.idmap.unwrap_or_default();
+        crate::mount::run(cfg)
     });
     match result {
         Ok(()) => 0,
@@ -475,22 +540,31 @@ fn remote_grep(
 }
 
 fn run_ctl(a: CtlArgs) -> i32 {
-    let Some(route) = crate::control::client::route(&a.mount) else {
-        eprintln!("sbxfs ctl: {} is not in an sbxfs mount", a.mount.display());
-        return ERROR;
+    let fail = |m: String| {
+        eprintln!("sbxfs ctl: {m}");
+        ERROR
+    };
+    let route_args = RouteArgs {
+        mount: a.mount.clone(),
+        socket: a.socket.clone(),
+    };
+    // The mount itself: `.` unless --mount/--socket say which; it is never run locally.
+    let here = std::path::Path::new(".");
+    let route = match route_args.route(here) {
+        Ok(Some(r)) => r,
+        Ok(None) => return fail(format!("{} is not in a live sbxfs mount", here.display())),
+        Err(e) => return fail(e.to_string()),
     };
     let req = match &a.action {
         CtlAction::Stats => crate::control::Request::Stats,
         CtlAction::Flush => crate::control::Request::Flush,
         CtlAction::Status => crate::control::Request::Status,
-        CtlAction::Invalidate { path } => match crate::control::client::route(path) {
-            Some(r) => crate::control::Request::Invalidate {
+        CtlAction::Invalidate { path } => match route_args.route(path) {
+            Ok(Some(r)) => crate::control::Request::Invalidate {
                 path: crate::remote::WireBytes(r.path),
             },
-            None => {
-                eprintln!("sbxfs ctl: {} is not in an sbxfs mount", path.display());
-                return ERROR;
-            }
+            Ok(None) => return fail(format!("{} is not in a live sbxfs mount", path.display())),
+            Err(e) => return fail(e.to_string()),
         },
     };
     match ask(&route, req) {
@@ -501,10 +575,7 @@ fn run_ctl(a: CtlArgs) -> i32 {
             }
             0
         }
-        Err(e) => {
-            eprintln!("sbxfs ctl: {e}");
-            ERROR
-        }
+        Err(e) => fail(e.to_string()),
     }
 }
 
@@ -589,11 +660,12 @@ fn run_grep(a: GrepArgs) -> i32 {
         remaining.max_results = opts.max_results.map(|m| m.saturating_sub(total.matches));
         remaining.max_bytes = opts.max_bytes.map(|m| m.saturating_sub(total.bytes));
         let result = match a.route.route(root) {
+            Err(e) => Err(e),
             // In a mount: the sandbox searches, only results cross the network.
-            Some(route) => {
+            Ok(Some(route)) => {
                 remote_grep(&route, &remaining, &mut p, prefix.as_deref(), root.is_dir())
             }
-            None => search::grep::grep(root, &remaining, &mut |mut m| {
+            Ok(None) => search::grep::grep(root, &remaining, &mut |mut m| {
                 if let Some(pre) = &prefix {
                     m.path = output::join_display(pre, &m.path, root.is_dir());
                 }
@@ -635,7 +707,8 @@ fn run_grep(a: GrepArgs) -> i32 {
 fn run_glob(a: GlobArgs) -> i32 {
     let mut p = Printer::new(a.json);
     let result = match a.route.route(&a.dir) {
-        Some(route) => ask(
+        Err(e) => Err(e),
+        Ok(Some(route)) => ask(
             &route,
             crate::control::Request::Glob {
                 path: crate::remote::WireBytes(route.path.clone()),
@@ -646,7 +719,7 @@ fn run_glob(a: GlobArgs) -> i32 {
             serde_json::from_value(v["paths"].clone())
                 .map_err(|e| SearchError::Io("control socket".into(), e.to_string()))
         }),
-        None => search::glob::glob(&a.dir, &a.pattern),
+        Ok(None) => search::glob::glob(&a.dir, &a.pattern),
     };
     match result {
         Ok(paths) => {
@@ -662,7 +735,8 @@ fn run_glob(a: GlobArgs) -> i32 {
 fn run_fuzzy(a: FuzzyArgs) -> i32 {
     let mut p = Printer::new(a.json);
     let result = match a.route.route(&a.dir) {
-        Some(route) => ask(
+        Err(e) => Err(e),
+        Ok(Some(route)) => ask(
             &route,
             crate::control::Request::Fuzzy {
                 path: crate::remote::WireBytes(route.path.clone()),
@@ -678,7 +752,7 @@ fn run_fuzzy(a: FuzzyArgs) -> i32 {
             serde_json::from_value(v["matches"].clone())
                 .map_err(|e| SearchError::Io("control socket".into(), e.to_string()))
         }),
-        None => search::fuzzy::fuzzy(&a.dir, &a.query, &a.walk.options(), Some(a.limit)),
+        Ok(None) => search::fuzzy::fuzzy(&a.dir, &a.query, &a.walk.options(), Some(a.limit)),
     };
     match result {
         Ok(matches) => {
@@ -699,7 +773,8 @@ fn run_scan(a: ScanArgs) -> i32 {
         max_bytes: a.max_bytes,
     };
     let result = match a.route.route(&a.file) {
-        Some(route) => ask(
+        Err(e) => Err(e),
+        Ok(Some(route)) => ask(
             &route,
             crate::control::Request::Scan {
                 path: crate::remote::WireBytes(route.path.clone()),
@@ -710,7 +785,7 @@ fn run_scan(a: ScanArgs) -> i32 {
             serde_json::from_value(v)
                 .map_err(|e| SearchError::Io("control socket".into(), e.to_string()))
         }),
-        None => search::scan::scan_file(&a.file, req),
+        Ok(None) => search::scan::scan_file(&a.file, req),
     };
     match result {
         Ok(r) => {
@@ -740,7 +815,7 @@ fn run_edit(a: EditArgs) -> i32 {
     let mut p = Printer::new(a.json);
     let texts = text_arg(a.old, a.old_file, "--old")
         .and_then(|old| Ok((old, text_arg(a.new, a.new_file, "--new")?)));
-    let result = texts.and_then(|(old, new)| match a.route.route(&a.file) {
+    let result = texts.and_then(|(old, new)| match a.route.route(&a.file)? {
         Some(route) => ask(
             &route,
             crate::control::Request::Edit {

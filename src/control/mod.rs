@@ -1,4 +1,6 @@
-//! The mount's control surface, shared by the daemon and the CLI (one versioned protocol).
+//! The mount's control surface, shared by the daemon and the CLI (one versioned protocol): the
+//! request types, the ioctl numbers and codec, the socket's location, and the CLI's client. The
+//! daemon's side of the socket is [`crate::mount::control_server`].
 //!
 //! - **ioctl** on any file or directory of a mount: `SBXFS_IOC_INFO` answers which mount this
 //!   is (mountpoint, control socket, remote) and the file's workspace path and cached version,
@@ -10,7 +12,13 @@
 //!   summary line; a client that disconnects cancels the search in the sandbox.
 
 pub mod client;
-pub mod server;
+
+/// Where the FUSE adapter's QUERY ioctl still looks for the daemon side, which moved to
+/// [`crate::mount::control_server`]; goes once the adapter names that module itself.
+#[doc(hidden)]
+pub mod server {
+    pub use crate::mount::control_server::answer_one;
+}
 
 use serde::{Deserialize, Serialize};
 

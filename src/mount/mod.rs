@@ -3,14 +3,26 @@
 //! [`fuse`] is the thin adapter over [`core`], the filesystem operations, which work over
 //! [`inode`] (the inode table), [`meta`] (listings), [`pages`] (the page cache), [`handles`]
 //! (open files and directories) and [`writeback`] (pushes, retries, conflicts) with
-//! [`staging`] (the durable image of a file being written). The daemon runs in the
-//! foreground: SIGTERM or SIGINT (or `sbxfs umount`) push pending writes, then unmount.
+//! [`staging`] (the durable image of a file being written). Around them: [`control_server`]
+//! answers the control socket, [`health`] keeps what is known of the sandbox's reachability,
+//! [`options`] reads `-o`, [`mounts`] reads mountinfo, [`state`] keeps private local state.
+//! The daemon runs in the foreground: SIGTERM or SIGINT (or `sbxfs umount`) push pending
+//! writes, then unmount.
+//!
+//! Lifecycle guarantees: a mountpoint that already holds an sbxfs mount is refused before
+//! anything is created, and the first mount is not touched; a start that fails removes what it
+//! created (control socket, staging directory); the daemon unmounts exactly once, itself, and
+//! only while its mount is still there (fuser's own unmount on drop never runs: see [`run`]).
 
+pub mod control_server;
 pub mod core;
 pub mod fuse;
 pub mod handles;
+pub mod health;
 pub mod inode;
 pub mod meta;
+pub mod mounts;
+pub mod options;
 pub mod pages;
 pub mod staging;
 pub mod state;
@@ -18,11 +30,14 @@ pub mod writeback;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
+use self::control_server::Control;
 use self::core::{CoreConfig, FsCore};
+use self::health::Health;
+pub use self::options::IdMap;
 use crate::remote::client::AgentClient;
 use crate::remote::{Remote, RemotePath};
 
@@ -35,6 +50,9 @@ pub const DEFAULT_CACHE_BYTES: u64 = 512 * 1024 * 1024;
 pub const RETRY_INTERVAL: Duration = Duration::from_secs(1);
 /// FUSE threads: each only decodes and hands off, so a few suffice.
 pub const FUSE_THREADS: usize = 4;
+/// How often the daemon looks whether its FUSE session ended (an unmount from outside): it only
+/// delays the daemon's exit by as much.
+const SESSION_POLL: Duration = Duration::from_millis(50);
 
 pub struct MountConfig {
     pub remote_url: String,
@@ -43,14 +61,199 @@ pub struct MountConfig {
     pub attr_ttl: Duration,
     pub cache_bytes: u64,
     pub staging_dir: Option<PathBuf>,
+    /// Other users (and root) may use the mount (`-o allow_other`).
+    pub allow_other: bool,
+    /// The kernel checks mode bits against the owner shown (on by default).
+    pub default_permissions: bool,
+    /// A read-only mount: every write gets `EROFS` from the kernel (`-o ro`).
+    pub read_only: bool,
+    /// Programs on the mount cannot be executed (`-o noexec`).
+    pub no_exec: bool,
+    /// Who files appear to be owned by. Only [`IdMap::User`] is implemented so far: every file
+    /// shows as owned by the mounting user.
+    pub idmap: IdMap,
+}
+
+impl MountConfig {
+    /// A configuration with every option at its default.
+    pub fn new(remote_url: String, token: Vec<u8>, mountpoint: PathBuf) -> MountConfig {
+        MountConfig {
+            remote_url,
+            token,
+            mountpoint,
+            attr_ttl: DEFAULT_ATTR_TTL,
+            cache_bytes: DEFAULT_CACHE_BYTES,
+            staging_dir: None,
+            allow_other: false,
+            default_permissions: true,
+            read_only: false,
+            no_exec: false,
+            idmap: IdMap::User,
+        }
+    }
+
+    /// What the kernel is told (through fuser). Always `nosuid,nodev,noatime`.
+    fn fuse_config(&self) -> fuser::Config {
+        use fuser::MountOption as O;
+        let mut c = fuser::Config::default();
+        c.mount_options = vec![
+            O::FSName(format!("{}{}", mounts::SOURCE_PREFIX, self.remote_url)),
+            O::Subtype("sbxfs".into()),
+            O::NoSuid,
+            O::NoDev,
+            O::NoAtime,
+        ];
+        if self.default_permissions {
+            c.mount_options.push(O::DefaultPermissions);
+        }
+        if self.read_only {
+            c.mount_options.push(O::RO);
+        }
+        if self.no_exec {
+            c.mount_options.push(O::NoExec);
+        }
+        if self.allow_other {
+            // fuser filters requests by uid as well: only `All` lets other users' through.
+            c.acl = fuser::SessionACL::All;
+        }
+        c.n_threads = Some(FUSE_THREADS);
+        c.clone_fd = true;
+        c
+    }
+}
+
+/// The staging directory. Private, and the same for every mount of this remote: a daemon that
+/// was killed leaves its unpushed edits there, and the next mount pushes them. A start that fails
+/// removes it again if it is empty and this start may have made it.
+struct StagingDir {
+    path: PathBuf,
+    remove_if_empty: bool,
+}
+
+impl StagingDir {
+    fn open(configured: Option<&Path>, remote_url: &str) -> anyhow::Result<StagingDir> {
+        match configured {
+            Some(d) => {
+                let existed = d.exists();
+                state::ensure_private_dir(d)
+                    .with_context(|| format!("staging directory {}", d.display()))?;
+                Ok(StagingDir {
+                    path: d.to_path_buf(),
+                    remove_if_empty: !existed,
+                })
+            }
+            None => Ok(StagingDir {
+                path: state::staging_dir_for(remote_url).context("staging directory")?,
+                remove_if_empty: true,
+            }),
+        }
+    }
+
+    /// The mount is up: the directory stays, whatever happens next.
+    fn keep(&mut self) {
+        self.remove_if_empty = false;
+    }
+}
+
+impl Drop for StagingDir {
+    fn drop(&mut self) {
+        if self.remove_if_empty {
+            // `remove_dir` removes only an empty directory: staged edits are never lost here.
+            let _ = std::fs::remove_dir(&self.path);
+        }
+    }
+}
+
+/// Refuse a mountpoint that already holds an sbxfs mount (or a FUSE mount whose daemon died),
+/// before anything is created, without touching that mount. Returns the canonical path.
+fn check_mountpoint(mountpoint: &Path) -> anyhow::Result<PathBuf> {
+    let canonical = match std::fs::metadata(mountpoint) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => anyhow::bail!(
+            "{0} is a FUSE mount whose daemon is gone; unmount it first (fusermount3 -u {0})",
+            mountpoint.display()
+        ),
+        Err(e) => anyhow::bail!("mountpoint {}: {e}", mountpoint.display()),
+        // The workspace's root is a directory; so must the mountpoint be.
+        Ok(m) if !m.is_dir() => {
+            anyhow::bail!("mountpoint {} is not a directory", mountpoint.display())
+        }
+        Ok(_) => std::fs::canonicalize(mountpoint)
+            .with_context(|| format!("mountpoint {}", mountpoint.display()))?,
+    };
+    let entries = mounts::current();
+    if let Some(top) = mounts::top_at(&entries, &canonical).filter(|e| e.is_sbxfs()) {
+        anyhow::bail!(
+            "{0} is already an sbxfs mount (of {1}); unmount it first (sbxfs umount {0})",
+            mountpoint.display(),
+            top.source.trim_start_matches(mounts::SOURCE_PREFIX)
+        );
+    }
+    Ok(canonical)
+}
+
+/// `allow_other` for a user other than root needs the administrator's consent in fuse.conf.
+fn check_allow_other() -> anyhow::Result<()> {
+    if rustix::process::geteuid().is_root() {
+        return Ok(());
+    }
+    let conf = std::fs::read_to_string("/etc/fuse.conf").unwrap_or_default();
+    anyhow::ensure!(
+        options::fuse_conf_allows_other(&conf),
+        "allow_other needs the line `user_allow_other` in /etc/fuse.conf when not mounting as root"
+    );
+    Ok(())
+}
+
+/// Unmount our mount, once, lazily: a mount still in use leaves the namespace at once and ends
+/// when its last user leaves.
+fn unmount_once(mountpoint: &Path) {
+    let result = if rustix::process::geteuid().is_root() {
+        use std::os::unix::ffi::OsStrExt;
+        match std::ffi::CString::new(mountpoint.as_os_str().as_bytes()) {
+            // SAFETY: `c` is a NUL-terminated path that outlives the call.
+            Ok(c) => match unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error().to_string()),
+            },
+            Err(e) => Err(e.to_string()),
+        }
+    } else {
+        match std::process::Command::new("fusermount3")
+            .arg("-uz")
+            .arg(mountpoint)
+            .status()
+        {
+            Ok(s) if s.success() => Ok(()),
+            Ok(s) => Err(format!("fusermount3 -uz: {s}")),
+            Err(e) => Err(format!("fusermount3: {e}")),
+        }
+    };
+    match result {
+        Ok(()) => tracing::info!(mountpoint = %mountpoint.display(), "unmounted"),
+        Err(e) => tracing::error!(mountpoint = %mountpoint.display(), "could not unmount: {e}"),
+    }
 }
 
 /// Mount and serve until a signal or an unmount; pending writes are pushed before leaving.
 pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
+    let mountpoint = check_mountpoint(&cfg.mountpoint)?;
+    if cfg.allow_other {
+        check_allow_other()?;
+    }
+    if cfg.idmap == IdMap::None {
+        tracing::warn!("idmap=none is not implemented yet: files show as owned by you");
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .worker_threads(4)
         .build()?;
+    let socket = crate::control::socket_path(&mountpoint);
+    // Refused while a live mount holds it; removed again when `_socket_guard` drops.
+    let (listener, _socket_guard) = {
+        let _enter = rt.enter();
+        control_server::bind(&socket).context("control socket")?
+    };
+    let mut staging = StagingDir::open(cfg.staging_dir.as_deref(), &cfg.remote_url)?;
     let token = String::from_utf8(cfg.token.clone()).context("the token must be UTF-8")?;
     let client = AgentClient::new(&cfg.remote_url, &token)?;
     // Every call has a deadline: a sandbox that stops answering blocks nothing for good.
@@ -62,38 +265,23 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     let remote: Arc<dyn Remote> = Arc::new(crate::remote::deadline::Deadlines::with_call_deadline(
         client, call,
     ));
+    let health = Health::new();
+    let asked = Instant::now();
     let root = rt
         .block_on(remote.stat(&RemotePath::root()))
         .with_context(|| format!("cannot reach the sandbox at {}", cfg.remote_url))?;
-    // Private, and the same for every mount of this remote: a daemon that was killed leaves
-    // its unpushed edits there, and the next mount pushes them.
-    let staging_dir = match &cfg.staging_dir {
-        Some(d) => {
-            state::ensure_private_dir(d)
-                .with_context(|| format!("staging directory {}", d.display()))?;
-            d.clone()
-        }
-        None => state::staging_dir_for(&cfg.remote_url).context("staging directory")?,
-    };
+    health.answered(asked.elapsed());
     let core = FsCore::new(
-        remote,
+        remote.clone(),
         CoreConfig {
             attr_ttl: cfg.attr_ttl,
             cache_bytes: cfg.cache_bytes,
-            staging_dir: staging_dir.clone(),
+            staging_dir: staging.path.clone(),
             uid: rustix::process::getuid().as_raw(),
             gid: rustix::process::getgid().as_raw(),
         },
         root,
     );
-    let mountpoint =
-        std::fs::canonicalize(&cfg.mountpoint).unwrap_or_else(|_| cfg.mountpoint.clone());
-    let socket = crate::control::socket_path(&mountpoint);
-    let listener = {
-        let _guard = rt.enter();
-        crate::control::server::bind(&socket)
-            .with_context(|| format!("control socket {}", socket.display()))?
-    };
     let fs = fuse::SbxFs {
         core: core.clone(),
         rt: rt.handle().clone(),
@@ -101,25 +289,37 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
         socket: socket.display().to_string(),
         remote: cfg.remote_url.clone(),
     };
-    let info = serde_json::json!({
-        "mountpoint": mountpoint.display().to_string(),
-        "socket": socket.display().to_string(),
-        "remote": cfg.remote_url,
+    let control = Arc::new(Control {
+        core: core.clone(),
+        info: serde_json::json!({
+            "mountpoint": mountpoint.display().to_string(),
+            "socket": socket.display().to_string(),
+            "remote": cfg.remote_url,
+            "read_only": cfg.read_only,
+            "allow_other": cfg.allow_other,
+            "idmap": cfg.idmap.as_str(),
+        }),
+        health: health.clone(),
     });
-    rt.spawn(crate::control::server::serve(listener, core.clone(), info));
-    let mut options = fuser::Config::default();
-    options.mount_options = vec![
-        fuser::MountOption::FSName(format!("sbxfs:{}", cfg.remote_url)),
-        fuser::MountOption::Subtype("sbxfs".into()),
-        fuser::MountOption::DefaultPermissions,
-        fuser::MountOption::NoAtime,
-    ];
-    options.n_threads = Some(FUSE_THREADS);
-    options.clone_fd = true;
-    let session = fuser::Session::new(fs, &cfg.mountpoint, &options)
-        .with_context(|| format!("cannot mount on {}", cfg.mountpoint.display()))?;
+    control_server::register(&control);
+    rt.spawn(control_server::serve(listener, control.clone()));
+    rt.spawn(health::watch(health, remote));
+    let session = match fuser::Session::new(fs, &mountpoint, &cfg.fuse_config()) {
+        Ok(s) => s,
+        Err(e) => {
+            let e =
+                anyhow::Error::new(e).context(format!("cannot mount on {}", mountpoint.display()));
+            if cfg.allow_other && !rustix::process::geteuid().is_root() {
+                return Err(e.context("allow_other needs `user_allow_other` in /etc/fuse.conf"));
+            }
+            return Err(e);
+        }
+    };
+    // The device number tells our mount from one mounted over it later.
+    let our_dev = mounts::top_at(&mounts::current(), &mountpoint).map(|e| e.dev.clone());
     core.set_kernel_cache(Arc::new(fuse::Notifier(Arc::new(session.notifier()))));
     let background = session.spawn()?;
+    staging.keep();
     println!(
         "sbxfs mounted {} on {}",
         cfg.remote_url,
@@ -144,22 +344,21 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
             retry_core.retry_pending().await;
         }
     });
-    // Wait for a signal, or for the session to end (an external `fusermount3 -u`).
-    let ended = Arc::new(tokio::sync::Notify::new());
-    let watcher_end = ended.clone();
-    let guard = std::thread::spawn(move || {
-        let r = background.join();
-        watcher_end.notify_one();
-        r
-    });
+    // Wait for a signal, or for the session to end (an unmount from outside).
+    let session_ended = || background.guard.is_finished();
     rt.block_on(async {
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
         let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+        let ended = async {
+            while !session_ended() {
+                tokio::time::sleep(SESSION_POLL).await;
+            }
+        };
         tokio::select! {
             _ = term.recv() => {}
             _ = int.recv() => {}
-            _ = ended.notified() => {}
+            _ = ended => {}
         }
     });
     // Push what is staged before the mount goes away.
@@ -174,28 +373,30 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     let saved = if failures.is_empty() {
         Vec::new()
     } else {
-        rt.block_on(core.save_unpushed(&staging_dir))
+        rt.block_on(core.save_unpushed(&staging.path))
     };
-    unmount(&cfg.mountpoint);
-    let _ = guard.join();
-    let _ = std::fs::remove_file(&socket);
-    if !failures.is_empty() {
-        for f in &saved {
-            eprintln!("sbxfs: not pushed, kept in {}", f.display());
-        }
-        anyhow::bail!(
-            "{} file(s) could not be pushed to the sandbox; copies are in {}/unpushed, and the next mount of this sandbox pushes them",
-            failures.len(),
-            staging_dir.display()
-        );
+    // Unmount once, ourselves, while our mount is still there (not after `sbxfs umount`).
+    let still_ours = mounts::top_at(&mounts::current(), &mountpoint)
+        .is_some_and(|e| e.is_sbxfs() && Some(&e.dev) == our_dev.as_ref());
+    if still_ours {
+        unmount_once(&mountpoint);
     }
-    Ok(())
-}
-
-/// Unmount (lazily, so a busy mount still goes away).
-pub fn unmount(mountpoint: &Path) {
-    let _ = std::process::Command::new("fusermount3")
-        .arg("-uz")
-        .arg(mountpoint)
-        .status();
+    while !session_ended() {
+        std::thread::sleep(SESSION_POLL);
+    }
+    // Dropping fuser's session would unmount once more, and its check that the mount is already
+    // gone races the kernel's teardown: it logged a failed unmount on every stop. The session has
+    // ended and the mount is gone; the process's exit closes the device.
+    std::mem::forget(background);
+    if failures.is_empty() {
+        return Ok(());
+    }
+    for f in &saved {
+        eprintln!("sbxfs: not pushed, kept in {}", f.display());
+    }
+    anyhow::bail!(
+        "{} file(s) could not be pushed to the sandbox; copies are in {}/unpushed, and the next mount of this sandbox pushes them",
+        failures.len(),
+        staging.path.display()
+    )
 }

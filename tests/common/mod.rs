@@ -268,7 +268,7 @@ impl MountProcess {
         extra: &[&str],
         cache: Option<&Path>,
     ) -> MountProcess {
-        Self::start_full(url, token, extra, cache, &[])
+        Self::start_full(url, token, extra, cache, &[], None)
     }
 
     /// Mount with extra environment variables for the daemon.
@@ -278,7 +278,12 @@ impl MountProcess {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> MountProcess {
-        Self::start_full(url, token, extra, None, env)
+        Self::start_full(url, token, extra, None, env, None)
+    }
+
+    /// Mount on a directory the caller keeps (to mount there again, or on a prepared path).
+    pub fn start_on(dir: &Path, url: &str, token: &str, extra: &[&str]) -> MountProcess {
+        Self::start_full(url, token, extra, None, &[], Some(dir))
     }
 
     fn start_full(
@@ -287,13 +292,20 @@ impl MountProcess {
         extra: &[&str],
         cache: Option<&Path>,
         env: &[(&str, &str)],
+        on: Option<&Path>,
     ) -> MountProcess {
         let base = tempfile::tempdir().unwrap();
         let cache = cache
             .map(Path::to_path_buf)
             .unwrap_or_else(|| base.path().join("cache"));
-        let dir = base.path().join("mnt");
-        fs::create_dir(&dir).unwrap();
+        let dir = match on {
+            Some(d) => d.to_path_buf(),
+            None => {
+                let d = base.path().join("mnt");
+                fs::create_dir(&d).unwrap();
+                d
+            }
+        };
         let token_file = base.path().join("token");
         fs::write(&token_file, token).unwrap();
         let log = base.path().join("mount.log");

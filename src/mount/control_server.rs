@@ -1,39 +1,130 @@
-//! The daemon side of the control socket: one task per connection, a bad request answers an
-//! error line and never stops the daemon.
+//! The daemon side of the control socket (the protocol and the client live in
+//! [`crate::control`]): one task per connection; a bad request answers an error line and never
+//! stops the daemon.
+//!
+//! Two invariants keep a mount's control surface honest:
+//! - **A live mount's socket is never replaced.** The daemon holds an exclusive `flock` on a lock
+//!   file beside the socket for as long as it lives; a second daemon for the same mountpoint
+//!   finds it taken and refuses to start. A socket left by a daemon that died (the lock is free,
+//!   nobody listens) is stale and replaced.
+//! - **Answers never wait for the sandbox unless the request is about the sandbox.** `status`
+//!   and `stats` are answered from what the mount knows ([`super::health`]): they answer at once
+//!   even while the sandbox hangs.
 
-use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
-use std::sync::Arc;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
 
 use futures_util::StreamExt;
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
-use super::{Envelope, Request, PROTOCOL_VERSION};
-use crate::mount::core::FsCore;
+use super::core::FsCore;
+use super::health::Health;
+use crate::control::{Envelope, Request, PROTOCOL_VERSION};
 use crate::remote::wire::ErrorBody;
 use crate::remote::{GrepEvent, RemoteError, RemotePath};
 
 /// Longest request line: a query, not a document (edits carry their text, hence 4 MiB).
 const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
 
-/// Bind the socket (0600, in a 0700 directory) and serve it.
-pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-    }
-    let _ = std::fs::remove_file(path);
-    let listener = UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(listener)
+/// What a control request is answered from.
+pub struct Control {
+    pub core: Arc<FsCore>,
+    /// Which mount this is: mountpoint, socket, remote and options (status reports it).
+    pub info: serde_json::Value,
+    pub health: Arc<Health>,
 }
 
-pub async fn serve(listener: UnixListener, core: Arc<FsCore>, info: serde_json::Value) {
+/// The mounts of this process, for the QUERY ioctl: the adapter names a mount by its `info`
+/// (socket path), not by its [`Control`].
+static REGISTRY: Mutex<Vec<Weak<Control>>> = Mutex::new(Vec::new());
+
+/// Make `control` findable by [`answer_one`]; it drops out when the last `Arc` goes.
+pub fn register(control: &Arc<Control>) {
+    let mut r = REGISTRY.lock().expect("registry lock");
+    r.retain(|w| w.strong_count() > 0);
+    r.push(Arc::downgrade(control));
+}
+
+fn registered(info: &serde_json::Value) -> Option<Arc<Control>> {
+    let socket = info.get("socket")?;
+    REGISTRY
+        .lock()
+        .expect("registry lock")
+        .iter()
+        .filter_map(Weak::upgrade)
+        .find(|c| c.info.get("socket") == Some(socket))
+}
+
+/// Why the control socket could not be bound.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    #[error("{0} is the control socket of a live sbxfs mount")]
+    Live(PathBuf),
+    #[error("{0}: {1}")]
+    Io(PathBuf, std::io::Error),
+}
+
+/// Holds a bound control socket's lock. Dropping it removes the socket file (it is this
+/// daemon's: the lock proves no one else's can be there) and releases the lock.
+pub struct SocketGuard {
+    path: PathBuf,
+    _lock: std::fs::File,
+}
+
+impl Drop for SocketGuard {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Bind the socket (0600, in a 0700 directory), unless a live mount owns it.
+pub fn bind(path: &Path) -> Result<(UnixListener, SocketGuard), BindError> {
+    let io = |e| BindError::Io(path.to_path_buf(), e);
+    if let Some(dir) = path.parent() {
+        // It may be under a world-writable `$TMPDIR`: only a real directory of ours, 0700.
+        super::state::ensure_private_dir(dir).map_err(|e| BindError::Io(dir.to_path_buf(), e))?;
+    }
+    let lock_path = path.with_extension("lock");
+    let lock = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&lock_path)
+        .map_err(|e| BindError::Io(lock_path.clone(), e))?;
+    match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::WOULDBLOCK) => return Err(BindError::Live(path.to_path_buf())),
+        Err(e) => return Err(BindError::Io(lock_path, e.into())),
+    }
+    // Someone listening without holding the lock (a daemon from before the lock existed): live.
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(BindError::Live(path.to_path_buf()));
+    }
+    // Whatever is left there is stale: its daemon is gone.
+    match std::fs::remove_file(path) {
+        Ok(()) => tracing::info!(socket = %path.display(), "replaced a stale control socket"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(e)),
+    }
+    let listener = UnixListener::bind(path).map_err(io)?;
+    let guard = SocketGuard {
+        path: path.to_path_buf(),
+        _lock: lock,
+    };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
+    Ok((listener, guard))
+}
+
+/// Serve connections until the runtime stops.
+pub async fn serve(listener: UnixListener, control: Arc<Control>) {
     let owner = rustix::process::getuid().as_raw();
     while let Ok((stream, _)) = listener.accept().await {
-        let (core, info) = (core.clone(), info.clone());
+        let control = control.clone();
         tokio::spawn(async move {
             let allowed = stream
                 .peer_cred()
@@ -52,7 +143,7 @@ pub async fn serve(listener: UnixListener, core: Arc<FsCore>, info: serde_json::
                     .await;
                 return;
             }
-            handle(stream, core, info).await;
+            handle(stream, &control).await;
         });
     }
 }
@@ -67,7 +158,8 @@ fn error_line(e: &RemoteError) -> Vec<u8> {
     line(&json!(ErrorBody::from_error(e)))
 }
 
-async fn handle(stream: UnixStream, core: Arc<FsCore>, info: serde_json::Value) {
+async fn handle(stream: UnixStream, control: &Control) {
+    let core = &control.core;
     let (read, mut write) = stream.into_split();
     let mut reader = BufReader::new(tokio::io::AsyncReadExt::take(
         read,
@@ -133,7 +225,7 @@ async fn handle(stream: UnixStream, core: Arc<FsCore>, info: serde_json::Value) 
                 Err(e) => Err(e),
             }
         }
-        other => answer_one(&core, &info, other).await,
+        other => answer(control, other).await,
     };
     let l = match answer {
         Ok(v) => line(&v),
@@ -142,13 +234,34 @@ async fn handle(stream: UnixStream, core: Arc<FsCore>, info: serde_json::Value) 
     let _ = write.write_all(&l).await;
 }
 
-/// Answer a request that has one answer (everything but grep's stream): shared by the socket
-/// and the QUERY ioctl.
+/// Answer a request for the QUERY ioctl, which knows its mount by `info`.
 pub async fn answer_one(
     core: &Arc<FsCore>,
     info: &serde_json::Value,
     request: Request,
 ) -> Result<serde_json::Value, RemoteError> {
+    match registered(info) {
+        Some(control) => answer(&control, request).await,
+        // Not started by `mount::run` (no probe): reachability is unknown, and said so.
+        None => {
+            let control = Control {
+                core: core.clone(),
+                info: info.clone(),
+                health: Arc::new(Health::default()),
+            };
+            let mut v = answer(&control, request).await?;
+            if v.get("reachable").is_some() {
+                v["reachable"] = serde_json::Value::Null;
+            }
+            Ok(v)
+        }
+    }
+}
+
+/// Answer a request that has one answer (everything but grep's stream): shared by the socket
+/// and the QUERY ioctl.
+pub async fn answer(control: &Control, request: Request) -> Result<serde_json::Value, RemoteError> {
+    let core = &control.core;
     let remote = core.remote().clone();
     let path = |w: crate::remote::WireBytes| RemotePath::new(w.0);
     match request {
@@ -206,11 +319,12 @@ pub async fn answer_one(
             }
             Err(e) => Err(e),
         },
+        // From what the mount knows: these answer at once, even while the sandbox hangs.
         Request::Stats => Ok(json!({
             "cache_hit_ratio": core.cache_hit_ratio(),
             "stats": &core.stats,
             "pending_commits": core.pending_count(),
-            "remote_round_trip_ms": round_trip_ms(core).await,
+            "remote_round_trip_ms": control.health.round_trip_ms(),
         })),
         Request::Flush => {
             let failures = core.flush_all().await;
@@ -227,16 +341,13 @@ pub async fn answer_one(
             Err(e) => Err(e),
         },
         Request::Status => {
-            let reachable = remote.info().await.is_ok();
-            Ok(
-                json!({ "mount": info, "reachable": reachable, "pending_commits": core.pending_count() }),
-            )
+            let mut v = control.health.snapshot();
+            v["mount"] = control.info.clone();
+            v["pending_commits"] = json!(core.pending_count());
+            v["unpushed"] = json!(core.has_unpushed());
+            v["push_failures"] = json!(core.push_failures());
+            v["stats"] = json!(&core.stats);
+            Ok(v)
         }
     }
-}
-
-async fn round_trip_ms(core: &FsCore) -> Option<f64> {
-    let t = std::time::Instant::now();
-    core.remote().info().await.ok()?;
-    Some(t.elapsed().as_secs_f64() * 1000.0)
 }

@@ -1,0 +1,106 @@
+//! What `/proc/self/mountinfo` says is mounted where: how `sbxfs mount` sees that a mountpoint
+//! already holds an sbxfs mount (without touching that mount, whose daemon may be hung), and
+//! how the daemon tells whether its own mount is still there.
+
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStringExt;
+use std::path::{Path, PathBuf};
+
+/// The source name every sbxfs mount carries (`sbxfs:URL`).
+pub const SOURCE_PREFIX: &str = "sbxfs:";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountEntry {
+    /// `major:minor` of the mounted filesystem.
+    pub dev: String,
+    pub mountpoint: PathBuf,
+    pub fstype: String,
+    pub source: String,
+}
+
+impl MountEntry {
+    pub fn is_sbxfs(&self) -> bool {
+        self.fstype.starts_with("fuse") && self.source.starts_with(SOURCE_PREFIX)
+    }
+}
+
+/// Parse mountinfo text: `ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTS [OPTIONAL…] - FSTYPE SOURCE …`.
+pub fn parse(text: &str) -> Vec<MountEntry> {
+    text.lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let left: Vec<&str> = left.split(' ').collect();
+            let mut right = right.split(' ');
+            Some(MountEntry {
+                dev: left.get(2)?.to_string(),
+                mountpoint: PathBuf::from(OsString::from_vec(unescape(left.get(4)?))),
+                fstype: right.next()?.to_string(),
+                source: String::from_utf8_lossy(&unescape(right.next()?)).into_owned(),
+            })
+        })
+        .collect()
+}
+
+/// mountinfo writes space, tab, newline and backslash as `\ooo`.
+fn unescape(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = |c: &u8| (b'0'..=b'7').contains(c);
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(octal) {
+            let v = b[i + 1..i + 4]
+                .iter()
+                .fold(0u32, |v, &c| v * 8 + u32::from(c - b'0'));
+            out.push(v as u8);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// This process's view of the mounts.
+pub fn current() -> Vec<MountEntry> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|t| parse(&t))
+        .unwrap_or_default()
+}
+
+/// The topmost mount at `mountpoint` (the last one listed there), if any.
+pub fn top_at<'a>(entries: &'a [MountEntry], mountpoint: &Path) -> Option<&'a MountEntry> {
+    entries.iter().rev().find(|e| e.mountpoint == mountpoint)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAMPLE: &str = "\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+42 22 0:39 / /tmp/a\\040b/mnt rw,nosuid,nodev,noatime shared:5 - fuse sbxfs:http://127.0.0.1:7070 rw,user_id=0
+43 22 0:40 / /tmp/other rw - fuse.sshfs me@host: rw
+44 42 0:41 / /tmp/a\\040b/mnt rw - tmpfs tmpfs rw
+";
+
+    #[test]
+    fn entries_are_read_with_escaped_paths() {
+        let e = parse(SAMPLE);
+        assert_eq!(e.len(), 4);
+        assert_eq!(e[1].mountpoint, Path::new("/tmp/a b/mnt"));
+        assert_eq!(e[1].dev, "0:39");
+        assert!(e[1].is_sbxfs());
+        assert!(!e[2].is_sbxfs(), "another FUSE filesystem");
+        assert!(!e[0].is_sbxfs());
+    }
+
+    #[test]
+    fn the_topmost_mount_at_a_path_is_the_last_listed() {
+        let e = parse(SAMPLE);
+        let top = top_at(&e, Path::new("/tmp/a b/mnt")).unwrap();
+        assert_eq!(top.fstype, "tmpfs");
+        assert!(top_at(&e, Path::new("/nowhere")).is_none());
+    }
+}

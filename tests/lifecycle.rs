@@ -1,0 +1,515 @@
+//! A mount that never lies about itself: `-o` options, what happens when a mount is started
+//! twice, killed or fails to start, how often it unmounts, `--mount`/`--socket` on something that
+//! is not a live mount, and `ctl status` while the sandbox hangs. Real mounts over real agent
+//! processes; every mount is unmounted even when a test fails.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+struct Setup {
+    dir: tempfile::TempDir,
+    root: PathBuf,
+    agent: AgentProcess,
+    mount: MountProcess,
+}
+
+fn setup_with(extra: &[&str]) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    fs::create_dir(&root).unwrap();
+    let agent = AgentProcess::start(&root);
+    let mount = MountProcess::start(&agent, extra);
+    Setup {
+        dir,
+        root,
+        agent,
+        mount,
+    }
+}
+
+/// Run a command that must finish by itself within `limit` (else it is killed: `None`).
+/// Returns the exit code and stdout + stderr.
+fn run_within(cmd: &mut Command, limit: Duration) -> (Option<i32>, String) {
+    let out = tempfile::NamedTempFile::new().unwrap();
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(out.reopen().unwrap())
+        .stderr(out.reopen().unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + limit;
+    let code = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (code, fs::read_to_string(out.path()).unwrap_or_default())
+}
+
+fn sbxfs(args: &[&str]) -> Command {
+    let mut c = Command::new(sbxfs_bin());
+    c.args(args).env("SBXFS_LOG", "warn");
+    c
+}
+
+fn token_file(dir: &Path, agent: &AgentProcess) -> PathBuf {
+    let f = dir.join("token");
+    fs::write(&f, &agent.token).unwrap();
+    f
+}
+
+/// The mountinfo line of the topmost mount at `dir`.
+fn mountinfo_line(dir: &Path) -> Option<String> {
+    let needle = format!(" {} ", dir.display());
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .rev()
+        .find(|l| l.contains(&needle))
+        .map(str::to_string)
+}
+
+fn socket_of(mountpoint: &Path) -> PathBuf {
+    sbxfs::control::socket_path(&fs::canonicalize(mountpoint).unwrap())
+}
+
+fn status_via(socket: &Path) -> (Option<i32>, serde_json::Value, Duration) {
+    let t = Instant::now();
+    let (code, out) = run_within(
+        sbxfs(&["ctl", "status", "--socket"]).arg(socket),
+        Duration::from_secs(30),
+    );
+    let v = serde_json::from_str(&out).unwrap_or(serde_json::Value::Null);
+    (code, v, t.elapsed())
+}
+
+fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+#[test]
+fn allow_other_lets_another_user_in_and_without_it_they_are_refused() {
+    let Some(setpriv) = require_tool("setpriv") else {
+        return;
+    };
+    if !is_root() {
+        eprintln!("skipping: acting as another user needs root");
+        return;
+    }
+    let s = setup_with(&[]);
+    fs::write(s.root.join("hello.txt"), "hi").unwrap();
+    let shared = MountProcess::start(&s.agent, &["-o", "allow_other"]);
+    for m in [&s.mount, &shared] {
+        // The test's temp directories are 0700: let `nobody` reach the mountpoints.
+        let parent = m.dir.parent().unwrap();
+        fs::set_permissions(parent, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let as_nobody = |args: &[&str], dir: &Path| {
+        run(Command::new(&setpriv)
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .args(args)
+            .arg(dir))
+    };
+    let (code, out, err) = as_nobody(&["ls"], &shared.dir);
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+    assert_eq!(String::from_utf8_lossy(&out), "hello.txt\n");
+    // default_permissions: the mode bits still apply to that user (the root is 0755, not theirs).
+    let (code, _, _) = as_nobody(&["touch"], &shared.dir.join("new.txt"));
+    assert_ne!(code, 0);
+    assert!(!s.root.join("new.txt").exists());
+    // Without allow_other, another user is refused at the door.
+    let (code, _, err) = as_nobody(&["ls"], &s.mount.dir);
+    assert_ne!(code, 0);
+    assert!(
+        String::from_utf8_lossy(&err).contains("Permission denied"),
+        "{}",
+        String::from_utf8_lossy(&err)
+    );
+    // Every mount is nosuid,nodev.
+    let line = mountinfo_line(&shared.dir).unwrap();
+    assert!(line.contains("nosuid") && line.contains("nodev"), "{line}");
+}
+
+#[test]
+fn a_read_only_mount_gives_erofs_and_mount8_options_are_ignored() {
+    let s = setup_with(&[
+        "-o",
+        "ro,_netdev,noauto,nofail,x-systemd.automount,comment=sbx,nosuid,noatime",
+        "-o",
+        "cache_size=64M,attr_ttl_ms=200",
+    ]);
+    let m = &s.mount.dir;
+    fs::create_dir(s.root.join("d")).unwrap();
+    fs::write(s.root.join("f.txt"), "data").unwrap();
+    assert_eq!(fs::read_to_string(m.join("f.txt")).unwrap(), "data");
+    let erofs = |r: std::io::Result<()>| r.unwrap_err().raw_os_error();
+    assert_eq!(erofs(fs::write(m.join("f.txt"), "x")), Some(libc::EROFS));
+    assert_eq!(erofs(fs::write(m.join("new.txt"), "x")), Some(libc::EROFS));
+    assert_eq!(erofs(fs::create_dir(m.join("e"))), Some(libc::EROFS));
+    assert_eq!(erofs(fs::remove_file(m.join("f.txt"))), Some(libc::EROFS));
+    assert_eq!(erofs(fs::remove_dir(m.join("d"))), Some(libc::EROFS));
+    assert_eq!(fs::read_to_string(s.root.join("f.txt")).unwrap(), "data");
+    assert!(!s.root.join("new.txt").exists());
+    let line = mountinfo_line(m).unwrap();
+    assert!(line.split(' ').nth(5).unwrap().starts_with("ro,"), "{line}");
+    let (code, v, _) = status_via(&socket_of(m));
+    assert_eq!(code, Some(0));
+    assert_eq!(v["mount"]["read_only"], true);
+}
+
+#[test]
+fn an_unknown_or_malformed_option_exits_2_with_a_clear_line() {
+    let d = tempfile::tempdir().unwrap();
+    let mnt = d.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    for (opts, says) in [
+        ("ro,bogus_option", "unknown mount option `bogus_option`"),
+        (
+            "cache_size=lots",
+            "mount option `cache_size`: `lots` is not a size",
+        ),
+        (
+            "idmap=root",
+            "mount option `idmap`: `root` is not `user` or `none`",
+        ),
+        ("ro=yes", "mount option `ro` takes no value"),
+    ] {
+        let (code, out) = run_within(
+            sbxfs(&["mount", "http://127.0.0.1:9", "-o", opts]).arg(&mnt),
+            Duration::from_secs(10),
+        );
+        assert_eq!(code, Some(2), "{opts}: {out}");
+        assert!(out.contains(says), "{opts}: {out}");
+        assert!(mountinfo_line(&mnt).is_none(), "nothing mounted");
+    }
+}
+
+#[test]
+fn a_second_mount_on_a_live_mountpoint_is_refused_and_the_first_keeps_serving() {
+    let mut s = setup_with(&[]);
+    fs::write(s.root.join("a.txt"), "first").unwrap();
+    let socket = socket_of(&s.mount.dir);
+    let tf = token_file(s.dir.path(), &s.agent);
+    let (code, out) = run_within(
+        sbxfs(&["mount", &s.agent.url])
+            .arg(&s.mount.dir)
+            .arg("--token-file")
+            .arg(&tf),
+        Duration::from_secs(20),
+    );
+    assert_eq!(code, Some(2), "{out}");
+    assert!(
+        out.contains("is already an sbxfs mount (of http://127.0.0.1:"),
+        "{out}"
+    );
+    // The first mount: still mounted once, its socket still answering, its files served.
+    assert_eq!(
+        fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .matches(&format!(" {} ", s.mount.dir.display()))
+            .count(),
+        1
+    );
+    let (code, v, _) = status_via(&socket);
+    assert_eq!(code, Some(0));
+    assert_eq!(v["reachable"], true);
+    assert_eq!(
+        fs::read_to_string(s.mount.dir.join("a.txt")).unwrap(),
+        "first"
+    );
+    assert_eq!(s.mount.stop(), Some(0));
+    assert!(
+        !s.mount.log_text().contains("failed"),
+        "{}",
+        s.mount.log_text()
+    );
+}
+
+#[test]
+fn a_killed_daemon_leaves_a_dead_mount_that_is_named_and_a_stale_socket_that_is_replaced() {
+    let mut s = setup_with(&[]);
+    let dir = s.mount.dir.clone();
+    let socket = socket_of(&dir);
+    let mut child = s.mount.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(socket.exists(), "a killed daemon leaves its socket behind");
+    let tf = token_file(s.dir.path(), &s.agent);
+    let (code, out) = run_within(
+        sbxfs(&["mount", &s.agent.url])
+            .arg(&dir)
+            .arg("--token-file")
+            .arg(&tf),
+        Duration::from_secs(20),
+    );
+    assert_eq!(code, Some(2), "{out}");
+    assert!(
+        out.contains("is a FUSE mount whose daemon is gone"),
+        "{out}"
+    );
+    assert!(Command::new("fusermount3")
+        .arg("-u")
+        .arg(&dir)
+        .status()
+        .unwrap()
+        .success());
+    // The stale socket (nobody listens) is replaced by the new mount's.
+    let again = MountProcess::start_on(&dir, &s.agent.url, &s.agent.token, &[]);
+    let (code, v, _) = status_via(&socket);
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(v["mount"]["mountpoint"], dir.to_str().unwrap());
+    assert!(again.log_text().contains("replaced a stale control socket"));
+}
+
+#[test]
+fn the_daemon_unmounts_exactly_once_and_not_after_an_unmount_from_outside() {
+    let mut s = setup_with(&[]);
+    // A staging directory given by the user stays.
+    let staging = s.dir.path().join("my-staging");
+    fs::create_dir(&staging).unwrap();
+    fs::set_permissions(&staging, fs::Permissions::from_mode(0o700)).unwrap();
+    let mut second = MountProcess::start(
+        &s.agent,
+        &["-o", &format!("staging_dir={}", staging.display())],
+    );
+
+    assert_eq!(s.mount.stop(), Some(0));
+    let log = s.mount.log_text();
+    assert_eq!(log.matches("unmounted").count(), 1, "{log}");
+    assert!(
+        !log.contains("Unmount failed") && !log.contains("could not unmount"),
+        "{log}"
+    );
+    assert!(mountinfo_line(&s.mount.dir).is_none());
+
+    let status = Command::new(sbxfs_bin())
+        .arg("umount")
+        .arg(&second.dir)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let code = second.child.take().unwrap().wait().unwrap().code();
+    assert_eq!(code, Some(0));
+    let log = second.log_text();
+    assert!(
+        !log.contains("unmounted") && !log.contains("Unmount failed"),
+        "the daemon must not unmount again: {log}"
+    );
+    assert!(staging.is_dir());
+    assert!(
+        !socket_of(&second.dir).exists(),
+        "the socket goes with the mount"
+    );
+}
+
+#[test]
+fn a_failed_start_removes_the_socket_and_staging_directory_it_created() {
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path().join("ws");
+    fs::create_dir(&root).unwrap();
+    let agent = AgentProcess::start(&root);
+    let tf = token_file(d.path(), &agent);
+
+    // Not a directory: refused before anything is made.
+    let not_a_dir = d.path().join("not-a-dir");
+    fs::write(&not_a_dir, "").unwrap();
+    let (code, out) = run_within(
+        sbxfs(&["mount", &agent.url])
+            .arg(&not_a_dir)
+            .arg("--token-file")
+            .arg(&tf),
+        Duration::from_secs(20),
+    );
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("is not a directory"), "{out}");
+    assert!(!socket_of(&not_a_dir).exists(), "socket left behind");
+
+    // The sandbox does not answer, after the socket and the staging directory were made:
+    // both are removed (a given staging directory, and the default one for this remote).
+    let mnt = d.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let staging = d.path().join("staging-new");
+    let cache = d.path().join("cache");
+    for opts in [
+        vec![
+            "-o".to_string(),
+            format!("staging_dir={}", staging.display()),
+        ],
+        vec![],
+    ] {
+        let child = sbxfs(&["mount", "http://127.0.0.1:9"])
+            .arg(&mnt)
+            .arg("--token-file")
+            .arg(&tf)
+            .args(&opts)
+            .env("XDG_CACHE_HOME", &cache)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains("cannot reach the sandbox at http://127.0.0.1:9"),
+            "{err}"
+        );
+        assert!(!staging.exists(), "staging directory left behind");
+        let per_remote = fs::read_dir(cache.join("sbxfs/staging"))
+            .map(|d| d.count())
+            .unwrap_or(0);
+        assert_eq!(per_remote, 0, "default staging directory left behind");
+        assert!(!socket_of(&mnt).exists(), "socket left behind");
+    }
+    assert!(mountinfo_line(&mnt).is_none());
+}
+
+#[test]
+fn mount_and_socket_flags_refuse_what_is_not_a_live_mount() {
+    let local = tempfile::tempdir().unwrap();
+    let l = local.path();
+    fs::write(l.join("f.txt"), "alpha\n").unwrap();
+    // A stale socket: bound, then nobody listening.
+    let dead = l.join("dead.sock");
+    drop(std::os::unix::net::UnixListener::bind(&dead).unwrap());
+    let ls = l.to_str().unwrap();
+    let ds = dead.to_str().unwrap();
+    for args in [
+        vec![
+            "edit", "f.txt", "--old", "alpha", "--new", "beta", "--mount", ls,
+        ],
+        vec!["grep", "alpha", "--mount", ls],
+        vec!["scan", "f.txt", "--start", "1", "--mount", ls],
+        vec!["glob", "*", "--mount", ls],
+        vec!["fuzzy", "f", "--mount", ls],
+        vec!["ctl", "status", "--mount", ls],
+        vec!["ctl", "--mount", ls, "invalidate", "f.txt"],
+    ] {
+        let (code, out) = run_within(sbxfs(&args).current_dir(l), Duration::from_secs(10));
+        assert_eq!(code, Some(2), "{args:?}: {out}");
+        assert!(
+            out.contains(&format!("--mount {ls}: not a live sbxfs mount")),
+            "{args:?}: {out}"
+        );
+    }
+    for args in [
+        vec!["glob", "*", "--socket", ds],
+        vec![
+            "edit", "f.txt", "--old", "alpha", "--new", "beta", "--socket", ds,
+        ],
+        vec!["ctl", "stats", "--socket", ds],
+        vec!["grep", "alpha", "--socket", "/nonexistent/sbxfs.sock"],
+    ] {
+        let (code, out) = run_within(sbxfs(&args).current_dir(l), Duration::from_secs(10));
+        assert_eq!(code, Some(2), "{args:?}: {out}");
+        assert!(
+            out.contains("no live sbxfs mount listens there"),
+            "{args:?}: {out}"
+        );
+    }
+    assert_eq!(fs::read_to_string(l.join("f.txt")).unwrap(), "alpha\n");
+    // Without --mount, a local path is still searched and edited locally.
+    let (code, out) = run_within(
+        sbxfs(&["edit", "f.txt", "--old", "alpha", "--new", "beta"]).current_dir(l),
+        Duration::from_secs(10),
+    );
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(fs::read_to_string(l.join("f.txt")).unwrap(), "beta\n");
+
+    // A live mount: --mount and --socket reach it, and a path it lacks is the sandbox's answer.
+    let s = setup_with(&[]);
+    fs::write(s.root.join("g.txt"), "gamma\n").unwrap();
+    let m = s.mount.dir.to_str().unwrap();
+    let socket = socket_of(&s.mount.dir);
+    let (code, out) = run_within(
+        sbxfs(&["scan", "g.txt", "--mount", m]).current_dir(l),
+        Duration::from_secs(20),
+    );
+    assert_eq!((code, out.as_str()), (Some(0), "gamma\n"));
+    let (code, out) = run_within(
+        sbxfs(&["scan", "missing.txt", "--mount", m, "--json"]).current_dir(l),
+        Duration::from_secs(20),
+    );
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("\"not_found\""), "{out}");
+    let (code, out) = run_within(
+        sbxfs(&[
+            "ctl",
+            "--socket",
+            socket.to_str().unwrap(),
+            "invalidate",
+            "g.txt",
+        ])
+        .current_dir(l),
+        Duration::from_secs(20),
+    );
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("\"invalidated\": \"g.txt\""), "{out}");
+}
+
+#[test]
+fn ctl_status_answers_at_once_while_the_sandbox_hangs() {
+    let s = setup_with(&[]);
+    let socket = socket_of(&s.mount.dir);
+    let (code, v, _) = status_via(&socket);
+    assert_eq!((code, &v["reachable"]), (Some(0), &serde_json::json!(true)));
+    let agent = rustix::process::Pid::from_child(&s.agent.child);
+    // A hung sandbox: connections are accepted by the kernel, nothing answers.
+    rustix::process::kill_process(agent, rustix::process::Signal::STOP).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let seen_down = loop {
+        let (code, v, took) = status_via(&socket);
+        assert_eq!(code, Some(0), "{v}");
+        assert!(took < Duration::from_secs(2), "status waited {took:?}");
+        assert_eq!(v["mount"]["remote"], s.agent.url);
+        assert_eq!(v["pending_commits"], 0);
+        if v["reachable"] == false {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "never reported unreachable: {v}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(seen_down["last_error"].is_string(), "{seen_down}");
+    assert!(
+        seen_down["last_answer_ms_ago"].as_u64().unwrap() >= 2000,
+        "{seen_down}"
+    );
+    let t = Instant::now();
+    let (code, out) = run_within(
+        &mut sbxfs(&["ctl", "stats", "--socket", socket.to_str().unwrap()]),
+        Duration::from_secs(30),
+    );
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "stats waited {:?}",
+        t.elapsed()
+    );
+    // The sandbox answers again: status says so by itself.
+    rustix::process::kill_process(agent, rustix::process::Signal::CONT).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, v, _) = status_via(&socket);
+        if v["reachable"] == true {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never reported reachable again: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
