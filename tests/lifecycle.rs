@@ -476,6 +476,7 @@ fn ctl_status_answers_at_once_while_the_sandbox_hangs() {
         assert!(took < Duration::from_secs(2), "status waited {took:?}");
         assert_eq!(v["mount"]["remote"], s.agent.url);
         assert_eq!(v["pending_commits"], 0);
+        assert_eq!(v["push_failures"], serde_json::json!([]));
         if v["reachable"] == false {
             break v;
         }
