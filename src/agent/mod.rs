@@ -198,27 +198,36 @@ async fn catch_panics(req: Request, next: Next) -> Response {
         .await
     {
         Ok(resp) => resp,
-        Err(panic) => {
-            let what = panic
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| panic.downcast_ref::<&str>().copied())
-                .unwrap_or("(no message)");
-            tracing::error!(
-                panic = what,
-                "a request handler panicked; the agent goes on"
-            );
-            let err = RemoteError::Io(
-                String::new(),
-                format!("the agent failed on this request (a bug): {what}"),
-            );
-            (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                Json(ErrorBody::from_error(&err)),
-            )
-                .into_response()
-        }
+        Err(panic) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Json(ErrorBody::from_error(&panic_error(panic.as_ref()))),
+        )
+            .into_response(),
     }
+}
+
+/// The error a panic answers (logged: it is a bug).
+fn panic_error(panic: &(dyn std::any::Any + Send)) -> RemoteError {
+    let what = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("(no message)");
+    tracing::error!(
+        panic = what,
+        "a request handler panicked; the agent goes on"
+    );
+    RemoteError::Io(
+        String::new(),
+        format!("the agent failed on this request (a bug): {what}"),
+    )
+}
+
+/// Run a streamed answer's producer so that a panic in it ends the stream with an error line
+/// like any other failure (the client would otherwise see the stream stop early).
+fn unpanic<T>(f: impl FnOnce() -> crate::remote::Result<T>) -> crate::remote::Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+        .unwrap_or_else(|panic| Err(panic_error(panic.as_ref())))
 }
 
 /// Serve until SIGTERM or SIGINT; prints one line when ready.
@@ -327,9 +336,11 @@ async fn tree(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Res
     let ws = app.ws.clone();
     tokio::task::spawn_blocking(move || {
         let mut count = 0u64;
-        let result = ws.tree(&path, &mut |e| {
-            count += 1;
-            tx.blocking_send(json_line(&e)).is_ok()
+        let result = unpanic(|| {
+            ws.tree(&path, &mut |e| {
+                count += 1;
+                tx.blocking_send(json_line(&e)).is_ok()
+            })
         });
         let end = match result {
             Ok(()) => json!({ "end": count }),
@@ -795,19 +806,22 @@ async fn grep(
     tokio::task::spawn_blocking(move || {
         let deadline = std::time::Instant::now() + SEARCH_TIMEOUT;
         let gone = AtomicBool::new(false);
-        let result = crate::search::grep::grep(&root, &opts, &mut |m| {
-            let ok =
-                std::time::Instant::now() < deadline && tx.blocking_send(json_line(&m)).is_ok();
-            if !ok {
-                gone.store(true, Ordering::Relaxed);
-            }
-            ok
+        let result = unpanic(|| {
+            crate::search::grep::grep(&root, &opts, &mut |m| {
+                let ok =
+                    std::time::Instant::now() < deadline && tx.blocking_send(json_line(&m)).is_ok();
+                if !ok {
+                    gone.store(true, Ordering::Relaxed);
+                }
+                ok
+            })
+            .map_err(RemoteError::from)
         });
         let line = match result {
             Ok(summary) => {
                 json_line(&json!({ "truncated": summary.truncated, "summary": summary }))
             }
-            Err(e) => json_line(&json!({ "error": ErrorBody::from_error(&RemoteError::from(e)) })),
+            Err(e) => json_line(&json!({ "error": ErrorBody::from_error(&e) })),
         };
         if gone.load(Ordering::Relaxed) || tx.blocking_send(line).is_err() {
             app2.stats.greps_cancelled.fetch_add(1, Ordering::Relaxed);
@@ -996,5 +1010,14 @@ mod tests {
             assert_eq!(ok.text().await.unwrap(), "fine");
         }
         server.abort();
+    }
+
+    #[test]
+    fn a_panicking_stream_producer_ends_with_an_error_not_silently() {
+        let r: crate::remote::Result<()> = unpanic(|| panic!("producer broke"));
+        let e = r.unwrap_err();
+        assert_eq!(e.token(), "EIO");
+        assert!(e.to_string().contains("producer broke"), "{e}");
+        assert_eq!(unpanic(|| Ok(7)).unwrap(), 7);
     }
 }

@@ -186,6 +186,34 @@ fn json_lines(resp: reqwest::Response) -> BoxStream<'static, Result<serde_json::
     .boxed()
 }
 
+/// A streamed answer that must end with a line `is_last` recognises (tree's `end`, grep's
+/// summary or error): a body that stops before it is an error, never a silently short answer
+/// (a dropped connection, an agent that died). Lines after the last one are ignored.
+fn terminated(
+    lines: BoxStream<'static, Result<serde_json::Value>>,
+    is_last: fn(&serde_json::Value) -> bool,
+) -> BoxStream<'static, Result<serde_json::Value>> {
+    futures_util::stream::unfold((lines, false), move |(mut lines, done)| async move {
+        if done {
+            return None;
+        }
+        match lines.next().await {
+            Some(Ok(v)) => {
+                let last = is_last(&v);
+                Some((Ok(v), (lines, last)))
+            }
+            Some(Err(e)) => Some((Err(e), (lines, true))),
+            None => Some((
+                Err(RemoteError::Transport(
+                    "the agent's answer ended before its last line".into(),
+                )),
+                (lines, true),
+            )),
+        }
+    })
+    .boxed()
+}
+
 fn decode<T: DeserializeOwned>(v: serde_json::Value) -> Result<T> {
     serde_json::from_value(v).map_err(|e| RemoteError::Transport(format!("bad answer: {e}")))
 }
@@ -374,7 +402,8 @@ impl Remote for AgentClient {
         let resp = self
             .send(true, None, || self.request(Method::GET, "tree", &[p(path)]))
             .await?;
-        let stream = json_lines(resp).filter_map(|item| async move {
+        let lines = terminated(json_lines(resp), |v| v.get("end").is_some());
+        let stream = lines.filter_map(|item| async move {
             match item {
                 Err(e) => Some(Err(e)),
                 Ok(v) if v.get("end").is_some() => stream_error(&v).map(Err),
@@ -547,7 +576,10 @@ impl Remote for AgentClient {
                 self.request(Method::POST, "grep", &[p(path)]).json(&body)
             })
             .await?;
-        let stream = json_lines(resp).map(|item| {
+        let lines = terminated(json_lines(resp), |v| {
+            v.get("summary").is_some() || v.get("error").is_some()
+        });
+        let stream = lines.map(|item| {
             let v = item?;
             if let Some(e) = stream_error(&v) {
                 return Err(e);
@@ -615,5 +647,37 @@ impl Remote for AgentClient {
         Ok(json_lines(resp)
             .map(|item| decode::<ChangeEvent>(item?))
             .boxed())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(v: Vec<serde_json::Value>) -> BoxStream<'static, Result<serde_json::Value>> {
+        futures_util::stream::iter(v.into_iter().map(Ok)).boxed()
+    }
+
+    #[tokio::test]
+    async fn a_stream_cut_before_its_last_line_ends_with_an_error() {
+        let is_end: fn(&serde_json::Value) -> bool = |v| v.get("end").is_some();
+        let cut: Vec<Result<serde_json::Value>> =
+            terminated(values(vec![serde_json::json!({"a": 1})]), is_end)
+                .collect()
+                .await;
+        assert_eq!(cut.len(), 2);
+        assert!(matches!(cut[1], Err(RemoteError::Transport(_))), "{cut:?}");
+        let whole: Vec<Result<serde_json::Value>> = terminated(
+            values(vec![
+                serde_json::json!({"a": 1}),
+                serde_json::json!({"end": 1}),
+                serde_json::json!({"after": true}),
+            ]),
+            is_end,
+        )
+        .collect()
+        .await;
+        assert_eq!(whole.len(), 2, "ends at its last line");
+        assert!(whole.iter().all(Result::is_ok));
     }
 }
