@@ -405,7 +405,7 @@ impl FsCore {
 
     /// A directory's entries with their attributes: fresh from the cache, else fetched in one
     /// round trip (and served stale when the sandbox does not answer).
-    async fn listing(&self, dir: NodeId) -> Result<Arc<Vec<(Vec<u8>, Attr)>>> {
+    async fn listing(&self, dir: NodeId) -> Result<super::meta::Entries> {
         if let Some(l) = self.meta.listing(dir, self.cfg.attr_ttl, false) {
             return Ok(l);
         }
@@ -836,7 +836,7 @@ impl FsCore {
         self.inodes.update(node, |n| n.removed_locally = true);
         self.failures.clear(node);
         if let Some(s) = self.staged_of(node) {
-            if let Ok(mut g) = s.try_lock() {
+            if let Some(mut g) = s.try_lock() {
                 if let Some(j) = g.journal.take() {
                     j.remove();
                 }

@@ -17,8 +17,11 @@ use crate::remote::Attr;
 /// even for big directories (listings themselves are bounded by the agent).
 const MAX_LISTINGS: usize = 4096;
 
+/// A directory's entries (name, attributes), sorted by name.
+pub type Entries = Arc<Vec<(Vec<u8>, Attr)>>;
+
 struct Listing {
-    entries: Arc<Vec<(Vec<u8>, Attr)>>,
+    entries: Entries,
     by_name: BTreeMap<Vec<u8>, usize>,
     fetched: Instant,
 }
@@ -42,7 +45,7 @@ impl MetaCache {
         }
     }
 
-    pub fn put(&self, dir: NodeId, entries: Arc<Vec<(Vec<u8>, Attr)>>) {
+    pub fn put(&self, dir: NodeId, entries: Entries) {
         let by_name = entries
             .iter()
             .enumerate()
@@ -59,12 +62,7 @@ impl MetaCache {
     }
 
     /// The listing, if fresh (or at any age with `stale_ok`).
-    pub fn listing(
-        &self,
-        dir: NodeId,
-        ttl: Duration,
-        stale_ok: bool,
-    ) -> Option<Arc<Vec<(Vec<u8>, Attr)>>> {
+    pub fn listing(&self, dir: NodeId, ttl: Duration, stale_ok: bool) -> Option<Entries> {
         let mut l = self.listings.lock().expect("listings lock");
         let x = l.get(&dir)?;
         (stale_ok || x.fetched.elapsed() < ttl).then(|| x.entries.clone())

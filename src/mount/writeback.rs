@@ -48,22 +48,22 @@ pub struct StagedEntry {
 
 impl StagedEntry {
     fn new(s: Staged) -> Self {
-        let e = StagedEntry {
+        StagedEntry {
             writers: std::sync::atomic::AtomicUsize::new(0),
             len: AtomicU64::new(s.len),
             mtime_ns: AtomicI64::new(i64::MIN),
             dirty: AtomicBool::new(s.is_dirty()),
             inner: tokio::sync::Mutex::new(s),
-        };
-        e
+        }
     }
 
     pub async fn lock(&self) -> tokio::sync::MutexGuard<'_, Staged> {
         self.inner.lock().await
     }
 
-    pub fn try_lock(&self) -> std::result::Result<tokio::sync::MutexGuard<'_, Staged>, ()> {
-        self.inner.try_lock().map_err(|_| ())
+    /// The image if nobody holds it now.
+    pub fn try_lock(&self) -> Option<tokio::sync::MutexGuard<'_, Staged>> {
+        self.inner.try_lock().ok()
     }
 
     /// Publish the image's size and times (call after every change, lock held).
@@ -303,7 +303,7 @@ impl FsCore {
         let e = self.staged.lock().expect("staged lock").remove(&node);
         self.inodes.pin(node, false);
         if let Some(e) = e {
-            if let Ok(mut g) = e.try_lock() {
+            if let Some(mut g) = e.try_lock() {
                 if let Some(j) = g.journal.take() {
                     j.remove();
                 }
@@ -737,11 +737,7 @@ impl FsCore {
             }
             Err(RemoteError::Conflict { .. }) | Err(RemoteError::NotFound(_)) => {
                 // The sandbox changed it meanwhile: the user's bytes go beside it.
-                let target = if self.note(self.remote.stat(path).await).is_ok() {
-                    path.clone()
-                } else {
-                    path.clone()
-                };
+                let target = path.clone();
                 for page in s.missing_in(0, s.len) {
                     let r = self
                         .note(self.remote.read(&target, page * PAGE, PAGE as u32).await)

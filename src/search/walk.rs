@@ -267,13 +267,16 @@ pub fn walk_source(
 type Levels = Vec<Vec<ignore::gitignore::Gitignore>>;
 
 /// Walk one directory; `false` once the visitor said stop.
+/// Whether a path is ignored, given the ignore files of every level above it.
+type IgnoredFn<'a> = dyn Fn(&[Vec<ignore::gitignore::Gitignore>], &[u8], bool) -> bool + 'a;
+
 fn walk_source_dir(
     source: &dyn TreeSource,
     root: &[u8],
     dir: &[u8],
     opts: &WalkOptions,
     levels: &mut Levels,
-    ignored: &dyn Fn(&[Vec<ignore::gitignore::Gitignore>], &[u8], bool) -> bool,
+    ignored: &IgnoredFn<'_>,
     visit: &mut dyn FnMut(SourceFile) -> bool,
 ) -> bool {
     if !opts.no_ignore {
