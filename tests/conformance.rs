@@ -1588,6 +1588,20 @@ async fn paths_deeper_than_path_max_work(b: &Backend) {
         .await
         .unwrap();
     assert_eq!(r.read(&moved, 0, 100).await.unwrap().data, &b"deeper"[..]);
+    // The queries on one file work there too.
+    assert_eq!(r.edit(&moved, "deep", "DEEP", false).await.unwrap(), 1);
+    let window = r
+        .scan(
+            &moved,
+            ScanRequest {
+                start_line: 1,
+                end_line: None,
+                max_bytes: 1024,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(window.lines, vec![b"DEEPer".to_vec()]);
     assert!(matches!(r.stat(&file).await, Err(RemoteError::NotFound(_))));
     r.unlink(&moved).await.unwrap();
     // Too deep even for us: refused by name, not by a failed call.
