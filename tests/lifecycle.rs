@@ -460,12 +460,31 @@ fn mount_and_socket_flags_refuse_what_is_not_a_live_mount() {
     assert!(out.contains("\"invalidated\": \"g.txt\""), "{out}");
 }
 
+/// `status` through the QUERY ioctl on `dir`.
+fn status_by_ioctl(dir: &Path) -> serde_json::Value {
+    use sbxfs::control::{IOC_QUERY, IOC_QUERY_SIZE};
+    use std::os::fd::AsRawFd;
+    let f = fs::File::open(dir).unwrap();
+    let mut buf = vec![0u8; IOC_QUERY_SIZE];
+    let req = br#"{"v":1,"op":"status"}"#;
+    buf[..req.len()].copy_from_slice(req);
+    // SAFETY: `buf` is exactly the size IOC_QUERY encodes, and `f` stays open for the call.
+    let rc = unsafe { libc::ioctl(f.as_raw_fd(), IOC_QUERY as _, buf.as_mut_ptr()) };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    let end = buf.iter().position(|&b| b == 0).unwrap();
+    serde_json::from_slice(&buf[..end]).unwrap()
+}
+
 #[test]
 fn ctl_status_answers_at_once_while_the_sandbox_hangs() {
     let s = setup_with(&[]);
     let socket = socket_of(&s.mount.dir);
     let (code, v, _) = status_via(&socket);
     assert_eq!((code, &v["reachable"]), (Some(0), &serde_json::json!(true)));
+    // The ioctl answers from the same knowledge as the socket.
+    let v = status_by_ioctl(&s.mount.dir);
+    assert_eq!(v["reachable"], true, "{v}");
+    assert_eq!(v["mount"]["socket"], socket.to_str().unwrap());
     let agent = rustix::process::Pid::from_child(&s.agent.child);
     // A hung sandbox: connections are accepted by the kernel, nothing answers.
     rustix::process::kill_process(agent, rustix::process::Signal::STOP).unwrap();
@@ -513,4 +532,38 @@ fn ctl_status_answers_at_once_while_the_sandbox_hangs() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+#[test]
+fn allow_other_for_a_user_is_refused_with_the_fuse_conf_line_to_add() {
+    let Some(setpriv) = require_tool("setpriv") else {
+        return;
+    };
+    if !is_root() {
+        eprintln!("skipping: acting as another user needs root");
+        return;
+    }
+    let conf = fs::read_to_string("/etc/fuse.conf").unwrap_or_default();
+    if sbxfs::mount::options::fuse_conf_allows_other(&conf) {
+        eprintln!("skipping: /etc/fuse.conf allows allow_other here");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    fs::set_permissions(d.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let mnt = d.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let (code, out) = run_within(
+        Command::new(setpriv)
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(sbxfs_bin())
+            .args(["mount", "http://127.0.0.1:9", "-o", "allow_other"])
+            .arg(&mnt)
+            .env("SBXFS_TOKEN", "t"),
+        Duration::from_secs(10),
+    );
+    assert_eq!(code, Some(2), "{out}");
+    assert!(
+        out.contains("allow_other needs the line `user_allow_other` in /etc/fuse.conf"),
+        "{out}"
+    );
 }
