@@ -392,12 +392,7 @@ fn a_stopped_sandbox_keeps_cached_reads_bounds_close_and_gets_the_write_later() 
     let root = dir.path().join("ws");
     fs::create_dir(&root).unwrap();
     let agent = AgentProcess::start(&root);
-    let mount = MountProcess::start_url_env(
-        &agent.url,
-        &agent.token,
-        &[],
-        &[("SBXFS_CALL_TIMEOUT_MS", "1000")],
-    );
+    let mount = MountProcess::start(&agent, &["-o", "timeout_ms=1000"]);
     let m = &mount.dir;
     fs::write(root.join("cached.txt"), "served from cache").unwrap();
     assert_eq!(

@@ -434,6 +434,9 @@ fn run_mount(a: MountArgs) -> i32 {
         if let Some(bytes) = o.cache_size.or(a.cache_size) {
             cfg.cache_bytes = bytes;
         }
+        if let Some(ms) = o.timeout_ms {
+            cfg.call_timeout = std::time::Duration::from_millis(ms);
+        }
         cfg.staging_dir = o.staging_dir.or(a.staging_dir);
         cfg.allow_other = o.allow_other;
         // `default_permissions` is on whatever -o says (`o.default_permissions` only confirms

@@ -59,6 +59,8 @@ pub struct MountConfig {
     pub token: Vec<u8>,
     pub mountpoint: PathBuf,
     pub attr_ttl: Duration,
+    /// Deadline of one remote call (queries and idle transfers get multiples of it).
+    pub call_timeout: Duration,
     pub cache_bytes: u64,
     pub staging_dir: Option<PathBuf>,
     /// Other users (and root) may use the mount (`-o allow_other`).
@@ -82,6 +84,7 @@ impl MountConfig {
             token,
             mountpoint,
             attr_ttl: DEFAULT_ATTR_TTL,
+            call_timeout: crate::remote::deadline::CALL,
             cache_bytes: DEFAULT_CACHE_BYTES,
             staging_dir: None,
             allow_other: false,
@@ -257,11 +260,11 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     let token = String::from_utf8(cfg.token.clone()).context("the token must be UTF-8")?;
     let client = AgentClient::new(&cfg.remote_url, &token)?;
     // Every call has a deadline: a sandbox that stops answering blocks nothing for good.
-    // (`SBXFS_CALL_TIMEOUT_MS` shortens them, for tests and very near sandboxes.)
+    // (`-o timeout_ms=`; `SBXFS_CALL_TIMEOUT_MS` in the environment for tests.)
     let call = std::env::var("SBXFS_CALL_TIMEOUT_MS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .map_or(crate::remote::deadline::CALL, Duration::from_millis);
+        .map_or(cfg.call_timeout, Duration::from_millis);
     let remote: Arc<dyn Remote> = Arc::new(crate::remote::deadline::Deadlines::with_call_deadline(
         client, call,
     ));

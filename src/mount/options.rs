@@ -39,6 +39,8 @@ pub struct MountOptions {
     pub no_exec: Option<bool>,
     pub idmap: Option<IdMap>,
     pub attr_ttl_ms: Option<u64>,
+    /// Deadline of one remote call (`timeout_ms=`); the others scale with it.
+    pub timeout_ms: Option<u64>,
     pub cache_size: Option<u64>,
     pub staging_dir: Option<PathBuf>,
     pub token_file: Option<PathBuf>,
@@ -122,6 +124,14 @@ impl MountOptions {
                             .parse()
                             .map_err(|_| bad("not a number of milliseconds".into()))?,
                     )
+                }
+                "timeout_ms" => {
+                    self.timeout_ms =
+                        Some(
+                            needed()?.parse().ok().filter(|ms| *ms > 0).ok_or_else(|| {
+                                bad("not a positive number of milliseconds".into())
+                            })?,
+                        )
                 }
                 "cache_size" => self.cache_size = Some(parse_size(&needed()?).map_err(bad)?),
                 "staging_dir" => self.staging_dir = Some(non_empty_path(needed()?).map_err(bad)?),
@@ -207,7 +217,7 @@ mod tests {
     fn every_option_is_read_into_its_field() {
         let o = parse(
             "allow_other,default_permissions,ro,idmap=none,attr_ttl_ms=250,cache_size=512M,\
-             staging_dir=/var/tmp/s,token_file=/etc/sbxfs/token,noexec",
+             staging_dir=/var/tmp/s,token_file=/etc/sbxfs/token,noexec,timeout_ms=1500",
         )
         .unwrap();
         assert_eq!(
@@ -219,6 +229,7 @@ mod tests {
                 no_exec: Some(true),
                 idmap: Some(IdMap::None),
                 attr_ttl_ms: Some(250),
+                timeout_ms: Some(1500),
                 cache_size: Some(512 << 20),
                 staging_dir: Some("/var/tmp/s".into()),
                 token_file: Some("/etc/sbxfs/token".into()),
