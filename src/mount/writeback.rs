@@ -535,38 +535,56 @@ impl FsCore {
         path: &RemotePath,
         s: &mut Staged,
     ) -> Result<RemotePath> {
+        let known = match self.inodes.get(node) {
+            Some(n) if n.remote.ino != 0 => Some(n.attr.version),
+            _ => None,
+        };
+        let copy = self.write_conflict_copy(path, s, known).await?;
+        if let Some((parent, _)) = self.inodes.get(node).and_then(|n| n.links.first().cloned()) {
+            self.dir_changed(parent);
+        }
+        Ok(copy)
+    }
+
+    /// Fill what is not local from the sandbox (from the page cache at `known` if it has the
+    /// pages), then write the whole image to a new conflict name beside `path`.
+    async fn write_conflict_copy(
+        &self,
+        path: &RemotePath,
+        s: &mut Staged,
+        known: Option<crate::remote::Version>,
+    ) -> Result<RemotePath> {
         for page in s.missing_in(0, s.len) {
-            let from = match self.inodes.get(node) {
-                Some(n) if n.remote.ino != 0 => n.attr.version,
-                _ => crate::remote::Version(String::new()),
+            let cached = match &known {
+                Some(v) => self.page_at(path, v, PageIndex(page)).await.ok(),
+                None => None,
             };
-            let data = match self.page_at(path, &from, PageIndex(page)).await {
-                Ok(d) => d,
-                Err(_) => {
-                    self.note(self.remote.read(path, page * PAGE, PAGE as u32).await)?
-                        .data
-                }
+            let data = match cached {
+                Some(d) => d,
+                None => match self.note(self.remote.read(path, page * PAGE, PAGE as u32).await) {
+                    Ok(r) => r.data,
+                    // The file is gone from the sandbox: the user's own bytes are what is left.
+                    Err(RemoteError::NotFound(_)) => bytes::Bytes::new(),
+                    Err(e) => return Err(e),
+                },
             };
             s.fill_page(page, &data).map_err(|e| local_io(&e))?;
         }
-        let copy = self.create_conflict_name(path, 0o600).await?;
+        let (copy, version) = self.create_conflict_name(path, 0o600).await?;
         let reader = s.reader().map_err(|e| local_io(&e))?;
         self.note(
             self.remote
                 .commit(
-                    &copy.0,
+                    &copy,
                     CommitContent::Whole(Box::new(reader)),
                     CommitOptions {
-                        base: Some(copy.1),
+                        base: Some(version),
                         create_mode: None,
                     },
                 )
                 .await,
         )?;
-        if let Some((parent, _)) = self.inodes.get(node).and_then(|n| n.links.first().cloned()) {
-            self.dir_changed(parent);
-        }
-        Ok(copy.0)
+        Ok(copy)
     }
 
     /// Create an empty file named after `path` that did not exist: answers it and its version.
@@ -737,29 +755,8 @@ impl FsCore {
             }
             Err(RemoteError::Conflict { .. }) | Err(RemoteError::NotFound(_)) => {
                 // The sandbox changed it meanwhile: the user's bytes go beside it.
-                let target = path.clone();
-                for page in s.missing_in(0, s.len) {
-                    let r = self
-                        .note(self.remote.read(&target, page * PAGE, PAGE as u32).await)
-                        .map(|r| r.data)
-                        .unwrap_or_default();
-                    s.fill_page(page, &r).map_err(|e| local_io(&e))?;
-                }
-                let copy = self.create_conflict_name(path, 0o600).await?;
-                let reader = s.reader().map_err(|e| local_io(&e))?;
-                self.note(
-                    self.remote
-                        .commit(
-                            &copy.0,
-                            CommitContent::Whole(Box::new(reader)),
-                            CommitOptions {
-                                base: Some(copy.1),
-                                create_mode: None,
-                            },
-                        )
-                        .await,
-                )?;
-                tracing::error!(file = %path.display(), saved_as = %copy.0.display(),
+                let copy = self.write_conflict_copy(path, s, None).await?;
+                tracing::error!(file = %path.display(), saved_as = %copy.display(),
                     "an unpushed edit from an earlier mount conflicts with the sandbox; saved beside it");
                 Ok(())
             }
