@@ -88,7 +88,8 @@ struct MountArgs {
     /// Bytes of file data cached in memory (512M, 1G, …) [default: 512M].
     #[arg(long, value_parser = crate::mount::options::parse_size)]
     cache_size: Option<u64>,
-    /// Where staged writes are kept (default: a directory under $TMPDIR).
+    /// Where staged writes are kept (default: a private directory per sandbox under
+    /// $XDG_CACHE_HOME/sbxfs/staging).
     #[arg(long)]
     staging_dir: Option<PathBuf>,
 }
@@ -118,7 +119,7 @@ enum CtlAction {
     Flush,
     /// Forget cached data and attributes of a path.
     Invalidate { path: PathBuf },
-    /// Which remote, whether it answers, what is pending.
+    /// Which remote, whether it answered lately, what is pending (never waits for the sandbox).
     Status,
 }
 
