@@ -608,3 +608,46 @@ print(open('leaf').read(), end='')
     );
     assert_eq!((code, out.as_str()), (0, "deep"));
 }
+
+#[test]
+fn a_handle_never_reads_a_mix_of_two_files() {
+    let s = setup();
+    let (m, r) = (&s.mount.dir, &s.root);
+    // Replaced by rename in the sandbox while a reader holds it: the reader gets the old
+    // content it has, then ESTALE — never the new file's bytes after the old one's.
+    fs::write(r.join("f"), vec![b'A'; 300_000]).unwrap();
+    let f = fs::File::open(m.join("f")).unwrap();
+    let mut head = [0u8; 100];
+    f.read_exact_at(&mut head, 0).unwrap();
+    fs::write(r.join("f.tmp"), vec![b'B'; 300_000]).unwrap();
+    fs::rename(r.join("f.tmp"), r.join("f")).unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    let mut rest = vec![0u8; 300_000];
+    match f.read_at(&mut rest, 0) {
+        Ok(n) => assert!(rest[..n].iter().all(|&b| b == b'A'), "a mix of two files"),
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ESTALE)),
+    }
+    let mut rest = vec![0u8; 100_000];
+    match f.read_at(&mut rest, 200_000) {
+        Ok(n) => assert!(rest[..n].iter().all(|&b| b == b'A'), "a mix of two files"),
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ESTALE)),
+    }
+    drop(f);
+    // A new open reads the new file.
+    assert_eq!(fs::read(m.join("f")).unwrap(), vec![b'B'; 300_000]);
+
+    // Changed in place in the sandbox (same file): the reader sees the new bytes, as on ext4.
+    fs::write(r.join("g"), vec![b'C'; 300_000]).unwrap();
+    let g = fs::File::open(m.join("g")).unwrap();
+    g.read_exact_at(&mut head, 0).unwrap();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(r.join("g"))
+        .unwrap()
+        .write_all_at(&vec![b'D'; 300_000], 0)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    let mut tail = vec![0u8; 1000];
+    g.read_exact_at(&mut tail, 250_000).unwrap();
+    assert!(tail.iter().all(|&b| b == b'D'));
+}

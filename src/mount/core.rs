@@ -23,7 +23,7 @@ use std::time::{Duration, Instant, SystemTime};
 use bytes::Bytes;
 
 use super::handles::{DirEntryOut, Handles, OpenFile};
-use super::inode::{InodeTable, Node, NodeId, ROOT};
+use super::inode::{InodeTable, Node, NodeId, RemoteId, ROOT};
 use super::meta::MetaCache;
 use super::pages::{PageCache, PageIndex};
 use super::staging::{Staged, PAGE};
@@ -387,6 +387,7 @@ impl FsCore {
                 }
             }
             self.inodes.rebind(node, &a);
+            self.handles.follow(node, &a);
             if size.is_some() {
                 if let Some(k) = self.kernel() {
                     k.invalidate_data(node);
@@ -512,12 +513,7 @@ impl FsCore {
                 keep
             })
             .unwrap_or(false);
-        let fh = self.handles.open_file(OpenFile {
-            node,
-            version: attr.version.clone(),
-            writable,
-            wrote: AtomicBool::new(false),
-        });
+        let fh = self.handles.open_file(OpenFile::new(node, &attr, writable));
         Ok((fh, keep && !truncate))
     }
 
@@ -527,7 +523,7 @@ impl FsCore {
         version: &crate::remote::Version,
         page: PageIndex,
     ) -> Result<Bytes> {
-        let (data, hit) = self
+        let (data, other, hit) = self
             .pages
             .get_or_fetch(version, page, || async {
                 let r = self.note(self.remote.read(path, page.start(), PAGE as u32).await)?;
@@ -543,6 +539,10 @@ impl FsCore {
                 Ok((r.data, r.version))
             })
             .await?;
+        if other.is_some() {
+            // The bytes are of another version (filed under it): not the ones asked for.
+            return Err(RemoteError::Stale(path.display()));
+        }
         let counter = if hit {
             &self.stats.cache_hits
         } else {
@@ -558,27 +558,42 @@ impl FsCore {
             return self.read_staged(h.node, &s, offset, size as u64).await;
         }
         let path = self.path_of(h.node)?;
-        // The file's current version, not the one seen at open: a truncate or push through
-        // the mount since then must show through every handle, as on a local disk.
-        let version = self.node(h.node)?.attr.version;
-        let end = offset + size as u64;
-        let mut out = Vec::with_capacity(size as usize);
-        let mut page = PageIndex::containing(offset);
-        while page.start() < end {
-            let data = self.page_at(&path, &version, page).await?;
-            let start = page.start();
-            let from = offset.saturating_sub(start) as usize;
-            if from >= data.len() {
-                break;
+        'again: loop {
+            let version = h.version();
+            let end = offset + size as u64;
+            let mut out = Vec::with_capacity(size as usize);
+            let mut page = PageIndex::containing(offset);
+            while page.start() < end {
+                let data = match self.page_at(&path, &version, page).await {
+                    Ok(d) => d,
+                    Err(RemoteError::Stale(_)) => {
+                        // The sandbox's file changed since this handle last knew it. Changed
+                        // in place, it is still this handle's file: its new bytes are what a
+                        // local disk would show. Replaced by another file, its old bytes are
+                        // gone: answer that, never a mix of two files.
+                        let a = self.stable_stat(&path).await?;
+                        if RemoteId::of(&a) != h.remote() {
+                            return Err(RemoteError::Stale(path.display()));
+                        }
+                        h.follow(&a);
+                        continue 'again;
+                    }
+                    Err(e) => return Err(e),
+                };
+                let start = page.start();
+                let from = offset.saturating_sub(start) as usize;
+                if from >= data.len() {
+                    break;
+                }
+                let to = ((end - start) as usize).min(data.len());
+                out.extend_from_slice(&data[from..to]);
+                if data.len() < PAGE as usize {
+                    break; // end of file
+                }
+                page.0 += 1;
             }
-            let to = ((end - start) as usize).min(data.len());
-            out.extend_from_slice(&data[from..to]);
-            if data.len() < PAGE as usize {
-                break; // end of file
-            }
-            page.0 += 1;
+            return Ok(out);
         }
-        Ok(out)
     }
 
     async fn read_staged(
@@ -985,11 +1000,16 @@ impl FsCore {
     pub async fn fallocate(
         &self,
         node: NodeId,
+        fh: Option<u64>,
         offset: u64,
         len: u64,
         keep_size: bool,
     ) -> Result<()> {
         let end = offset.saturating_add(len);
+        // Growing a file through a handle is a change its close must push.
+        if let Some(h) = fh.and_then(|fh| self.handles.file(fh).ok()) {
+            h.wrote.store(true, Ordering::Relaxed);
+        }
         if end > MAX_FILE_BYTES {
             return Err(RemoteError::FileTooBig(
                 self.node(node)?.last_path.display(),
@@ -1006,6 +1026,7 @@ impl FsCore {
         let path = self.path_of(node)?;
         let a = self.note(self.remote.fallocate(&path, offset, len, keep_size).await)?;
         self.inodes.rebind(node, &a);
+        self.handles.follow(node, &a);
         Ok(())
     }
 
@@ -1042,6 +1063,7 @@ impl FsCore {
             s.sync(&g);
         }
         self.inodes.rebind(dst.node, &attr);
+        self.handles.follow(dst.node, &attr);
         if let Some(k) = self.kernel() {
             k.invalidate_data(dst.node);
         }

@@ -671,6 +671,12 @@ impl Filesystem for SbxFs {
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let name = name_bytes(name);
+        // The kernel asks for file capabilities before every write (to drop them). The mount
+        // is nosuid, so capabilities never apply: answered here, not by a round trip per write.
+        if name == b"security.capability" {
+            reply.error(Errno::from_i32(libc::ENODATA));
+            return;
+        }
         self.spawn("getxattr", ino.0, move |core, _| async move {
             let r = core.getxattr(NodeId(ino.0), &name).await;
             reply_xattr(reply, size, "getxattr", r)
@@ -703,7 +709,7 @@ impl Filesystem for SbxFs {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         length: u64,
         mode: i32,
@@ -717,7 +723,7 @@ impl Filesystem for SbxFs {
         let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
         self.spawn("fallocate", ino.0, move |core, _| async move {
             let r = core
-                .fallocate(NodeId(ino.0), offset, length, keep_size)
+                .fallocate(NodeId(ino.0), Some(fh.0), offset, length, keep_size)
                 .await;
             reply_empty(reply, "fallocate", r)
         });

@@ -7,16 +7,45 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::inode::NodeId;
+use super::inode::{NodeId, RemoteId};
 use crate::remote::{FileKind, RemoteError, Result, Version};
 
 pub struct OpenFile {
     pub node: NodeId,
-    /// The version seen at open (pages of an unstaged file are read at it).
-    pub version: Version,
+    /// The file's version as this handle knows it: seen at open, moved by every change made
+    /// through the mount (pages of an unstaged file are read at it, never at another).
+    pub version: Mutex<Version>,
+    /// The sandbox file this handle reads (device and inode).
+    pub remote: Mutex<RemoteId>,
     pub writable: bool,
     /// Written (or truncated) through this handle since its last flush.
     pub wrote: AtomicBool,
+}
+
+impl OpenFile {
+    pub fn new(node: NodeId, attr: &crate::remote::Attr, writable: bool) -> Self {
+        OpenFile {
+            node,
+            version: Mutex::new(attr.version.clone()),
+            remote: Mutex::new(RemoteId::of(attr)),
+            writable,
+            wrote: AtomicBool::new(false),
+        }
+    }
+
+    pub fn version(&self) -> Version {
+        self.version.lock().expect("handle lock").clone()
+    }
+
+    pub fn remote(&self) -> RemoteId {
+        *self.remote.lock().expect("handle lock")
+    }
+
+    /// The file is now at `attr` (a change made through the mount, or in place in the sandbox).
+    pub fn follow(&self, attr: &crate::remote::Attr) {
+        *self.version.lock().expect("handle lock") = attr.version.clone();
+        *self.remote.lock().expect("handle lock") = RemoteId::of(attr);
+    }
 }
 
 /// One entry of a directory snapshot (`ino` is the sandbox's, for `d_ino`).
@@ -64,6 +93,19 @@ impl Handles {
 
     pub fn close_file(&self, fh: u64) -> Option<Arc<OpenFile>> {
         self.files.lock().expect("handles lock").remove(&fh)
+    }
+
+    /// Every handle on `node` follows it to `attr` (our own change: a push, a truncate).
+    pub fn follow(&self, node: NodeId, attr: &crate::remote::Attr) {
+        for f in self
+            .files
+            .lock()
+            .expect("handles lock")
+            .values()
+            .filter(|f| f.node == node)
+        {
+            f.follow(attr);
+        }
     }
 
     /// Handles open on a node.
@@ -115,12 +157,23 @@ mod tests {
     #[test]
     fn handles_are_distinct_and_bound_to_their_node() {
         let h = Handles::default();
-        let mk = |n| OpenFile {
-            node: NodeId(n),
+        let attr = crate::remote::Attr {
+            kind: FileKind::File,
+            size: 0,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            atime_ns: 0,
+            mtime_ns: 0,
+            ctime_ns: 0,
+            dev: 1,
+            ino: 9,
+            nlink: 1,
+            rdev: 0,
+            symlink_target: None,
             version: Version("v".into()),
-            writable: false,
-            wrote: AtomicBool::new(false),
         };
+        let mk = |n| OpenFile::new(NodeId(n), &attr, false);
         let a = h.open_file(mk(5));
         let b = h.open_file(mk(5));
         let d = h.open_dir(NodeId(1));

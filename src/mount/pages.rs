@@ -32,7 +32,7 @@ impl PageIndex {
 }
 
 type Key = (Version, PageIndex);
-type Fetch = tokio::sync::OnceCell<Result<Bytes, RemoteError>>;
+type Fetch = tokio::sync::OnceCell<Result<(Bytes, Version), RemoteError>>;
 
 pub struct PageCache {
     lru: Mutex<Lru>,
@@ -82,19 +82,20 @@ impl PageCache {
 
     /// The page from the cache, or from `fetch` run once however many callers want it at the
     /// same time. `fetch` answers the bytes and the version they came from; they are filed
-    /// under that version (never under one they are not from).
+    /// under that version (never under one they are not from), which is answered too when it
+    /// is not the one asked for. The last field says whether it was a cache hit.
     pub async fn get_or_fetch<F, Fut>(
         &self,
         version: &Version,
         page: PageIndex,
         fetch: F,
-    ) -> Result<(Bytes, bool), RemoteError>
+    ) -> Result<(Bytes, Option<Version>, bool), RemoteError>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<(Bytes, Version), RemoteError>>,
     {
         if let Some(d) = self.get(version, page) {
-            return Ok((d, true));
+            return Ok((d, None, true));
         }
         let key = (version.clone(), page);
         let cell = self
@@ -107,13 +108,17 @@ impl PageCache {
         let result = cell
             .get_or_init(|| async {
                 let (data, from) = fetch().await?;
-                self.put(from, page, data.clone());
-                Ok(data)
+                self.put(from.clone(), page, data.clone());
+                Ok((data, from))
             })
             .await
             .clone();
         self.inflight.lock().expect("inflight lock").remove(&key);
-        result.map(|d| (d, false))
+        // Bytes of another version than asked are filed under theirs, and said to be other.
+        result.map(|(d, from)| {
+            let other = (&from != version).then_some(from);
+            (d, other, false)
+        })
     }
 }
 

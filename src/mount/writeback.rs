@@ -445,6 +445,7 @@ impl FsCore {
                 // The atomic rename gave the file a new sandbox inode: this node now stands
                 // for it. What the kernel cached was written piecemeal: never a version.
                 self.inodes.rebind(node, &attr);
+                self.handles.follow(node, &attr);
                 self.inodes.update(node, |x| x.kernel_version = None);
                 if let Some((parent, _)) = n.links.first() {
                     self.dir_changed(*parent);
@@ -466,6 +467,7 @@ impl FsCore {
                                 s.rebase_remote(a.version.clone(), a.size)
                                     .map_err(|e| local_io(&e))?;
                                 self.inodes.rebind(node, &a);
+                                self.handles.follow(node, &a);
                             }
                             Err(_) => {
                                 let len = s.len;
@@ -527,18 +529,18 @@ impl FsCore {
     }
 
     /// Write the staged content beside `path` as `NAME.sbxfs-conflict-<time>-<n>`, a name
-    /// created exclusively (never overwriting anything). Pages the user never touched come
-    /// from the sandbox's current version: the user's own bytes are what must not be lost.
+    /// created exclusively (never overwriting anything). Pages the user never read or wrote
+    /// come from the page cache at the base version when it has them, else from the sandbox's
+    /// current file: the user's own bytes are what must not be lost.
     async fn save_conflict_copy(
         &self,
         node: NodeId,
         path: &RemotePath,
         s: &mut Staged,
     ) -> Result<RemotePath> {
-        let known = match self.inodes.get(node) {
-            Some(n) if n.remote.ino != 0 => Some(n.attr.version),
-            _ => None,
-        };
+        // Base pages still in the page cache are the user's version exactly; the rest can only
+        // come from what the sandbox has now.
+        let known = s.base.clone();
         let copy = self.write_conflict_copy(path, s, known).await?;
         if let Some((parent, _)) = self.inodes.get(node).and_then(|n| n.links.first().cloned()) {
             self.dir_changed(parent);

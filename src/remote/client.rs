@@ -23,9 +23,10 @@ use crate::search::scan::{ScanRequest, ScanResult};
 /// How long to wait for a connection: long enough for a far sandbox, short enough that a dead
 /// one fails an operation quickly (the mount reports EIO rather than hang).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// A metadata call or a read of at most 16 MiB: long enough for a slow far link, short enough
-/// that an operation on a dead one fails (EIO) instead of hanging.
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// The client's own backstop for one request. The deadlines that matter (per operation,
+/// scaled to its size, configurable) are [`super::deadline::Deadlines`]'s, which wraps every
+/// backend; this only stops a request that wrapper would not (a client used alone).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(600);
 /// Bytes read from a commit's source per chunk sent: large enough that a fast link is not
 /// limited by per-chunk overhead.
 pub const UPLOAD_CHUNK: usize = 256 * 1024;

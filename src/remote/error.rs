@@ -31,6 +31,10 @@ pub enum RemoteError {
     /// A file size past what the sandbox allows (`EFBIG`).
     #[error("{0}: file too large")]
     FileTooBig(String),
+    /// The file a handle was reading was replaced in the sandbox: its old content is gone
+    /// (`ESTALE`, as NFS answers for a file handle whose file was replaced).
+    #[error("{0}: stale file handle (replaced in the sandbox since it was opened)")]
+    Stale(String),
     /// No extended attribute by that name (`ENODATA`).
     #[error("{0}: no such attribute")]
     NoAttr(String),
@@ -76,6 +80,7 @@ impl RemoteError {
             RemoteError::TooLarge(_) => libc::E2BIG,
             RemoteError::FileTooBig(_) => libc::EFBIG,
             RemoteError::NoAttr(_) => libc::ENODATA,
+            RemoteError::Stale(_) => libc::ESTALE,
             RemoteError::Unsupported(_) => libc::EOPNOTSUPP,
             // A conflict is reported to the writer as an I/O error; the mount keeps the data.
             RemoteError::Conflict { .. } => libc::EIO,
@@ -109,6 +114,7 @@ impl RemoteError {
             RemoteError::TooLarge(_) => "E2BIG",
             RemoteError::FileTooBig(_) => "EFBIG",
             RemoteError::NoAttr(_) => "ENODATA",
+            RemoteError::Stale(_) => "ESTALE",
             RemoteError::Unsupported(_) => "EOPNOTSUPP",
             RemoteError::Conflict { .. } => "conflict",
             RemoteError::Unauthorized(_) => "unauthorized",
@@ -173,6 +179,7 @@ impl RemoteError {
             "E2BIG" => RemoteError::TooLarge(m),
             "EFBIG" => RemoteError::FileTooBig(m),
             "ENODATA" => RemoteError::NoAttr(m),
+            "ESTALE" => RemoteError::Stale(m),
             "EOPNOTSUPP" => RemoteError::Unsupported(m),
             "ENOSPC" => RemoteError::NoSpace(m),
             "ETIMEDOUT" => RemoteError::TimedOut(m),

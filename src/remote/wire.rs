@@ -161,6 +161,7 @@ impl ErrorBody {
             | RemoteError::TooLarge(m)
             | RemoteError::FileTooBig(m)
             | RemoteError::NoAttr(m)
+            | RemoteError::Stale(m)
             | RemoteError::Unsupported(m)
             | RemoteError::Unauthorized(m)
             | RemoteError::Transport(m)
@@ -198,6 +199,7 @@ pub fn status_for(e: &RemoteError) -> u16 {
         RemoteError::Unauthorized(_) => 401,
         RemoteError::TooLarge(_) => 413,
         RemoteError::NoAttr(_) => 404,
+        RemoteError::Stale(_) => 409,
         RemoteError::FileTooBig(_) => 400,
         RemoteError::Unsupported(_) => 501,
         RemoteError::Transport(_) | RemoteError::Io(..) | RemoteError::NoSpace(_) => 500,
