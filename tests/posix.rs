@@ -651,3 +651,53 @@ fn a_handle_never_reads_a_mix_of_two_files() {
     g.read_exact_at(&mut tail, 250_000).unwrap();
     assert!(tail.iter().all(|&b| b == b'D'));
 }
+
+#[test]
+fn unpushed_edits_never_go_to_another_sandbox_at_the_same_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root1, root2) = (dir.path().join("ws1"), dir.path().join("ws2"));
+    fs::create_dir(&root1).unwrap();
+    fs::create_dir(&root2).unwrap();
+    fs::write(root1.join("f"), "one: base").unwrap();
+    fs::write(root2.join("f"), "two: theirs").unwrap();
+    let cache = dir.path().join("cache");
+    let mut agent = AgentProcess::start(&root1);
+    let (addr, url, token) = (agent.addr, agent.url.clone(), agent.token.clone());
+    let mut mount = MountProcess::start_url_cache(&url, &token, &[], Some(&cache));
+    assert_eq!(
+        fs::read_to_string(mount.dir.join("f")).unwrap(),
+        "one: base"
+    );
+    agent.kill();
+    {
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .open(mount.dir.join("f"))
+            .unwrap();
+        f.write_all(b"ONE").unwrap();
+        let _ = f.sync_all();
+    }
+    let child = mount.child.as_mut().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(mount);
+    // Another sandbox now answers at the same address: the edit stays staged.
+    {
+        let _other = AgentProcess::start_on(&root2, addr);
+        let _m = MountProcess::start_url_cache(&url, &token, &[], Some(&cache));
+        std::thread::sleep(Duration::from_secs(2));
+        assert_eq!(fs::read_to_string(root2.join("f")).unwrap(), "two: theirs");
+        assert!(leftovers(&root2).is_empty(), "{:?}", leftovers(&root2));
+    }
+    // Its own sandbox is back: now it is pushed.
+    let _agent = AgentProcess::start_on(&root1, addr);
+    let _mount = MountProcess::start_url_cache(&url, &token, &[], Some(&cache));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while fs::read_to_string(root1.join("f")).unwrap() != "ONE: base" {
+        assert!(
+            Instant::now() < deadline,
+            "the edit never reached its sandbox"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

@@ -335,6 +335,10 @@ pub struct JournalMeta {
     pub base_size: u64,
     /// Mode for a file the push creates.
     pub mode: Option<u32>,
+    /// Which sandbox it belongs to (its root's device and inode): a later mount of the same
+    /// URL that reaches another sandbox leaves it alone.
+    #[serde(default)]
+    pub sandbox: Option<String>,
 }
 
 /// The durable record of a staged file: `N.data` (the content), `N.meta` ([`JournalMeta`],
@@ -535,6 +539,7 @@ mod tests {
             base: Some(Version("v1".into())),
             base_size: 1000,
             mode: None,
+            sandbox: None,
         };
         let (j, file) = Journal::create(dir.path(), meta).unwrap();
         let mut s = Staged::new(file, Some(Version("v1".into())), 1000);

@@ -283,6 +283,7 @@ impl FsCore {
                 base: Some(attr.version.clone()),
                 base_size: attr.size,
                 mode: Some(attr.mode),
+                sandbox: Some(self.sandbox_id()),
             },
         )
         .map_err(|e| local_io(&e))?;
@@ -296,6 +297,16 @@ impl FsCore {
         drop(staged);
         self.inodes.pin(node, true);
         Ok(e)
+    }
+
+    /// This sandbox's identity: its workspace root's device and inode.
+    pub(super) fn sandbox_id(&self) -> String {
+        let root = self
+            .inodes
+            .get(super::inode::ROOT)
+            .map(|n| n.remote)
+            .unwrap_or(super::inode::RemoteId { dev: 0, ino: 0 });
+        format!("{:x}:{:x}", root.dev, root.ino)
     }
 
     /// Forget what is staged for a node (and its journal).
@@ -702,8 +713,20 @@ impl FsCore {
     pub async fn recover_staged(&self) -> (usize, usize) {
         let found = Journal::recover(&self.cfg.staging_dir);
         let (mut done, mut left) = (0, 0);
+        let here = self.sandbox_id();
         for (journal, file, ops) in found {
             let meta = journal.meta().clone();
+            if meta.sandbox.as_ref().is_some_and(|s| *s != here) {
+                // Staged against another sandbox that answered at this URL before: never
+                // pushed here (it would put one sandbox's edits, maybe secrets, in another).
+                left += 1;
+                tracing::warn!(
+                    file = %String::from_utf8_lossy(&meta.path.0),
+                    kept_in = %self.cfg.staging_dir.display(),
+                    "an unpushed edit staged for another sandbox at this address is kept, not pushed here"
+                );
+                continue;
+            }
             let Ok(path) = RemotePath::new(meta.path.0.clone()) else {
                 journal.remove();
                 continue;
