@@ -140,6 +140,24 @@ impl FsCore {
         self.reachable.load(Ordering::Relaxed)
     }
 
+    /// While the sandbox does not answer, what is known is served at once instead of waiting
+    /// for each call's deadline; [`FsCore::probe`] notices when it answers again.
+    fn offline(&self) -> bool {
+        !self.is_reachable()
+    }
+
+    /// Ask the sandbox whether it answers (while it does not, nothing else asks); when it is
+    /// back, failed pushes are retried at once. Answers whether it is reachable.
+    pub async fn probe(&self) -> bool {
+        let was = self.is_reachable();
+        let ok = self.note(self.remote.info().await).is_ok();
+        if ok && !was {
+            tracing::info!("the sandbox answers again");
+            self.failures.all_due();
+        }
+        ok
+    }
+
     pub(super) fn kernel(&self) -> Option<Arc<dyn KernelCache>> {
         self.kernel.lock().expect("kernel lock").clone()
     }
@@ -238,9 +256,14 @@ impl FsCore {
     pub async fn lookup(&self, parent: NodeId, name: &[u8]) -> Result<NodeAttr> {
         let dir = self.path_of(parent)?;
         let path = dir.join(name)?;
-        let attr = match self.meta.entry(parent, name, self.cfg.attr_ttl, false) {
+        let offline = self.offline();
+        let attr = match self.meta.entry(parent, name, self.cfg.attr_ttl, offline) {
             Some(Some(a)) => a,
             Some(None) => return Err(RemoteError::NotFound(path.display())),
+            None if offline && self.inodes.child(parent, name).is_some() => {
+                let id = self.inodes.child(parent, name).expect("checked");
+                self.node(id)?.attr
+            }
             None => match self.stable_stat(&path).await {
                 Ok(a) => a,
                 Err(e) if unreachable(&e) => {
@@ -287,7 +310,7 @@ impl FsCore {
             // Staged or orphaned files answer from local state.
             _ if staged => n.attr,
             None => n.attr,
-            Some(_) if self.fresh(n.fetched) => n.attr,
+            Some(_) if self.fresh(n.fetched) || self.offline() => n.attr,
             Some(path) => match self.stable_stat(&path).await {
                 Ok(a) => {
                     self.inodes.rebind(node, &a);
@@ -407,7 +430,7 @@ impl FsCore {
     /// A directory's entries with their attributes: fresh from the cache, else fetched in one
     /// round trip (and served stale when the sandbox does not answer).
     async fn listing(&self, dir: NodeId) -> Result<super::meta::Entries> {
-        if let Some(l) = self.meta.listing(dir, self.cfg.attr_ttl, false) {
+        if let Some(l) = self.meta.listing(dir, self.cfg.attr_ttl, self.offline()) {
             return Ok(l);
         }
         let path = self.path_of(dir)?;
@@ -477,7 +500,7 @@ impl FsCore {
     /// whether the kernel may keep its cached pages (same version as its last open).
     pub async fn open(&self, node: NodeId, writable: bool, truncate: bool) -> Result<(u64, bool)> {
         let staged = self.staged_of(node).is_some();
-        let attr = if staged || self.inodes.path_of(node).is_none() {
+        let attr = if staged || self.inodes.path_of(node).is_none() || self.offline() {
             self.node(node)?.attr
         } else {
             let path = self.path_of(node)?;

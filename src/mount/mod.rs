@@ -344,6 +344,9 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
         }
         loop {
             tokio::time::sleep(RETRY_INTERVAL).await;
+            if !retry_core.is_reachable() && !retry_core.probe().await {
+                continue;
+            }
             retry_core.retry_pending().await;
         }
     });

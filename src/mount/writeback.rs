@@ -227,6 +227,16 @@ impl Failures {
         }
     }
 
+    /// Every transient failure is due now (the sandbox answers again).
+    pub(super) fn all_due(&self) {
+        let now = Instant::now();
+        for f in self.map.lock().expect("failures lock").values_mut() {
+            if !f.permanent {
+                f.next_try = Some(now);
+            }
+        }
+    }
+
     fn due(&self) -> Vec<NodeId> {
         let now = Instant::now();
         self.map
@@ -385,6 +395,13 @@ impl FsCore {
                 };
             }
         };
+        if !self.is_reachable() {
+            // Not even tried: a sandbox that does not answer would hold this close for a
+            // whole deadline. Kept, and pushed as soon as it answers again.
+            let e = RemoteError::Transport("the sandbox is not answering; kept locally".into());
+            self.failures.record(node, &path.display(), &e);
+            return Err(e);
+        }
         let mut result;
         let mut bytes;
         let mut rebased = false;
