@@ -701,3 +701,26 @@ fn unpushed_edits_never_go_to_another_sandbox_at_the_same_address() {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+#[test]
+fn writes_follow_a_file_the_sandbox_renamed_while_it_was_open() {
+    let s = setup();
+    let (m, r) = (&s.mount.dir, &s.root);
+    fs::write(r.join("draft.txt"), "base\n").unwrap();
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(m.join("draft.txt"))
+        .unwrap();
+    f.write_all(b"mine 1\n").unwrap();
+    // A process in the sandbox renames it while we hold it open.
+    fs::rename(r.join("draft.txt"), r.join("final.txt")).unwrap();
+    f.write_all(b"mine 2\n").unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    assert_eq!(
+        fs::read_to_string(r.join("final.txt")).unwrap(),
+        "base\nmine 1\nmine 2\n"
+    );
+    assert!(!r.join("draft.txt").exists());
+    assert!(leftovers(r).is_empty(), "{:?}", leftovers(r));
+}

@@ -402,9 +402,11 @@ impl FsCore {
             self.failures.record(node, &path.display(), &e);
             return Err(e);
         }
+        let mut path = path;
         let mut result;
         let mut bytes;
         let mut rebased = false;
+        let mut followed = false;
         loop {
             let content = match s.content() {
                 Ok(c) => c,
@@ -448,6 +450,19 @@ impl FsCore {
                     // holds our own content. Push what came since over it.
                     s.base = Some(landed);
                     rebased = true;
+                    continue;
+                }
+            }
+            if !followed && matches!(result, Err(RemoteError::Conflict { .. })) {
+                followed = true;
+                if let Some(moved) = self.renamed_in_sandbox(node, &n, s.base.as_ref()).await {
+                    // Renamed in the sandbox while open: the writes follow the file.
+                    tracing::info!(from = %path.display(), to = %moved.display(),
+                        "the file was renamed in the sandbox while open; pushing to its new name");
+                    if let Some(j) = &mut s.journal {
+                        let _ = j.moved(&moved);
+                    }
+                    path = moved;
                     continue;
                 }
             }
@@ -550,6 +565,30 @@ impl FsCore {
             }
         }
         (h.finish() == a.digest).then_some(st.version)
+    }
+
+    /// Where the node's file went if the sandbox renamed it within its directory: the entry
+    /// that is the same sandbox file (device and inode) at the base version. The inode table
+    /// moves the node's name there.
+    async fn renamed_in_sandbox(
+        &self,
+        node: NodeId,
+        n: &super::inode::Node,
+        base: Option<&crate::remote::Version>,
+    ) -> Option<RemotePath> {
+        let base = base?;
+        let (parent, old_name) = n.links.first()?.clone();
+        let dir = self.inodes.path_of(parent)?;
+        let entries = self.note(self.remote.list(&dir).await).ok()?;
+        let e = entries.into_iter().find(|e| {
+            e.name.0 != old_name
+                && super::inode::RemoteId::of(&e.attr) == n.remote
+                && &e.attr.version == base
+        })?;
+        self.inodes.rename(parent, &old_name, parent, &e.name.0);
+        self.dir_changed(parent);
+        let _ = node;
+        dir.join(&e.name.0).ok()
     }
 
     fn removed_for_good(&self, node: NodeId) {
