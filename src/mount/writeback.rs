@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::core::{local_io, now_ns, unreachable, FsCore};
+use super::core::{local_io, unreachable, FsCore};
 use super::inode::NodeId;
 use super::pages::PageIndex;
 use super::staging::{Journal, JournalMeta, Staged, PAGE};
@@ -455,7 +455,7 @@ impl FsCore {
             }
             if !followed && matches!(result, Err(RemoteError::Conflict { .. })) {
                 followed = true;
-                if let Some(moved) = self.renamed_in_sandbox(node, &n, s.base.as_ref()).await {
+                if let Some(moved) = self.renamed_in_sandbox(&n, s.base.as_ref()).await {
                     // Renamed in the sandbox while open: the writes follow the file.
                     tracing::info!(from = %path.display(), to = %moved.display(),
                         "the file was renamed in the sandbox while open; pushing to its new name");
@@ -572,7 +572,6 @@ impl FsCore {
     /// moves the node's name there.
     async fn renamed_in_sandbox(
         &self,
-        node: NodeId,
         n: &super::inode::Node,
         base: Option<&crate::remote::Version>,
     ) -> Option<RemotePath> {
@@ -587,7 +586,6 @@ impl FsCore {
         })?;
         self.inodes.rename(parent, &old_name, parent, &e.name.0);
         self.dir_changed(parent);
-        let _ = node;
         dir.join(&e.name.0).ok()
     }
 
@@ -904,7 +902,6 @@ fn stamp() -> String {
     let secs = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs()) as i64;
-    let _ = now_ns;
     let days = secs.div_euclid(86_400);
     let rem = secs.rem_euclid(86_400);
     // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
