@@ -164,29 +164,7 @@ EOF"#,
 
 /// Commits the mount made so far (from its control socket).
 fn commits(mount: &Path) -> u64 {
-    let (code, out, err) = run(Command::new(sbxfs_bin())
-        .args(["ctl", "--json", "--mount"])
-        .arg(mount)
-        .arg("stats"));
-    let out = String::from_utf8_lossy(&out).into_owned();
-    let v: serde_json::Value = serde_json::from_str(out.trim())
-        .or_else(|_| {
-            // Older ctl prints JSON without --json.
-            let (_, o, _) = run(Command::new(sbxfs_bin())
-                .args(["ctl", "--mount"])
-                .arg(mount)
-                .arg("stats"));
-            serde_json::from_slice(&o)
-        })
-        .unwrap_or_else(|e| {
-            panic!(
-                "ctl stats: {code} {e} {out} {}",
-                String::from_utf8_lossy(&err)
-            )
-        });
-    v.pointer("/stats/commits")
-        .and_then(|c| c.as_u64())
-        .unwrap_or_else(|| panic!("no commits in {v}"))
+    stat_of(mount, "commits")
 }
 
 #[test]
@@ -530,17 +508,18 @@ fn two_conflict_copies_in_one_second_never_overwrite_each_other() {
     assert_eq!(mode & 0o077, 0, "conflict copies are private: {mode:o}");
 }
 
+/// One counter of the mount's `ctl stats`.
 fn stat_of(mount: &Path, key: &str) -> u64 {
-    let (_, out, _) = run(Command::new(sbxfs_bin())
-        .args(["ctl", "--json", "--mount"])
+    let (code, out, err) = run(Command::new(sbxfs_bin())
+        .args(["ctl", "--mount"])
         .arg(mount)
         .arg("stats"));
-    let v: serde_json::Value = serde_json::from_slice(&out).unwrap_or_else(|_| {
-        let (_, o, _) = run(Command::new(sbxfs_bin())
-            .args(["ctl", "--mount"])
-            .arg(mount)
-            .arg("stats"));
-        serde_json::from_slice(&o).unwrap()
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap_or_else(|e| {
+        panic!(
+            "ctl stats: exit {code}, {e}: {}{}",
+            String::from_utf8_lossy(&out),
+            String::from_utf8_lossy(&err)
+        )
     });
     v.pointer(&format!("/stats/{key}"))
         .and_then(|c| c.as_u64())

@@ -131,11 +131,15 @@ impl Staged {
             j.record(&format!("w {offset} {}", data.len()))?;
         }
         self.file.write_all_at(data, offset)?;
-        let end = offset + data.len() as u64;
+        self.note_write(offset, data.len() as u64);
+        Ok(())
+    }
+
+    /// Account for `len` bytes written at `offset` (the bytes are already in the file).
+    fn note_write(&mut self, offset: u64, len: u64) {
+        let end = offset + len;
         // Pages entirely covered are local now.
-        let first_full = offset.div_ceil(PAGE);
-        let last_full = end / PAGE;
-        for p in first_full..last_full {
+        for p in offset.div_ceil(PAGE)..end / PAGE {
             self.present.insert(p);
         }
         self.add_dirty(offset, end);
@@ -143,7 +147,20 @@ impl Staged {
             self.len = end;
             self.len_changed = true;
         }
-        Ok(())
+    }
+
+    /// Account for a cut to `len`: dirty ranges past it are gone, and so are the base's bytes
+    /// (pages there count as local: zeros if the file grows again).
+    fn note_truncate(&mut self, len: u64) {
+        self.dirty = self
+            .dirty
+            .iter()
+            .filter(|(a, _)| *a < len)
+            .map(|&(a, b)| (a, b.min(len)))
+            .collect();
+        self.base_size = self.base_size.min(len);
+        self.len = len;
+        self.len_changed = true;
     }
 
     fn add_dirty(&mut self, start: u64, end: u64) {
@@ -169,18 +186,7 @@ impl Staged {
             j.record(&format!("t {len}"))?;
         }
         self.file.set_len(len)?;
-        self.dirty = self
-            .dirty
-            .iter()
-            .filter(|(a, _)| *a < len)
-            .map(|&(a, b)| (a, b.min(len)))
-            .collect();
-        if len < self.base_size {
-            // Bytes past the new end are gone; pages there count as local (zeros if extended).
-            self.base_size = self.base_size.min(len);
-        }
-        self.len = len;
-        self.len_changed = true;
+        self.note_truncate(len);
         Ok(())
     }
 
@@ -275,28 +281,8 @@ impl Staged {
     pub fn replay(&mut self, ops: &[JournalOp]) {
         for op in ops {
             match *op {
-                JournalOp::Write { offset, len } => {
-                    let end = offset + len;
-                    for p in offset.div_ceil(PAGE)..end / PAGE {
-                        self.present.insert(p);
-                    }
-                    self.add_dirty(offset, end);
-                    if end > self.len {
-                        self.len = end;
-                        self.len_changed = true;
-                    }
-                }
-                JournalOp::Truncate(len) => {
-                    self.dirty = self
-                        .dirty
-                        .iter()
-                        .filter(|(a, _)| *a < len)
-                        .map(|&(a, b)| (a, b.min(len)))
-                        .collect();
-                    self.base_size = self.base_size.min(len);
-                    self.len = len;
-                    self.len_changed = true;
-                }
+                JournalOp::Write { offset, len } => self.note_write(offset, len),
+                JournalOp::Truncate(len) => self.note_truncate(len),
             }
         }
     }
