@@ -25,7 +25,8 @@ pub struct Refused {
 }
 
 impl Refused {
-    pub fn new(why: Failure, message: impl Into<String>) -> anyhow::Error {
+    /// The error to return.
+    pub fn error(why: Failure, message: impl Into<String>) -> anyhow::Error {
         anyhow::Error::new(Refused {
             why,
             message: message.into(),
@@ -52,7 +53,7 @@ mod tests {
 
     #[test]
     fn the_code_is_found_under_context() {
-        let e = Refused::new(Failure::Mountpoint, "mountpoint /x does not exist");
+        let e = Refused::error(Failure::Mountpoint, "mountpoint /x does not exist");
         assert_eq!(code_of(&e), 3);
         assert_eq!(code_of(&e.context("while starting")), 3);
         let remote = anyhow::Error::new(crate::remote::RemoteError::Transport("refused".into()))

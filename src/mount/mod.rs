@@ -157,7 +157,7 @@ fn staging_dir(
 /// anything is created, without touching what is there. Returns the canonical path.
 fn check_mountpoint(mountpoint: &Path, nonempty: bool) -> anyhow::Result<PathBuf> {
     let shown = mountpoint.display();
-    let refuse = |message: String| Err(Refused::new(Failure::Mountpoint, message));
+    let refuse = |message: String| Err(Refused::error(Failure::Mountpoint, message));
     let canonical = match std::fs::metadata(mountpoint) {
         Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
             return refuse(format!(
@@ -210,7 +210,7 @@ fn check_mountpoint(mountpoint: &Path, nonempty: bool) -> anyhow::Result<PathBuf
 /// FUSE must be there before anything is created: `/dev/fuse`, and `fusermount3` unless this
 /// process mounts itself.
 fn check_fuse() -> anyhow::Result<()> {
-    let refuse = |message: &str| Err(Refused::new(Failure::Fuse, message));
+    let refuse = |message: &str| Err(Refused::error(Failure::Fuse, message));
     if !Path::new("/dev/fuse").exists() {
         return refuse(
             "/dev/fuse is missing: the fuse kernel module is not loaded (modprobe fuse)",
@@ -247,7 +247,7 @@ fn mount_refused(mountpoint: &Path, cfg: &MountConfig, e: std::io::Error) -> any
     } else {
         format!("cannot mount on {shown}: {reason}")
     };
-    Refused::new(Failure::Fuse, message)
+    Refused::error(Failure::Fuse, message)
 }
 
 /// The mount is up when a stat of the mountpoint is answered by it (the device number is the
