@@ -6,7 +6,8 @@
 //! [`staging`] (the durable image of a file being written). Around them: [`control_server`]
 //! answers the control socket, [`health`] keeps what is known of the sandbox's reachability,
 //! [`options`] reads `-o`, [`mounts`] reads mountinfo, [`state`] keeps private local state,
-//! [`kernel`] asks the kernel for the mount, [`notify`] tells systemd, [`background`] serves
+//! [`preflight`] refuses mistakes before anything is created, [`kernel`] asks the kernel for
+//! the mount, [`notify`] tells systemd, [`background`] serves
 //! from the background for `mount -t fuse.sbxfs`, [`exit`] names the exit codes.
 //! The daemon runs in the foreground: SIGTERM or SIGINT (or `sbxfs umount`) push pending
 //! writes, then unmount.
@@ -32,6 +33,7 @@ pub mod mounts;
 pub mod notify;
 pub mod options;
 pub mod pages;
+pub mod preflight;
 pub mod staging;
 pub mod state;
 pub mod writeback;
@@ -44,7 +46,6 @@ use anyhow::Context;
 
 use self::control_server::Control;
 use self::core::{CoreConfig, FsCore};
-use self::exit::{Failure, Refused};
 use self::health::Health;
 pub use self::options::IdMap;
 use crate::remote::client::AgentClient;
@@ -110,7 +111,7 @@ impl MountConfig {
         }
     }
 
-    /// What the kernel is told when this process mounts itself ([`kernel::mount_direct`]).
+    /// What the kernel is told about the mount ([`kernel`]).
     fn kernel_options(&self) -> kernel::KernelOptions {
         kernel::KernelOptions {
             source: self.remote_url.clone(),
@@ -152,107 +153,14 @@ fn staging_dir(
     }
 }
 
-/// Refuse a mountpoint that is missing, not a directory, not empty (unless `nonempty`) or
-/// already mounted (an sbxfs mount, a FUSE mount whose daemon died, any other filesystem), before
-/// anything is created, without touching what is there. Returns the canonical path.
-fn check_mountpoint(mountpoint: &Path, nonempty: bool) -> anyhow::Result<PathBuf> {
-    let shown = mountpoint.display();
-    let refuse = |message: String| Err(Refused::error(Failure::Mountpoint, message));
-    let canonical = match std::fs::metadata(mountpoint) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
-            return refuse(format!(
-                "{shown} is a FUSE mount whose daemon is gone; unmount it first (fusermount3 -u {shown})"
-            ))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return refuse(format!(
-                "mountpoint {shown} does not exist; create it first (mkdir -p {shown})"
-            ))
-        }
-        Err(e) => return refuse(format!("mountpoint {shown}: {e}")),
-        // The workspace's root is a directory; so must the mountpoint be.
-        Ok(m) if !m.is_dir() => return refuse(format!("mountpoint {shown} is not a directory")),
-        Ok(_) => match std::fs::canonicalize(mountpoint) {
-            Ok(c) => c,
-            Err(e) => return refuse(format!("mountpoint {shown}: {e}")),
-        },
-    };
-    let entries = mounts::current();
-    let top = mounts::top_at(&entries, &canonical);
-    if let Some(top) = top.filter(|e| e.is_sbxfs()) {
-        return refuse(format!(
-            "{shown} is already an sbxfs mount (of {}); unmount it first (sbxfs umount {shown})",
-            top.source.trim_start_matches(mounts::SOURCE_PREFIX)
-        ));
-    }
-    // An automount point (`x-systemd.automount`) is where systemd wants this mount: it is
-    // neither "already mounted" nor read (reading it would wait for this very mount).
-    if top.is_some_and(|e| e.fstype == "autofs") {
-        return Ok(canonical);
-    }
-    if let Some(top) = top {
-        return refuse(format!(
-            "{shown} is already a mount point ({} {}); unmount it first or choose another directory",
-            top.fstype, top.source
-        ));
-    }
-    if !nonempty {
-        let has_entries = std::fs::read_dir(&canonical).is_ok_and(|mut d| d.next().is_some());
-        if has_entries {
-            return refuse(format!(
-                "mountpoint {shown} is not empty (the mount would hide what is there); use an empty directory, or -o nonempty"
-            ));
-        }
-    }
-    Ok(canonical)
-}
-
-/// FUSE must be there before anything is created: `/dev/fuse`, and `fusermount3` unless this
-/// process mounts itself.
-fn check_fuse() -> anyhow::Result<()> {
-    let refuse = |message: &str| Err(Refused::error(Failure::Fuse, message));
-    if !Path::new("/dev/fuse").exists() {
-        return refuse(
-            "/dev/fuse is missing: the fuse kernel module is not loaded (modprobe fuse)",
-        );
-    }
-    if kernel::uses_fusermount() && kernel::find_fusermount().is_none() {
-        return refuse(
-            "fusermount3 is not on PATH: install FUSE 3 (Debian/Ubuntu: apt install fuse3; Fedora: dnf install fuse3)",
-        );
-    }
-    Ok(())
-}
-
-/// Why the kernel or `fusermount3` refused the mount, as one line.
-fn mount_refused(mountpoint: &Path, cfg: &MountConfig, e: std::io::Error) -> anyhow::Error {
-    let reason = e.to_string();
-    let reason = reason.trim().trim_start_matches("fusermount3: ");
-    let shown = mountpoint.display();
-    let message = if cfg.allow_other && reason.contains("user_allow_other") {
-        format!(
-            "not permitted to mount on {shown}: allow_other needs `user_allow_other` in /etc/fuse.conf"
-        )
-    } else if e.kind() == std::io::ErrorKind::PermissionDenied
-        || [
-            "Permission denied",
-            "not permitted",
-            "no write access",
-            "not allowed",
-        ]
-        .iter()
-        .any(|p| reason.contains(p))
-    {
-        format!("not permitted to mount on {shown}: {reason}")
-    } else {
-        format!("cannot mount on {shown}: {reason}")
-    };
-    Refused::error(Failure::Fuse, message)
-}
-
 /// The mount is up when a stat of the mountpoint is answered by it (the device number is the
 /// mount's): only then is it announced, on stdout and to systemd.
-fn announce_ready(cfg: &MountConfig, mountpoint: &Path, our_dev: Option<&str>) {
+fn announce_ready(
+    cfg: &MountConfig,
+    mountpoint: &Path,
+    our_dev: Option<&str>,
+    kernel_cache: &fuser::Notifier,
+) {
     use std::os::unix::fs::MetadataExt;
     match std::fs::metadata(mountpoint) {
         Ok(m) => {
@@ -265,6 +173,9 @@ fn announce_ready(cfg: &MountConfig, mountpoint: &Path, our_dev: Option<&str>) {
             tracing::warn!(mountpoint = %mountpoint.display(), "the new mount does not answer a stat: {e}")
         }
     }
+    // That stat left the root's attributes in the kernel's cache; dropped again, so that a stat
+    // soon after a crash meets the dead daemon (ENOTCONN) rather than the cache.
+    let _ = kernel_cache.inval_inode(fuser::INodeNo(1), -1, 0);
     if cfg.detached {
         background::release_terminal_but_stdout();
     }
@@ -285,19 +196,6 @@ fn announce_ready(cfg: &MountConfig, mountpoint: &Path, our_dev: Option<&str>) {
         mountpoint.display()
     ));
     tracing::info!(remote = %cfg.remote_url, mountpoint = %cfg.mountpoint.display(), "mounted");
-}
-
-/// `allow_other` for a user other than root needs the administrator's consent in fuse.conf.
-fn check_allow_other() -> anyhow::Result<()> {
-    if rustix::process::geteuid().is_root() {
-        return Ok(());
-    }
-    let conf = std::fs::read_to_string("/etc/fuse.conf").unwrap_or_default();
-    anyhow::ensure!(
-        options::fuse_conf_allows_other(&conf),
-        "allow_other needs the line `user_allow_other` in /etc/fuse.conf when not mounting as root"
-    );
-    Ok(())
 }
 
 /// Unmount our mount, once, lazily: a mount still in use leaves the namespace at once and ends
@@ -335,10 +233,10 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     if cfg.detached {
         background::leave_session();
     }
-    let mountpoint = check_mountpoint(&cfg.mountpoint, cfg.nonempty)?;
-    check_fuse()?;
+    let mountpoint = preflight::check_mountpoint(&cfg.mountpoint, cfg.nonempty)?;
+    preflight::check_fuse()?;
     if cfg.allow_other {
-        check_allow_other()?;
+        preflight::check_allow_other()?;
     }
     if cfg.idmap == IdMap::None {
         tracing::warn!("idmap=none is not implemented yet: files show as owned by you");
@@ -418,7 +316,7 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
         Ok(None) => kernel::mount_with_fusermount(&mountpoint, &kernel_options),
         Err(e) => Err(e),
     }
-    .map_err(|e| mount_refused(&cfg.mountpoint, &cfg, e))?;
+    .map_err(|e| preflight::mount_refused(&cfg.mountpoint, cfg.allow_other, e))?;
     let session = match fuser::Session::from_fd(fs, dev, fuse_config.acl, fuse_config) {
         Ok(s) => s,
         Err(e) => {
@@ -428,10 +326,11 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     };
     // The device number tells our mount from one mounted over it later.
     let our_dev = mounts::top_at(&mounts::current(), &mountpoint).map(|e| e.dev.clone());
-    core.set_kernel_cache(Arc::new(fuse::Notifier(Arc::new(session.notifier()))));
+    let kernel_cache = Arc::new(session.notifier());
+    core.set_kernel_cache(Arc::new(fuse::Notifier(kernel_cache.clone())));
     let background = session.spawn()?;
     created.keep();
-    announce_ready(&cfg, &mountpoint, our_dev.as_deref());
+    announce_ready(&cfg, &mountpoint, our_dev.as_deref(), &kernel_cache);
 
     let retry_core = core.clone();
     rt.spawn(async move {
