@@ -84,7 +84,8 @@ pub fn mount_with_fusermount(mountpoint: &Path, o: &KernelOptions) -> io::Result
     use rustix::net::{AddressFamily, SocketFlags, SocketType};
     let fusermount = find_fusermount()
         .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "fusermount3 is not on PATH"))?;
-    // `theirs` is inherited by fusermount3 (no CLOEXEC); `ours` is not.
+    // `theirs` is inherited by fusermount3 (no CLOEXEC); `ours` is not. Nothing else in this
+    // process starts programs during start-up, so no other child inherits `theirs`.
     let (ours, theirs) = rustix::net::socketpair(
         AddressFamily::UNIX,
         SocketType::STREAM,
@@ -122,11 +123,15 @@ pub fn mount_with_fusermount(mountpoint: &Path, o: &KernelOptions) -> io::Result
     let received = receive_fd(&ours);
     drop(ours);
     let out = child.wait_with_output()?;
+    let said = String::from_utf8_lossy(&out.stderr).trim().to_string();
     match received {
         Some(dev) => Ok(dev),
-        None => Err(io::Error::other(
-            String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        )),
+        None if said.is_empty() => Err(io::Error::other(format!(
+            "{} ended ({}) without mounting",
+            fusermount.display(),
+            out.status
+        ))),
+        None => Err(io::Error::other(said)),
     }
 }
 
