@@ -32,11 +32,13 @@ fn install_binary(dest: &Path) {
     if fs::read(dest).ok().as_deref() == Some(&built[..]) {
         return;
     }
-    fs::create_dir_all(dest.parent().unwrap()).unwrap();
-    let tmp = dest.with_extension(format!("new-{}", std::process::id()));
-    fs::write(&tmp, &built).unwrap();
-    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755)).unwrap();
-    fs::rename(&tmp, dest).unwrap();
+    let dir = dest.parent().unwrap();
+    fs::create_dir_all(dir).unwrap();
+    // Each test has its own temporary file (tests install at the same time).
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).unwrap();
+    std::io::Write::write_all(&mut tmp, &built).unwrap();
+    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    tmp.persist(dest).unwrap();
 }
 
 /// A sandbox served by a real agent, and a private place for everything a mount makes.
