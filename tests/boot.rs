@@ -660,3 +660,43 @@ fn a_mount_fusermount3_refuses_exits_4_as_not_permitted_and_leaves_nothing() {
     assert_eq!(s.left_behind(), before, "nothing left behind");
     assert!(findmnt_sbxfs(&mnt).is_none());
 }
+
+#[test]
+fn with_f_the_mount_fuse3_form_stays_in_the_foreground() {
+    use std::io::BufRead;
+    let s = Sandbox::new();
+    let mnt = s.mountpoint("mnt");
+    let mut cmd = Command::new(sbxfs_bin());
+    cmd.arg(&s.agent.url)
+        .arg(&mnt)
+        .arg("-f")
+        .arg("-o")
+        .arg(format!("token_file={}", s.token_file.display()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    s.env(&mut cmd);
+    let mut mount = MountGuard {
+        child: cmd.spawn().unwrap(),
+        dir: mnt.clone(),
+    };
+    let mut line = String::new();
+    std::io::BufReader::new(mount.child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(
+        line,
+        format!("sbxfs mounted {} on {}\n", s.agent.url, mnt.display())
+    );
+    assert!(
+        mount.child.try_wait().unwrap().is_none(),
+        "the daemon is this process"
+    );
+    assert!(daemon_pids(&mnt).is_empty(), "no detached daemon");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&mount.child),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    assert_eq!(mount.child.wait().unwrap().code(), Some(0));
+    assert!(findmnt_sbxfs(&mnt).is_none());
+}
