@@ -700,3 +700,50 @@ fn with_f_the_mount_fuse3_form_stays_in_the_foreground() {
     assert_eq!(mount.child.wait().unwrap().code(), Some(0));
     assert!(findmnt_sbxfs(&mnt).is_none());
 }
+
+/// A unit's `ExecStopPost=` command as the shell would run it (systemd turns `$$` into `$`).
+fn stop_post_command(unit: &Path) -> String {
+    let text = fs::read_to_string(unit).unwrap();
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStopPost="))
+        .unwrap_or_else(|| panic!("{}: no ExecStopPost", unit.display()));
+    line.trim_start_matches('-').replace("$$", "$")
+}
+
+#[test]
+fn the_units_unmount_a_mount_whose_daemon_was_killed_and_nothing_else() {
+    let s = Sandbox::new();
+    let dead =
+        |dir: &Path| fs::metadata(dir).err().and_then(|e| e.raw_os_error()) == Some(libc::ENOTCONN);
+    for unit in ["sbxfs@.service", "user/sbxfs@.service"] {
+        let command = stop_post_command(&repo_root().join("systemd").join(unit));
+        let mut m = MountProcess::start(&s.agent, &[]);
+        let mut daemon = m.child.take().unwrap();
+        daemon.kill().unwrap();
+        daemon.wait().unwrap();
+        assert!(dead(&m.dir), "a killed daemon leaves a dead mount");
+        let stop_post = |result: &str| {
+            let (code, out) = finish(
+                Command::new("sh")
+                    .arg("-c")
+                    .arg(&command)
+                    .env("SERVICE_RESULT", result)
+                    .env("MOUNTPOINT", &m.dir),
+            );
+            assert_eq!(code, 0, "{unit} {result}: {out}");
+        };
+        // Ended by itself (e.g. refused because the mount there is another's): left alone.
+        stop_post("exit-code");
+        assert!(
+            dead(&m.dir),
+            "{unit}: after an exit the mount is left alone"
+        );
+        stop_post("signal");
+        assert!(
+            fs::read_dir(&m.dir).is_ok(),
+            "{unit}: the dead mount is gone"
+        );
+        assert!(findmnt_sbxfs(&m.dir).is_none());
+    }
+}
