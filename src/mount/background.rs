@@ -65,7 +65,7 @@ pub fn leave_session() {
 
 /// Once ready, before the "mounted" line: stdin and stderr to `/dev/null` (stderr stays when
 /// it is the journal).
-pub fn release_terminal_but_stdout() {
+pub fn release_stdin_and_stderr() {
     let Ok(null) = std::fs::OpenOptions::new()
         .read(true)
         .write(true)

@@ -177,7 +177,7 @@ fn announce_ready(
     // soon after a crash meets the dead daemon (ENOTCONN) rather than the cache.
     let _ = kernel_cache.inval_inode(fuser::INodeNo(1), -1, 0);
     if cfg.detached {
-        background::release_terminal_but_stdout();
+        background::release_stdin_and_stderr();
     }
     println!(
         "sbxfs mounted {} on {}",
