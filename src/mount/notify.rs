@@ -27,7 +27,7 @@ pub fn notify(state: &str) -> std::io::Result<bool> {
     Ok(true)
 }
 
-/// [`notify`], with a failure logged rather than returned: the mount serves either way.
+/// [`notify()`], with a failure logged rather than returned: the mount serves either way.
 pub fn tell(state: &str) {
     if let Err(e) = notify(state) {
         tracing::warn!("could not notify the service manager ({state}): {e}");
