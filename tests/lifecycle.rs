@@ -362,9 +362,10 @@ fn a_failed_start_removes_the_socket_and_staging_directory_it_created() {
             .unwrap();
         let out = child.wait_with_output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{err}");
+        // Exit code 3: the sandbox could not be reached.
+        assert_eq!(out.status.code(), Some(3), "{err}");
         assert!(
-            err.contains("cannot reach the sandbox at http://127.0.0.1:9"),
+            err.contains("http://127.0.0.1:9: connection refused by 127.0.0.1:9"),
             "{err}"
         );
         assert!(!staging.exists(), "staging directory left behind");

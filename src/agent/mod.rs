@@ -12,6 +12,7 @@
 pub mod watch;
 pub mod workspace;
 
+use anyhow::Context;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -233,7 +234,9 @@ fn unpanic<T>(f: impl FnOnce() -> crate::remote::Result<T>) -> crate::remote::Re
 /// Serve until SIGTERM or SIGINT; prints one line when ready.
 pub async fn serve(cfg: AgentConfig) -> anyhow::Result<()> {
     workspace::set_exact_modes();
-    let ws = Arc::new(Workspace::open(&cfg.root)?);
+    let ws = Arc::new(
+        Workspace::open(&cfg.root).with_context(|| format!("--root {}", cfg.root.display()))?,
+    );
     let sweeper = ws.clone();
     tokio::task::spawn_blocking(move || {
         let n = sweeper.sweep_stale_temps();
@@ -251,7 +254,9 @@ pub async fn serve(cfg: AgentConfig) -> anyhow::Result<()> {
             None
         }
     };
-    let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", cfg.listen))?;
     let addr = listener.local_addr()?;
     println!(
         "sbxfs agent listening on http://{addr} root={}",

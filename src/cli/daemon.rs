@@ -12,8 +12,10 @@ pub(super) struct AgentArgs {
     /// The workspace directory to serve.
     #[arg(long)]
     root: PathBuf,
-    /// Address to listen on (port 0 picks a free port; the ready line says which).
-    #[arg(long, default_value = "127.0.0.1:7070")]
+    /// Address to listen on, HOST:PORT; a host name is resolved (port 0 picks a free port; the
+    /// ready line says which). Keep it on loopback and reach it through an ssh tunnel: the
+    /// token and the files travel in clear.
+    #[arg(long, default_value = "127.0.0.1:7070", value_name = "HOST:PORT", value_parser = parse_listen)]
     listen: std::net::SocketAddr,
     /// File holding the bearer token (else the SBXFS_TOKEN environment variable).
     #[arg(long)]
@@ -60,8 +62,32 @@ pub(super) struct ProxyArgs {
     delay_ms: u64,
 }
 
+/// `HOST:PORT` as a socket address, the host resolved (IPv4 preferred: `localhost` means
+/// 127.0.0.1, as people expect).
+fn parse_listen(s: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    let addrs: Vec<_> = s
+        .to_socket_addrs()
+        .map_err(|e| format!("expected HOST:PORT, e.g. 127.0.0.1:7070 ({e})"))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| format!("{s} resolves to no address"))
+}
+
 pub(super) fn run_agent(a: AgentArgs) -> i32 {
     init_logging();
+    if !a.listen.ip().is_loopback() {
+        eprintln!(
+            "sbxfs agent: warning: {} is not a loopback address: the token and every file travel \
+             in clear over the network; prefer --listen 127.0.0.1:PORT and an ssh tunnel \
+             (ssh -L PORT:127.0.0.1:PORT SANDBOX)",
+            a.listen
+        );
+    }
     let result = load_token(a.token_file.as_deref()).and_then(|token| {
         let rt = tokio::runtime::Runtime::new()?;
         rt.block_on(crate::agent::serve(crate::agent::AgentConfig {
@@ -114,9 +140,16 @@ pub(super) fn run_mount(a: MountArgs) -> i32 {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("sbxfs mount: {e:#}");
-            ERROR
+            exit_code(&e)
         }
     }
+}
+
+/// The exit code an error documents: the first contact's own codes, else [`ERROR`].
+fn exit_code(e: &anyhow::Error) -> i32 {
+    e.chain()
+        .find_map(|c| c.downcast_ref::<crate::remote::reach::ReachError>())
+        .map_or(ERROR, |r| r.exit_code())
 }
 
 pub(super) fn run_umount(a: UmountArgs) -> i32 {

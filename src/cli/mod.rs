@@ -4,6 +4,7 @@
 
 mod ctl;
 mod daemon;
+mod logging;
 mod output;
 mod query;
 
@@ -200,12 +201,7 @@ pub fn load_token(file: Option<&std::path::Path>) -> anyhow::Result<Vec<u8>> {
 }
 
 fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SBXFS_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+    logging::init();
 }
 
 /// An error line from the control socket, as the core's error.

@@ -135,11 +135,23 @@ impl AgentClient {
     }
 }
 
+/// A transport failure, its cause named (refused, not resolved, TLS, …) with the agent's
+/// address, never reqwest's bare "error sending request".
 fn transport(e: reqwest::Error) -> RemoteError {
+    let cause = super::reach::describe(&e);
+    let m = match e.url() {
+        Some(u) => format!(
+            "{cause} ({}://{}:{})",
+            u.scheme(),
+            u.host_str().unwrap_or_default(),
+            u.port_or_known_default().unwrap_or_default()
+        ),
+        None => cause,
+    };
     if e.is_timeout() {
-        RemoteError::TimedOut(e.to_string())
+        RemoteError::TimedOut(m)
     } else {
-        RemoteError::Transport(e.to_string())
+        RemoteError::Transport(m)
     }
 }
 
@@ -150,7 +162,10 @@ async fn decode_error(resp: reqwest::Response) -> RemoteError {
         Err(_) if status == StatusCode::UNAUTHORIZED => {
             RemoteError::Unauthorized(status.to_string())
         }
-        Err(_) => RemoteError::Io(String::new(), format!("agent answered {status}")),
+        Err(_) => RemoteError::Io(
+            "sandbox".into(),
+            format!("answered {status}, which no sbxfs agent answers"),
+        ),
     }
 }
 
