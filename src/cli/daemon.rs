@@ -7,10 +7,47 @@ use clap::Args;
 
 use super::{init_logging, load_token, ERROR};
 
+pub(super) const AGENT_HELP: &str = concat!(
+    "\
+Examples:
+  SBXFS_TOKEN=$(cat /etc/sbxfs/token) sbxfs agent --root /workspace
+  sbxfs agent --root /workspace --listen localhost:7070 --token-file /etc/sbxfs/token
+  sbxfs agent --root . --listen 127.0.0.1:0 --token-file token   # a free port; see the ready line
+
+The agent prints `sbxfs agent listening on http://ADDR root=DIR` once it serves.
+Reach it from the laptop through an ssh tunnel: ssh -N -L 7070:127.0.0.1:7070 SANDBOX
+
+",
+    exit_codes!()
+);
+
+pub(super) const MOUNT_HELP: &str = concat!(
+    "\
+Examples:
+  sbxfs mount http://127.0.0.1:7070 ~/sb --token-file ~/.config/sbxfs/token
+  sbxfs mount http://127.0.0.1:7070 ~/sb -o ro,cache_size=1G,timeout_ms=30000
+  SBXFS_LOG=debug sbxfs mount http://127.0.0.1:7070 ~/sb 2> mount.log
+
+The mount prints `sbxfs mounted URL on DIR` once it serves, and stays in the foreground.
+While the agent has not answered yet it says so every 5 s (`still waiting for URL`).
+
+",
+    exit_codes!()
+);
+
+pub(super) const UMOUNT_HELP: &str = concat!(
+    "\
+Examples:
+  sbxfs umount ~/sb          # pending writes are pushed first (as fusermount3 -u ~/sb)
+
+",
+    exit_codes!()
+);
+
 #[derive(Args, Debug)]
 pub(super) struct AgentArgs {
     /// The workspace directory to serve.
-    #[arg(long)]
+    #[arg(long, value_name = "DIR")]
     root: PathBuf,
     /// Address to listen on, HOST:PORT; a host name is resolved (port 0 picks a free port; the
     /// ready line says which). Keep it on loopback and reach it through an ssh tunnel: the
@@ -18,43 +55,47 @@ pub(super) struct AgentArgs {
     #[arg(long, default_value = "127.0.0.1:7070", value_name = "HOST:PORT", value_parser = parse_listen)]
     listen: std::net::SocketAddr,
     /// File holding the bearer token (else the SBXFS_TOKEN environment variable).
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
 pub(super) struct MountArgs {
-    /// The sandbox: an agent URL, http://HOST:PORT.
+    /// The sandbox: its agent's URL, http://HOST:PORT (or https:// behind a TLS proxy).
     remote: String,
+    /// The empty directory to mount on.
     mountpoint: PathBuf,
     /// Mount options, comma-separated: allow_other, default_permissions, ro, noexec,
     /// idmap=user|none, and every long flag below as KEY=VALUE (see README "Mount options").
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
     /// File holding the agent's token (else the SBXFS_TOKEN environment variable).
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
     /// How long attributes and directory listings are trusted, in milliseconds [default: 1000].
-    #[arg(long)]
+    #[arg(long, value_name = "MS")]
     attr_ttl_ms: Option<u64>,
     /// Bytes of file data cached in memory (512M, 1G, …) [default: 512M].
-    #[arg(long, value_parser = crate::mount::options::parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = crate::mount::options::parse_size)]
     cache_size: Option<u64>,
     /// Where staged writes are kept (default: a private directory per sandbox under
     /// $XDG_CACHE_HOME/sbxfs/staging).
-    #[arg(long)]
+    #[arg(long, value_name = "DIR")]
     staging_dir: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
 pub(super) struct UmountArgs {
+    /// Where the sbxfs mount is.
     mountpoint: PathBuf,
 }
 
 #[derive(Args, Debug)]
 pub(super) struct ProxyArgs {
+    /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: std::net::SocketAddr,
+    /// Address to forward to.
     #[arg(long)]
     to: std::net::SocketAddr,
     /// Delay applied to each direction, in milliseconds.
