@@ -9,7 +9,7 @@ macro_rules! exit_codes {
         "\
 Exit codes:
   0  success (grep, glob, fuzzy, scan: something was found)
-  1  grep, glob, fuzzy, scan: nothing found
+  1  grep, glob, fuzzy, scan: nothing found; edit: the text to replace does not occur
   2  usage error, bad argument (a bad URL among them), or any other error
   3  the sandbox could not be reached: connection refused, host name not resolved, no answer in time
   4  what answered is not an sbxfs agent this sbxfs can use: another server, a TLS failure,

@@ -105,7 +105,8 @@ Examples:
   sbxfs edit src/lib.rs --old-file before.txt --new-file after.txt
   sbxfs edit Cargo.toml --old 'edition = \"2018\"' --new 'edition = \"2021\"' --all
 
-Exit code 0 when replaced; 2 when --old is missing or not unique (without --all).
+Exit code 0 when replaced; 1 when --old does not occur; 2 when it occurs more than once
+(without --all), or on an error.
 
 ",
     exit_codes!()
