@@ -477,6 +477,7 @@ fn the_token_appears_in_no_log_at_trace_level() {
     let agent_log = fs::read_to_string(&agent_log).unwrap();
     // The logs are real trace logs, and neither holds the token.
     assert!(mount_log.contains("TRACE"), "mount log is not at trace");
+    assert!(!mount_log.contains('\x1b'), "ANSI codes in a log file");
     assert!(agent_log.contains("TRACE"), "agent log is not at trace");
     assert!(
         !mount_log.contains(token),
@@ -486,4 +487,65 @@ fn the_token_appears_in_no_log_at_trace_level() {
         !agent_log.contains(token),
         "the token is in the agent's log"
     );
+}
+
+/// Run `sbxfs agent` (started, then stopped) with stderr to a file, `env` set; the log's text.
+fn agent_log_with(env: &[(&str, &str)], journal: bool) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let file = fs::File::create(&log).unwrap();
+    let mut cmd = Command::new(sbxfs_bin());
+    cmd.args(["agent", "--listen", "127.0.0.1:0", "--root"])
+        .arg(dir.path())
+        .env("SBXFS_TOKEN", "t")
+        .env_remove("SBXFS_LOG")
+        .env_remove("RUST_LOG")
+        .env_remove("JOURNAL_STREAM")
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped());
+    if journal {
+        // As systemd does: JOURNAL_STREAM names the device and inode of the stream on stderr.
+        use std::os::unix::fs::MetadataExt;
+        let m = file.metadata().unwrap();
+        cmd.env("JOURNAL_STREAM", format!("{}:{}", m.dev(), m.ino()));
+    }
+    let mut child = Process(cmd.stderr(file).spawn().unwrap());
+    let mut ready = String::new();
+    std::io::BufReader::new(child.0.stdout.take().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    // SIGTERM: the agent logs its stop and exits.
+    let pid = rustix::process::Pid::from_child(&child.0);
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    child.0.wait().unwrap();
+    fs::read_to_string(log).unwrap()
+}
+
+#[test]
+fn logs_in_a_file_have_no_colour_and_follow_the_filter() {
+    let info = agent_log_with(&[], false);
+    assert!(info.contains(" INFO sbxfs::agent: agent ready"), "{info}");
+    assert!(!info.contains('\x1b'), "ANSI codes in a file: {info:?}");
+    let quiet = agent_log_with(&[("RUST_LOG", "warn")], false);
+    assert_eq!(quiet, "", "RUST_LOG is the fallback");
+    let info = agent_log_with(&[("SBXFS_LOG", "info"), ("RUST_LOG", "warn")], false);
+    assert!(
+        info.contains("agent ready"),
+        "SBXFS_LOG wins over RUST_LOG: {info}"
+    );
+}
+
+#[test]
+fn logs_to_the_journal_carry_syslog_priorities_and_no_timestamps() {
+    let log = agent_log_with(&[], true);
+    let lines: Vec<_> = log.lines().collect();
+    assert!(!lines.is_empty());
+    for l in &lines {
+        assert!(l.starts_with("<6>sbxfs::agent: "), "{l:?}");
+        assert!(!l.contains('\x1b'), "{l:?}");
+    }
+    assert!(lines[0].contains("agent ready"), "{log}");
+    // A JOURNAL_STREAM that is not this stderr (inherited, then redirected) changes nothing.
+    let log = agent_log_with(&[("JOURNAL_STREAM", "1:1")], false);
+    assert!(log.contains(" INFO sbxfs::agent: agent ready"), "{log}");
 }

@@ -258,28 +258,33 @@ pub async fn serve(cfg: AgentConfig) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", cfg.listen))?;
     let addr = listener.local_addr()?;
+    // Signals are caught before the ready line: a SIGTERM right after it stops the agent cleanly.
+    let shutdown = shutdown_signal()?;
+    tracing::info!(%addr, root = %ws.root_path().display(), "agent ready");
     println!(
         "sbxfs agent listening on http://{addr} root={}",
         ws.root_path().display()
     );
     use std::io::Write;
     std::io::stdout().flush()?;
-    tracing::info!(%addr, root = %ws.root_path().display(), "agent ready");
     axum::serve(listener, router(ws, feed, cfg.token))
-        .with_graceful_shutdown(shutdown_signal())
+        .with_graceful_shutdown(shutdown)
         .await?;
     tracing::info!("agent stopped");
     Ok(())
 }
 
-async fn shutdown_signal() {
+/// Resolves on SIGTERM or SIGINT; the handlers are installed when this is called.
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
 }
 
 fn args(q: &Option<String>) -> QueryArgs {

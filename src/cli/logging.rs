@@ -1,8 +1,9 @@
 //! Where the daemons' logs go and how they look: a `RUST_LOG`-style filter (`SBXFS_LOG`, else
 //! `RUST_LOG`, else `info`), colour only on a terminal, and under systemd (stderr is the
 //! journal) no timestamps or colour and the level as a syslog `<N>` prefix, which journald
-//! turns into the entry's priority. fuser's own messages (multi-line WARNs about things the
-//! mount already handles) are shown only at error unless the filter names `fuser`.
+//! turns into the entry's priority. fuser's own messages (multi-line WARNs, and errors
+//! about replies to requests the kernel already gave up on) are off unless the filter names
+//! `fuser` (e.g. `SBXFS_LOG=info,fuser=debug`): what matters of them reaches the mount as errors.
 
 use std::io::IsTerminal;
 
@@ -11,7 +12,7 @@ use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
-/// The filter: the variable's directives, plus `fuser=error` unless they mention fuser.
+/// The filter: the variable's directives, plus `fuser=off` unless they mention fuser.
 pub fn filter_spec(sbxfs_log: Option<&str>, rust_log: Option<&str>) -> String {
     let spec = sbxfs_log
         .or(rust_log)
@@ -21,7 +22,7 @@ pub fn filter_spec(sbxfs_log: Option<&str>, rust_log: Option<&str>) -> String {
     if spec.contains("fuser") {
         spec.to_string()
     } else {
-        format!("{spec},fuser=error")
+        format!("{spec},fuser=off")
     }
 }
 
@@ -74,7 +75,7 @@ pub fn init() {
     );
     let filter = tracing_subscriber::EnvFilter::try_new(&spec).unwrap_or_else(|e| {
         eprintln!("sbxfs: ignoring the log filter {spec:?} ({e}); logging at info");
-        tracing_subscriber::EnvFilter::new("info,fuser=error")
+        tracing_subscriber::EnvFilter::new("info,fuser=off")
     });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -101,12 +102,9 @@ mod tests {
 
     #[test]
     fn fuser_is_quiet_unless_named() {
-        assert_eq!(filter_spec(None, None), "info,fuser=error");
-        assert_eq!(
-            filter_spec(Some("trace"), Some("warn")),
-            "trace,fuser=error"
-        );
-        assert_eq!(filter_spec(None, Some("debug")), "debug,fuser=error");
+        assert_eq!(filter_spec(None, None), "info,fuser=off");
+        assert_eq!(filter_spec(Some("trace"), Some("warn")), "trace,fuser=off");
+        assert_eq!(filter_spec(None, Some("debug")), "debug,fuser=off");
         assert_eq!(
             filter_spec(Some("info,fuser=debug"), None),
             "info,fuser=debug"

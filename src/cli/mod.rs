@@ -63,7 +63,7 @@ Examples:
 Environment:
   SBXFS_TOKEN  the bearer token, when no --token-file is given
   SBXFS_LOG    log filter, RUST_LOG syntax (e.g. debug, or sbxfs=trace,info); else RUST_LOG;
-               default info. fuser's own messages show only at error unless the filter names fuser
+               default info. fuser's own messages are off unless named (info,fuser=debug)
 
 ",
     exit_codes!()
