@@ -36,6 +36,10 @@ impl Attempt {
 
     /// Run `sbxfs mount URL MNT` to its end; its exit code and stderr.
     fn mount(&self, url: &str, extra: &[&str]) -> (i32, String) {
+        self.mount_env(url, extra, &[])
+    }
+
+    fn mount_env(&self, url: &str, extra: &[&str], env: &[(&str, &Path)]) -> (i32, String) {
         let (code, _, err) = run(Command::new(sbxfs_bin())
             .arg("mount")
             .arg(url)
@@ -47,6 +51,7 @@ impl Attempt {
             .env("XDG_RUNTIME_DIR", self.base.path().join("run"))
             .env_remove("SBXFS_LOG")
             .env_remove("RUST_LOG")
+            .envs(env.iter().copied())
             .stdin(Stdio::null()));
         (code, String::from_utf8_lossy(&err).into_owned())
     }
@@ -277,8 +282,10 @@ fn a_401_from_another_server_is_not_a_token_problem() {
     a.assert_nothing_left();
 }
 
+/// An https server with a self-signed certificate for 127.0.0.1 does not pass as trusted; the
+/// same server, its certificate made trusted (`SSL_CERT_FILE`), is reached over TLS.
 #[test]
-fn an_untrusted_certificate_is_a_tls_error() {
+fn an_untrusted_certificate_is_a_tls_error_and_a_trusted_one_works() {
     let Some(openssl) = require_tool("openssl") else {
         return;
     };
@@ -295,6 +302,8 @@ fn an_untrusted_certificate_is_a_tls_error() {
             "-out",
             "cert.pem",
         ])
+        .args(["-addext", "subjectAltName=IP:127.0.0.1"])
+        .args(["-addext", "basicConstraints=critical,CA:FALSE"])
         .current_dir(dir.path()));
     assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
     let (_server, port) = python_server(
@@ -309,6 +318,20 @@ fn an_untrusted_certificate_is_a_tls_error() {
     let a = Attempt::new("t");
     let (code, err) = a.mount(&format!("https://127.0.0.1:{port}"), &[]);
     assert_one_line(&err, code, 4, "TLS: certificate not trusted");
+    a.assert_nothing_left();
+    let cert = dir.path().join("cert.pem");
+    let (code, err) = a.mount_env(
+        &format!("https://127.0.0.1:{port}"),
+        &[],
+        &[("SSL_CERT_FILE", &cert)],
+    );
+    // TLS worked: what answered is python's web server, not an agent.
+    assert_one_line(
+        &err,
+        code,
+        4,
+        &format!("https://127.0.0.1:{port} answered 404 Not Found (server: SimpleHTTP/"),
+    );
     a.assert_nothing_left();
 }
 

@@ -12,18 +12,25 @@ use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
-/// The filter: the variable's directives, plus `fuser=off` unless they mention fuser.
+/// Libraries whose messages are off unless the filter names them: fuser's (see above), and the
+/// TLS verifier's, which repeats as an ERROR what the mount's own error line says.
+const QUIET: [&str; 2] = ["fuser", "rustls_platform_verifier"];
+
+/// The filter: the variable's directives, plus `TARGET=off` for each of [`QUIET`] they do not
+/// name.
 pub fn filter_spec(sbxfs_log: Option<&str>, rust_log: Option<&str>) -> String {
     let spec = sbxfs_log
         .or(rust_log)
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .unwrap_or("info");
-    if spec.contains("fuser") {
-        spec.to_string()
-    } else {
-        format!("{spec},fuser=off")
+    let mut spec = spec.to_string();
+    for quiet in QUIET {
+        if !spec.contains(quiet) {
+            spec.push_str(&format!(",{quiet}=off"));
+        }
     }
+    spec
 }
 
 /// True when stderr is the journal: systemd sets `JOURNAL_STREAM=DEV:INODE` of the stream it
@@ -75,7 +82,7 @@ pub fn init() {
     );
     let filter = tracing_subscriber::EnvFilter::try_new(&spec).unwrap_or_else(|e| {
         eprintln!("sbxfs: ignoring the log filter {spec:?} ({e}); logging at info");
-        tracing_subscriber::EnvFilter::new("info,fuser=off")
+        tracing_subscriber::EnvFilter::new(filter_spec(None, None))
     });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -101,13 +108,22 @@ mod tests {
     use super::filter_spec;
 
     #[test]
-    fn fuser_is_quiet_unless_named() {
-        assert_eq!(filter_spec(None, None), "info,fuser=off");
-        assert_eq!(filter_spec(Some("trace"), Some("warn")), "trace,fuser=off");
-        assert_eq!(filter_spec(None, Some("debug")), "debug,fuser=off");
+    fn noisy_libraries_are_quiet_unless_named() {
+        assert_eq!(
+            filter_spec(None, None),
+            "info,fuser=off,rustls_platform_verifier=off"
+        );
+        assert_eq!(
+            filter_spec(Some("trace"), Some("warn")),
+            "trace,fuser=off,rustls_platform_verifier=off"
+        );
+        assert_eq!(
+            filter_spec(None, Some("debug")),
+            "debug,fuser=off,rustls_platform_verifier=off"
+        );
         assert_eq!(
             filter_spec(Some("info,fuser=debug"), None),
-            "info,fuser=debug"
+            "info,fuser=debug,rustls_platform_verifier=off"
         );
     }
 }

@@ -43,6 +43,7 @@ pub struct AgentClient {
 impl AgentClient {
     /// `base` is the agent's URL, e.g. `http://127.0.0.1:7070`.
     pub fn new(base: &str, token: &str) -> Result<Self> {
+        install_tls();
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .pool_max_idle_per_host(64)
@@ -133,6 +134,14 @@ impl AgentClient {
     pub async fn agent_stats(&self) -> Result<serde_json::Value> {
         self.get_json("stats", &[]).await
     }
+}
+
+/// https through rustls with ring's cryptography (pure Rust plus a little assembly: the binary
+/// needs no system TLS library, so the same binary runs as the agent in any sandbox) and the
+/// system's trusted certificates. Installed once per process, before any client is built.
+pub fn install_tls() {
+    // An error only says a provider is installed already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 /// A transport failure, its cause named (refused, not resolved, TLS, …) with the agent's

@@ -119,21 +119,32 @@ pub fn classify(url: &str, e: &reqwest::Error) -> ReachError {
     if chain.iter().any(|m| m.starts_with("dns error")) {
         return ReachError::NotResolved { url: url_s, host };
     }
-    let lower = chain.join(": ").to_lowercase();
-    if lower.contains("certificate") {
-        return ReachError::Tls {
-            url: url_s,
-            why: "certificate not trusted (a self-signed certificate must be added to the system's trusted certificates)".into(),
-        };
+    // Over https, a connection that failed for none of the reasons above failed in TLS.
+    let https = parsed.as_ref().is_some_and(|u| u.scheme() == "https");
+    let untrusted = || {
+        ReachError::Tls {
+        url: url_s.clone(),
+        why: "certificate not trusted: add the server's certificate, or the authority that signed it, to the system's trusted certificates".into(),
     }
-    if lower.contains("ssl") || lower.contains("tls") || lower.contains("wrong version number") {
-        return ReachError::Tls {
-            url: url_s,
-            why: format!(
-                "handshake failed ({}): does the agent serve https? (the agent itself serves plain http)",
-                chain.last().cloned().unwrap_or_default()
-            ),
-        };
+    };
+    let handshake = |why: &str| {
+        ReachError::Tls {
+        url: url_s.clone(),
+        why: format!(
+            "handshake failed ({why}): does the server speak https? (the agent itself serves plain http)"
+        ),
+    }
+    };
+    match tls_error(e) {
+        Some(rustls::Error::InvalidCertificate(_)) => return untrusted(),
+        Some(other) => return handshake(&other.to_string()),
+        None if https && chain.iter().any(|m| m.contains("invalid peer certificate")) => {
+            return untrusted()
+        }
+        None if https && e.is_connect() => {
+            return handshake(chain.last().map_or("", String::as_str))
+        }
+        None => {}
     }
     ReachError::Other {
         url: url_s,
@@ -177,6 +188,26 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> Vec<String> {
     out
 }
 
+/// The TLS error in the chain, if any (rustls's errors travel inside I/O errors, which show
+/// their inner error only through `get_ref`).
+fn tls_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    let mut cur: Option<&'a (dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(t) = err.downcast_ref::<rustls::Error>() {
+            return Some(t);
+        }
+        let inner = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|i| i.downcast_ref::<rustls::Error>());
+        if inner.is_some() {
+            return inner;
+        }
+        cur = err.source();
+    }
+    None
+}
+
 /// The kind of the innermost I/O error in the chain, if any.
 fn io_kind(e: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind> {
     let mut found = None;
@@ -200,6 +231,7 @@ pub async fn first_contact(
     waiting: impl Fn(Duration),
 ) -> Result<RemoteInfo, ReachError> {
     parse_url(url)?;
+    super::client::install_tls();
     let base = url.trim_end_matches('/').to_string();
     let http = reqwest::Client::builder()
         .connect_timeout(timeout)
