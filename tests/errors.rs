@@ -242,6 +242,53 @@ fn a_server_that_never_answers_times_out() {
 }
 
 #[test]
+fn a_server_that_never_answers_is_waited_for_with_progress() {
+    let a = Attempt::new("t");
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in listener.incoming() {
+            held.push(s);
+        }
+    });
+    // Progress every 5 s: one line at 5 s, then the time-out at 7 s.
+    let (code, err) = a.mount(
+        &format!("http://127.0.0.1:{port}"),
+        &["-o", "timeout_ms=7000"],
+    );
+    assert_eq!(code, 3, "{err}");
+    let lines: Vec<_> = err.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            format!("sbxfs mount: still waiting for http://127.0.0.1:{port} (5 s)").as_str(),
+            &format!(
+                "sbxfs mount: http://127.0.0.1:{port}: no answer within 7s: is the agent running \
+                 there? (a longer wait: -o timeout_ms=MS)"
+            ),
+        ]
+    );
+    a.assert_nothing_left();
+}
+
+#[test]
+fn a_missing_token_file_is_named() {
+    let a = Attempt::new("t");
+    let (code, err) = a.mount(
+        "http://127.0.0.1:1",
+        &["-o", "token_file=/nonexistent/token"],
+    );
+    assert_one_line(
+        &err,
+        code,
+        2,
+        "--token-file /nonexistent/token: No such file or directory",
+    );
+    a.assert_nothing_left();
+}
+
+#[test]
 fn a_wrong_token_is_rejected_by_the_agent() {
     let ws = tempfile::tempdir().unwrap();
     let agent = AgentProcess::start(ws.path());

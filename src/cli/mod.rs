@@ -1,6 +1,7 @@
 //! The `sbxfs` command line. Each query subcommand runs the core on a local path; output is
 //! ripgrep-like for people (colour on a terminal) or one JSON object per line with `--json`.
-//! Exit codes like grep: 0 found, 1 nothing found, 2 error.
+//! Exit codes like grep: 0 found, 1 nothing found, 2 error; 3, 4, 5 for an agent that cannot
+//! be reached, is not an agent, or refuses the token (the table: [`exit_codes`]).
 
 /// The exit codes as a string literal, for the `--help` texts (`concat!` needs a literal); the
 /// README's Troubleshooting lists the same.
@@ -280,7 +281,9 @@ pub fn main() -> i32 {
 /// from argv, where other users could read it.
 pub fn load_token(file: Option<&std::path::Path>) -> anyhow::Result<Vec<u8>> {
     let token = match file {
-        Some(f) => std::fs::read(f).map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?,
+        Some(f) => {
+            std::fs::read(f).map_err(|e| anyhow::anyhow!("--token-file {}: {e}", f.display()))?
+        }
         None => std::env::var_os("SBXFS_TOKEN")
             .map(std::ffi::OsString::into_encoded_bytes)
             .ok_or_else(|| {

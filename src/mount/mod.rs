@@ -265,7 +265,7 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
         call,
         |waited| {
             eprintln!(
-                "sbxfs: still waiting for {} ({} s)",
+                "sbxfs mount: still waiting for {} ({} s)",
                 cfg.remote_url,
                 waited.as_secs()
             )
