@@ -89,7 +89,7 @@ fn socket_of(mountpoint: &Path) -> PathBuf {
 fn status_via(socket: &Path) -> (Option<i32>, serde_json::Value, Duration) {
     let t = Instant::now();
     let (code, out) = run_within(
-        sbxfs(&["ctl", "status", "--socket"]).arg(socket),
+        sbxfs(&["ctl", "status", "--json", "--socket"]).arg(socket),
         Duration::from_secs(30),
     );
     let v = serde_json::from_str(&out).unwrap_or(serde_json::Value::Null);
@@ -453,6 +453,7 @@ fn mount_and_socket_flags_refuse_what_is_not_a_live_mount() {
             socket.to_str().unwrap(),
             "invalidate",
             "g.txt",
+            "--json",
         ])
         .current_dir(l),
         Duration::from_secs(20),
@@ -510,7 +511,13 @@ fn ctl_status_answers_at_once_while_the_sandbox_hangs() {
     );
     let t = Instant::now();
     let (code, out) = run_within(
-        &mut sbxfs(&["ctl", "stats", "--socket", socket.to_str().unwrap()]),
+        &mut sbxfs(&[
+            "ctl",
+            "stats",
+            "--json",
+            "--socket",
+            socket.to_str().unwrap(),
+        ]),
         Duration::from_secs(30),
     );
     assert_eq!(code, Some(0), "{out}");
