@@ -1004,6 +1004,7 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let server = tokio::spawn(async move { axum::serve(listener, router).await });
+        crate::remote::client::install_tls();
         let http = reqwest::Client::new();
         for _ in 0..2 {
             let resp = http.get(format!("{base}/boom")).send().await.unwrap();

@@ -138,7 +138,8 @@ impl AgentClient {
 
 /// https through rustls with ring's cryptography (pure Rust plus a little assembly: the binary
 /// needs no system TLS library, so the same binary runs as the agent in any sandbox) and the
-/// system's trusted certificates. Installed once per process, before any client is built.
+/// system's trusted certificates. Installed once per process, before any client is built: a
+/// `reqwest::Client` built without it panics (tests building their own call this first).
 pub fn install_tls() {
     // An error only says a provider is installed already.
     let _ = rustls::crypto::ring::default_provider().install_default();
