@@ -619,3 +619,28 @@ fn logs_to_the_journal_carry_syslog_priorities_and_no_timestamps() {
     let log = agent_log_with(&[("JOURNAL_STREAM", "1:1")], false);
     assert!(log.contains(" INFO sbxfs::agent: agent ready"), "{log}");
 }
+
+#[test]
+fn an_error_line_to_the_journal_carries_the_error_priority() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let file = fs::File::create(&log).unwrap();
+    let m = file.metadata().unwrap();
+    let (code, _, _) = run(Command::new(sbxfs_bin())
+        .args([
+            "agent",
+            "--listen",
+            "127.0.0.1:0",
+            "--root",
+            "/nonexistent/root",
+        ])
+        .env("SBXFS_TOKEN", "t")
+        .env("JOURNAL_STREAM", format!("{}:{}", m.dev(), m.ino()))
+        .stderr(file));
+    assert_eq!(code, 2);
+    assert_eq!(
+        fs::read_to_string(log).unwrap(),
+        "<3>sbxfs agent: --root /nonexistent/root: No such file or directory (os error 2)\n"
+    );
+}

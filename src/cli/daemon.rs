@@ -122,11 +122,14 @@ fn parse_listen(s: &str) -> Result<std::net::SocketAddr, String> {
 pub(super) fn run_agent(a: AgentArgs) -> i32 {
     init_logging();
     if !a.listen.ip().is_loopback() {
-        eprintln!(
-            "sbxfs agent: warning: {} is not a loopback address: the token and every file travel \
-             in clear over the network; prefer --listen 127.0.0.1:PORT and an ssh tunnel \
-             (ssh -L PORT:127.0.0.1:PORT SANDBOX)",
-            a.listen
+        super::logging::user_line(
+            4,
+            &format!(
+                "sbxfs agent: warning: {} is not a loopback address: the token and every file \
+                 travel in clear over the network; prefer --listen 127.0.0.1:PORT and an ssh \
+                 tunnel (ssh -L PORT:127.0.0.1:PORT SANDBOX)",
+                a.listen
+            ),
         );
     }
     let result = load_token(a.token_file.as_deref()).and_then(|token| {
@@ -140,7 +143,7 @@ pub(super) fn run_agent(a: AgentArgs) -> i32 {
     match result {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("sbxfs agent: {e:#}");
+            super::logging::user_line(3, &format!("sbxfs agent: {e:#}"));
             ERROR
         }
     }
@@ -180,7 +183,7 @@ pub(super) fn run_mount(a: MountArgs) -> i32 {
     match result {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("sbxfs mount: {e:#}");
+            super::logging::user_line(3, &format!("sbxfs mount: {e:#}"));
             exit_code(&e)
         }
     }

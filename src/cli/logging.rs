@@ -48,6 +48,16 @@ fn stderr_is_journal() -> bool {
     dev.parse() == Ok(st.st_dev) && ino.parse() == Ok(st.st_ino)
 }
 
+/// A line for the user on stderr (an error that ends the program, a warning), with its syslog
+/// priority (3 error, 4 warning) in front when stderr is the journal, as log lines have.
+pub fn user_line(priority: u8, line: &str) {
+    if stderr_is_journal() {
+        eprintln!("<{priority}>{line}");
+    } else {
+        eprintln!("{line}");
+    }
+}
+
 /// A syslog priority prefix (`<3>` error … `<7>` debug) before each event.
 struct SyslogPrefix<F>(F);
 
