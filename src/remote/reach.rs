@@ -93,8 +93,13 @@ pub fn parse_url(url: &str) -> Result<reqwest::Url, ReachError> {
     Ok(parsed)
 }
 
-/// What a transport error comes down to: the cause, named, from the error's source chain.
-pub fn classify(url: &str, e: &reqwest::Error) -> ReachError {
+/// What to do about a certificate the system does not trust.
+const UNTRUSTED: &str = "certificate not trusted: add the server's certificate, or the \
+                         authority that signed it, to the system's trusted certificates";
+
+/// What a transport error of a request that waited up to `waited` comes down to: the cause,
+/// named, from the error's source chain.
+pub fn classify(url: &str, e: &reqwest::Error, waited: Duration) -> ReachError {
     let url_s = url.to_string();
     let parsed = reqwest::Url::parse(url).ok();
     let host = parsed
@@ -110,52 +115,56 @@ pub fn classify(url: &str, e: &reqwest::Error) -> ReachError {
     if e.is_timeout() || io_kind == Some(std::io::ErrorKind::TimedOut) {
         return ReachError::TimedOut {
             url: url_s,
-            after: Duration::ZERO,
+            after: waited,
         };
     }
     if io_kind == Some(std::io::ErrorKind::ConnectionRefused) {
         return ReachError::Refused { url: url_s, addr };
     }
-    if chain.iter().any(|m| m.starts_with("dns error")) {
+    if is_dns(&chain) {
         return ReachError::NotResolved { url: url_s, host };
     }
     // Over https, a connection that failed for none of the reasons above failed in TLS.
     let https = parsed.as_ref().is_some_and(|u| u.scheme() == "https");
-    let untrusted = || {
-        ReachError::Tls {
+    let tls = |why: String| ReachError::Tls {
         url: url_s.clone(),
-        why: "certificate not trusted: add the server's certificate, or the authority that signed it, to the system's trusted certificates".into(),
-    }
+        why,
     };
     let handshake = |why: &str| {
-        ReachError::Tls {
-        url: url_s.clone(),
-        why: format!(
-            "handshake failed ({why}): does the server speak https? (the agent itself serves plain http)"
-        ),
-    }
+        tls(format!(
+            "handshake failed ({why}): does the server speak https? \
+             (the agent itself serves plain http)"
+        ))
     };
     match tls_error(e) {
-        Some(rustls::Error::InvalidCertificate(_)) => return untrusted(),
-        Some(other) => return handshake(&other.to_string()),
+        Some(rustls::Error::InvalidCertificate(_)) => tls(UNTRUSTED.into()),
+        Some(other) => handshake(&other.to_string()),
         None if https && chain.iter().any(|m| m.contains("invalid peer certificate")) => {
-            return untrusted()
+            tls(UNTRUSTED.into())
         }
-        None if https && e.is_connect() => {
-            return handshake(chain.last().map_or("", String::as_str))
-        }
-        None => {}
+        None if https && e.is_connect() => handshake(chain.last().map_or("", String::as_str)),
+        None => ReachError::Other {
+            url: url_s,
+            why: describe(e),
+        },
     }
-    ReachError::Other {
-        url: url_s,
-        why: describe(e),
-    }
+}
+
+/// hyper's resolver failed: the host name did not resolve.
+fn is_dns(chain: &[String]) -> bool {
+    chain.iter().any(|m| m.starts_with("dns error"))
 }
 
 /// A transport error in one line: its innermost causes, without reqwest's request framing
 /// ("error sending request for url (…)"), e.g. "connection refused (127.0.0.1:7781)".
 pub fn describe(e: &reqwest::Error) -> String {
     let chain = chain(e);
+    if is_dns(&chain) {
+        return format!(
+            "host name not resolved ({})",
+            chain.last().cloned().unwrap_or_default()
+        );
+    }
     if let Some(kind) = io_kind(e) {
         let inner = chain.last().cloned().unwrap_or_default();
         return match kind {
@@ -249,7 +258,7 @@ pub async fn first_contact(
             .bearer_auth(&token)
             .send()
             .await
-            .map_err(|e| classify(&base, &e))?;
+            .map_err(|e| classify(&base, &e, timeout))?;
         let status = resp.status();
         let server = resp
             .headers()
@@ -257,7 +266,10 @@ pub async fn first_contact(
             .and_then(|v| v.to_str().ok())
             .map(|s| format!(" (server: {s})"))
             .unwrap_or_default();
-        let body = resp.bytes().await.map_err(|e| classify(&base, &e))?;
+        let body = resp
+            .bytes()
+            .await
+            .map_err(|e| classify(&base, &e, timeout))?;
         Ok::<_, ReachError>((status, server, body))
     };
     let started = std::time::Instant::now();
@@ -274,12 +286,6 @@ pub async fn first_contact(
         Err(_) => {
             return Err(ReachError::TimedOut {
                 url: base,
-                after: timeout,
-            })
-        }
-        Ok(Err(ReachError::TimedOut { url, .. })) => {
-            return Err(ReachError::TimedOut {
-                url,
                 after: timeout,
             })
         }
