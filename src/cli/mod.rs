@@ -1,7 +1,7 @@
 //! The `sbxfs` command line. Each query subcommand runs the core on a local path; output is
 //! ripgrep-like for people (colour on a terminal) or one JSON object per line with `--json`.
 //! Exit codes like grep: 0 found, 1 nothing found, 2 error; 3, 4, 5 for an agent that cannot
-//! be reached, is not an agent, or refuses the token (the table: [`exit_codes`]).
+//! be reached, is not an agent, or refuses the token (the table: `exit_codes!`).
 
 /// The exit codes as a string literal, for the `--help` texts (`concat!` needs a literal); the
 /// README's Troubleshooting lists the same.
