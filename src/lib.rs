@@ -67,6 +67,7 @@ pub mod agent;
 pub mod atomic;
 pub mod cli;
 pub mod control;
+pub mod lograte;
 pub mod mount;
 pub mod proxy;
 pub mod remote;

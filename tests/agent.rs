@@ -36,6 +36,7 @@ async fn every_request_without_the_token_gets_401_and_changes_nothing() {
     let (_d, root) = workspace();
     fs::write(root.join("keep.txt"), "keep").unwrap();
     let agent = AgentProcess::start(&root);
+    sbxfs::remote::client::install_tls();
     let http = reqwest::Client::new();
     let cases = [
         ("GET", "/v1/stat?path=keep.txt", None),
@@ -151,6 +152,7 @@ async fn oversized_requests_are_refused() {
     let (_d, root) = workspace();
     fs::write(root.join("f"), "x").unwrap();
     let agent = AgentProcess::start(&root);
+    sbxfs::remote::client::install_tls();
     let http = reqwest::Client::new();
     let huge = serde_json::json!({ "pattern": "x".repeat(2 * 1024 * 1024) });
     let resp = http

@@ -262,3 +262,239 @@ fn scan_is_bounded_by_the_size_seen_at_start() {
     assert_eq!(r.total_bytes, 8);
     assert_eq!(r.lines, vec![b"one".to_vec(), b"two".to_vec()]);
 }
+
+/// The subcommands whose every argument must be described (grep, glob and fuzzy are checked
+/// with their own options elsewhere).
+const DESCRIBED: &[&[&str]] = &[
+    &["scan"],
+    &["edit"],
+    &["agent"],
+    &["mount"],
+    &["umount"],
+    &["ctl"],
+    &["ctl", "invalidate"],
+    &["completions"],
+    &["man"],
+];
+
+#[test]
+fn help_describes_every_option_and_lists_the_exit_codes() {
+    let root = sbxfs::cli::command();
+    for path in DESCRIBED {
+        let mut cmd = &root;
+        for name in *path {
+            cmd = cmd.find_subcommand(name).unwrap();
+        }
+        let mut args: Vec<&str> = path.to_vec();
+        args.push("--help");
+        let (code, help, _) = sbxfs(Path::new("."), &args);
+        assert_eq!(code, 0, "{args:?}");
+        for arg in cmd.get_arguments().filter(|a| !a.is_hide_set()) {
+            let text = arg
+                .get_help()
+                .unwrap_or_else(|| panic!("{path:?}: {} has no help text", arg.get_id()))
+                .to_string();
+            // The first line of the description is shown (clap may wrap the rest).
+            let first: String = text
+                .split_whitespace()
+                .take(4)
+                .collect::<Vec<_>>()
+                .join(" ");
+            let shown: String = help.split_whitespace().collect::<Vec<_>>().join(" ");
+            assert!(
+                shown.contains(&first),
+                "{path:?} --help lacks {first:?}:\n{help}"
+            );
+        }
+        if !matches!(path, [a] if *a == "completions" || *a == "man") && path.len() == 1 {
+            assert!(help.contains("Examples:"), "{path:?} has no examples");
+            assert!(help.contains("Exit codes:"), "{path:?} has no exit codes");
+        }
+    }
+    let (_, top, _) = sbxfs(Path::new("."), &["--help"]);
+    for line in [
+        "Exit codes:",
+        "  3  mount: the mountpoint cannot be used",
+        "  4  mount: FUSE is missing or not permitted",
+        "  5  the sandbox could not be reached",
+        "  6  what answered is not an sbxfs agent",
+        "  7  the agent rejected the token",
+        "SBXFS_LOG",
+    ] {
+        assert!(
+            top.contains(line),
+            "top-level --help lacks {line:?}:\n{top}"
+        );
+    }
+}
+
+#[test]
+fn version_names_the_protocols() {
+    let (code, out, _) = sbxfs(Path::new("."), &["--version"]);
+    assert_eq!(code, 0);
+    assert_eq!(
+        out.trim(),
+        format!(
+            "sbxfs {} (agent protocol {}, control protocol {})",
+            env!("CARGO_PKG_VERSION"),
+            sbxfs::remote::wire::PROTOCOL_VERSION,
+            sbxfs::control::PROTOCOL_VERSION
+        )
+    );
+}
+
+#[test]
+fn completions_and_the_man_page_are_generated_from_the_cli() {
+    for shell in ["bash", "zsh", "fish"] {
+        let (code, out, err) = sbxfs(Path::new("."), &["completions", shell]);
+        assert_eq!(code, 0, "{err}");
+        for word in [
+            "mount",
+            "umount",
+            "ctl",
+            "invalidate",
+            "token-file",
+            "max-bytes",
+        ] {
+            assert!(out.contains(word), "{shell} completion lacks {word}");
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (_, bash, _) = sbxfs(Path::new("."), &["completions", "bash"]);
+    fs::write(dir.path().join("sbxfs.bash"), bash).unwrap();
+    let (code, _, err) = run(Command::new("bash")
+        .arg("-n")
+        .arg(dir.path().join("sbxfs.bash")));
+    assert_eq!(
+        code,
+        0,
+        "bash rejects the script: {}",
+        String::from_utf8_lossy(&err)
+    );
+    let (code, man, _) = sbxfs(Path::new("."), &["man"]);
+    assert_eq!(code, 0);
+    assert!(man.contains(".TH sbxfs 1"), "{man}");
+    for word in ["mount", "agent", "Exit codes", "SBXFS_LOG"] {
+        assert!(man.contains(word), "man page lacks {word}");
+    }
+}
+
+#[test]
+fn sizes_take_units() {
+    let w = workspace();
+    let lines: String = (1..=1000).map(|i| format!("line {i:04}\n")).collect();
+    fs::write(w.path().join("big.txt"), &lines).unwrap();
+    let (code, out, err) = sbxfs(w.path(), &["scan", "big.txt", "--max-bytes", "1K"]);
+    assert_eq!(code, 0, "{err}");
+    // 10-byte lines: 102 fit in 1024 bytes.
+    assert_eq!(out, lines[..1020]);
+    assert_eq!(
+        err.trim(),
+        "sbxfs scan: stopped at line 102 of 1000 by the --max-bytes budget; \
+         go on with --start 103, or raise it (e.g. --max-bytes 1M)"
+    );
+    let (code, out, err) = sbxfs(w.path(), &["scan", "big.txt", "--max-bytes", "1M"]);
+    assert_eq!((code, out.len(), err.as_str()), (0, lines.len(), ""));
+    let (code, _, err) = sbxfs(w.path(), &["scan", "big.txt", "--max-bytes", "1Q"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("unknown unit `Q`"), "{err}");
+    // --cache-size 512M is a size: the mount gets as far as the (closed) port.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    fs::create_dir(w.path().join("mnt")).unwrap();
+    let (code, _, err) = run(Command::new(sbxfs_bin())
+        .args(["mount", &format!("http://127.0.0.1:{port}"), "mnt"])
+        .args(["--cache-size", "512M"])
+        .env("SBXFS_TOKEN", "t")
+        .env("XDG_CACHE_HOME", w.path().join("cache"))
+        .current_dir(w.path()));
+    let err = String::from_utf8_lossy(&err);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("connection refused"), "{err}");
+    let (code, _, err) = sbxfs(w.path(), &["grep", "line", ".", "--max-filesize", "2K"]);
+    assert_eq!(
+        code, 1,
+        "a 10000-byte file is skipped under --max-filesize 2K: {err}"
+    );
+}
+
+#[test]
+fn a_scan_within_its_budget_says_nothing() {
+    let w = workspace();
+    let (code, out, err) = sbxfs(w.path(), &["scan", "notes.txt"]);
+    assert_eq!(
+        (code, out.as_str(), err.as_str()),
+        (0, "alpha\nbeta\ngamma\n", "")
+    );
+}
+
+#[test]
+fn edit_that_is_not_unique_names_the_all_flag() {
+    let w = workspace();
+    let (code, _, err) = sbxfs(w.path(), &["edit", "notes.txt", "--old", "a", "--new", "A"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("occurs 5 times; pass --all"), "{err}");
+    assert_eq!(
+        fs::read_to_string(w.path().join("notes.txt")).unwrap(),
+        "alpha\nbeta\ngamma\n",
+        "nothing changed"
+    );
+}
+
+/// A real agent and mount of a small workspace with `src/a.txt`.
+fn mounted() -> (tempfile::TempDir, AgentProcess, MountProcess) {
+    let ws = tempfile::tempdir().unwrap();
+    fs::create_dir(ws.path().join("src")).unwrap();
+    fs::write(ws.path().join("src/a.txt"), "a\n").unwrap();
+    let agent = AgentProcess::start(ws.path());
+    let m = MountProcess::start(&agent, &[]);
+    (ws, agent, m)
+}
+
+#[test]
+fn ctl_prints_a_table_by_default_and_json_with_the_flag() {
+    let (_ws, _agent, m) = mounted();
+    let mnt = m.dir.to_str().unwrap();
+    let (code, json, err) = sbxfs(Path::new("/"), &["ctl", "--mount", mnt, "status", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["reachable"], true);
+    let (code, table, err) = sbxfs(Path::new("/"), &["ctl", "--mount", mnt, "status"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        serde_json::from_str::<Value>(&table).is_err(),
+        "not a table: {table}"
+    );
+    let row = |name: &str| {
+        table
+            .lines()
+            .find_map(|l| l.strip_prefix(name).filter(|r| r.starts_with(' ')))
+            .unwrap_or_else(|| panic!("no row {name}: {table}"))
+            .trim()
+            .to_string()
+    };
+    assert_eq!(row("reachable"), "true");
+    assert_eq!(row("mount.remote"), v["mount"]["remote"].as_str().unwrap());
+    assert_eq!(row("pending_commits"), v["pending_commits"].to_string());
+}
+
+#[test]
+fn ctl_invalidate_resolves_its_path_against_the_mount() {
+    let (_ws, _agent, m) = mounted();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let mnt = m.dir.to_str().unwrap();
+    let (code, out, err) = sbxfs(
+        elsewhere.path(),
+        &["ctl", "--mount", mnt, "invalidate", "src/a.txt", "--json"],
+    );
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["invalidated"], "src/a.txt", "{v}");
+    // Without --mount, the same path from outside the mount is an error, not a guess.
+    let (code, _, err) = sbxfs(elsewhere.path(), &["ctl", "invalidate", "src/a.txt"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("not in a live sbxfs mount"), "{err}");
+}

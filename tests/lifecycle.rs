@@ -89,7 +89,7 @@ fn socket_of(mountpoint: &Path) -> PathBuf {
 fn status_via(socket: &Path) -> (Option<i32>, serde_json::Value, Duration) {
     let t = Instant::now();
     let (code, out) = run_within(
-        sbxfs(&["ctl", "status", "--socket"]).arg(socket),
+        sbxfs(&["ctl", "status", "--json", "--socket"]).arg(socket),
         Duration::from_secs(30),
     );
     let v = serde_json::from_str(&out).unwrap_or(serde_json::Value::Null);
@@ -362,9 +362,10 @@ fn a_failed_start_removes_the_socket_and_staging_directory_it_created() {
             .unwrap();
         let out = child.wait_with_output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(5), "exit 5: the sandbox: {err}");
+        // Exit code 5: the sandbox could not be reached.
+        assert_eq!(out.status.code(), Some(5), "{err}");
         assert!(
-            err.contains("cannot reach the sandbox at http://127.0.0.1:9"),
+            err.contains("http://127.0.0.1:9: connection refused by 127.0.0.1:9"),
             "{err}"
         );
         assert!(!staging.exists(), "staging directory left behind");
@@ -452,6 +453,7 @@ fn mount_and_socket_flags_refuse_what_is_not_a_live_mount() {
             socket.to_str().unwrap(),
             "invalidate",
             "g.txt",
+            "--json",
         ])
         .current_dir(l),
         Duration::from_secs(20),
@@ -509,7 +511,13 @@ fn ctl_status_answers_at_once_while_the_sandbox_hangs() {
     );
     let t = Instant::now();
     let (code, out) = run_within(
-        &mut sbxfs(&["ctl", "stats", "--socket", socket.to_str().unwrap()]),
+        &mut sbxfs(&[
+            "ctl",
+            "stats",
+            "--json",
+            "--socket",
+            socket.to_str().unwrap(),
+        ]),
         Duration::from_secs(30),
     );
     assert_eq!(code, Some(0), "{out}");

@@ -513,7 +513,7 @@ fn stat_of(mount: &Path, key: &str) -> u64 {
     let (code, out, err) = run(Command::new(sbxfs_bin())
         .args(["ctl", "--mount"])
         .arg(mount)
-        .arg("stats"));
+        .args(["stats", "--json"]));
     let v: serde_json::Value = serde_json::from_slice(&out).unwrap_or_else(|e| {
         panic!(
             "ctl stats: exit {code}, {e}: {}{}",

@@ -206,15 +206,15 @@ fn ctl_reports_stats_status_and_flushes() {
     let s = setup();
     let m = &s.mount.dir;
     let _ = fs::read(m.join("app.log")).unwrap();
-    let (code, out) = sbxfs_in(m, &["ctl", "stats"]);
+    let (code, out) = sbxfs_in(m, &["ctl", "stats", "--json"]);
     assert_eq!(code, 0, "{out}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert!(v["stats"]["bytes_read"].as_u64().unwrap() > 0);
     assert!(v["remote_round_trip_ms"].as_f64().is_some());
-    let (code, out) = sbxfs_in(m, &["ctl", "status"]);
+    let (code, out) = sbxfs_in(m, &["ctl", "status", "--json"]);
     assert_eq!(code, 0);
     assert!(out.contains("\"reachable\": true"), "{out}");
-    let (code, out) = sbxfs_in(m, &["ctl", "flush"]);
+    let (code, out) = sbxfs_in(m, &["ctl", "flush", "--json"]);
     assert_eq!(code, 0);
     assert!(out.contains("\"flushed\": true"));
     let (code, _) = sbxfs_in(m, &["ctl", "invalidate", "src/main.rs"]);

@@ -12,6 +12,7 @@
 pub mod watch;
 pub mod workspace;
 
+use anyhow::Context;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -233,7 +234,9 @@ fn unpanic<T>(f: impl FnOnce() -> crate::remote::Result<T>) -> crate::remote::Re
 /// Serve until SIGTERM or SIGINT; prints one line when ready.
 pub async fn serve(cfg: AgentConfig) -> anyhow::Result<()> {
     workspace::set_exact_modes();
-    let ws = Arc::new(Workspace::open(&cfg.root)?);
+    let ws = Arc::new(
+        Workspace::open(&cfg.root).with_context(|| format!("--root {}", cfg.root.display()))?,
+    );
     let sweeper = ws.clone();
     tokio::task::spawn_blocking(move || {
         let n = sweeper.sweep_stale_temps();
@@ -251,30 +254,37 @@ pub async fn serve(cfg: AgentConfig) -> anyhow::Result<()> {
             None
         }
     };
-    let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", cfg.listen))?;
     let addr = listener.local_addr()?;
+    // Signals are caught before the ready line: a SIGTERM right after it stops the agent cleanly.
+    let shutdown = shutdown_signal()?;
+    tracing::info!(%addr, root = %ws.root_path().display(), "agent ready");
     println!(
         "sbxfs agent listening on http://{addr} root={}",
         ws.root_path().display()
     );
     use std::io::Write;
     std::io::stdout().flush()?;
-    tracing::info!(%addr, root = %ws.root_path().display(), "agent ready");
     axum::serve(listener, router(ws, feed, cfg.token))
-        .with_graceful_shutdown(shutdown_signal())
+        .with_graceful_shutdown(shutdown)
         .await?;
     tracing::info!("agent stopped");
     Ok(())
 }
 
-async fn shutdown_signal() {
+/// Resolves on SIGTERM or SIGINT; the handlers are installed when this is called.
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
 }
 
 fn args(q: &Option<String>) -> QueryArgs {
@@ -994,6 +1004,7 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let server = tokio::spawn(async move { axum::serve(listener, router).await });
+        crate::remote::client::install_tls();
         let http = reqwest::Client::new();
         for _ in 0..2 {
             let resp = http.get(format!("{base}/boom")).send().await.unwrap();

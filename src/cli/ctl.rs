@@ -1,4 +1,5 @@
-//! `sbxfs ctl`: ask a mount for its stats or status, flush it, invalidate a path.
+//! `sbxfs ctl`: ask a mount for its stats or status, flush it, invalidate a path. The answer
+//! is a table for people, or the mount's JSON with `--json`.
 
 use std::path::PathBuf;
 
@@ -6,16 +7,34 @@ use clap::{Args, Subcommand};
 
 use super::{ask, RouteArgs, ERROR};
 
+pub(super) const CTL_HELP: &str = concat!(
+    "\
+Examples:
+  sbxfs ctl --mount ~/sb status            # which remote, reachable, what is pending
+  cd ~/sb/src && sbxfs ctl stats           # the mount holding the current directory
+  sbxfs ctl --mount ~/sb flush --json      # push pending writes now; JSON answer
+  sbxfs ctl --mount ~/sb invalidate src/main.rs   # PATH relative to the mount's root
+
+Exit code 0 on success; 2 when no mount answers, or when flush could not push everything.
+
+",
+    exit_codes!()
+);
+
 #[derive(Args, Debug)]
 pub(super) struct CtlArgs {
     #[command(subcommand)]
     action: CtlAction,
-    /// A path in the mount to control (default: the current directory).
+    /// The mount to control: its mountpoint, or any path in it (default: the current
+    /// directory). Paths given to the action are then relative to the mount's root.
     #[arg(long, global = true, value_name = "MOUNTPOINT")]
     mount: Option<PathBuf>,
-    /// The control socket of the mount to control.
+    /// The control socket of the mount to control (`sbxfs ctl status` shows it).
     #[arg(long, global = true, value_name = "PATH", conflicts_with = "mount")]
     socket: Option<PathBuf>,
+    /// Print the mount's answer as JSON instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -25,7 +44,11 @@ pub(super) enum CtlAction {
     /// Push pending writes now; report failures.
     Flush,
     /// Forget cached data and attributes of a path.
-    Invalidate { path: PathBuf },
+    Invalidate {
+        /// The path to forget: relative to --mount's root when --mount is given, else to the
+        /// current directory.
+        path: PathBuf,
+    },
     /// Which remote, whether it answered lately, what is pending (never waits for the sandbox).
     Status,
 }
@@ -60,12 +83,68 @@ pub(super) fn run_ctl(a: CtlArgs) -> i32 {
     };
     match ask(&route, req) {
         Ok(v) => {
-            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            } else {
+                print!("{}", table(&v));
+            }
             if matches!(a.action, CtlAction::Flush) && v["flushed"] == false {
                 return ERROR;
             }
             0
         }
         Err(e) => fail(e.to_string()),
+    }
+}
+
+/// A JSON answer as a two-column table: each scalar under its dotted path (`cache.hits`,
+/// `failed[0].path`), the names aligned.
+fn table(v: &serde_json::Value) -> String {
+    let mut rows = Vec::new();
+    flatten(String::new(), v, &mut rows);
+    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    rows.iter()
+        .map(|(k, v)| format!("{k:width$}  {v}\n"))
+        .collect()
+}
+
+fn flatten(prefix: String, v: &serde_json::Value, rows: &mut Vec<(String, String)>) {
+    use serde_json::Value;
+    let join = |k: &str| {
+        if prefix.is_empty() {
+            k.to_string()
+        } else {
+            format!("{prefix}.{k}")
+        }
+    };
+    match v {
+        Value::Object(m) if !m.is_empty() => {
+            for (k, v) in m {
+                flatten(join(k), v, rows);
+            }
+        }
+        Value::Array(a) if !a.is_empty() => {
+            for (i, v) in a.iter().enumerate() {
+                flatten(format!("{prefix}[{i}]"), v, rows);
+            }
+        }
+        Value::Object(_) | Value::Array(_) => rows.push((prefix, "(none)".into())),
+        Value::String(s) => rows.push((prefix, s.clone())),
+        Value::Null => rows.push((prefix, "-".into())),
+        other => rows.push((prefix, other.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_table_has_one_aligned_row_per_value() {
+        let v = serde_json::json!({"remote": "http://x", "cache": {"hits": 3, "misses": 10},
+            "failed": [], "last": null, "pending": [{"path": "a"}]});
+        assert_eq!(
+            super::table(&v),
+            "cache.hits       3\ncache.misses     10\nfailed           (none)\n\
+             last             -\npending[0].path  a\nremote           http://x\n"
+        );
     }
 }

@@ -7,40 +7,80 @@ use clap::Args;
 
 use super::{init_logging, load_token, ERROR};
 
+pub(super) const AGENT_HELP: &str = concat!(
+    "\
+Examples:
+  SBXFS_TOKEN=$(cat /etc/sbxfs/token) sbxfs agent --root /workspace
+  sbxfs agent --root /workspace --listen localhost:7070 --token-file /etc/sbxfs/token
+  sbxfs agent --root . --listen 127.0.0.1:0 --token-file token   # a free port; see the ready line
+
+The agent prints `sbxfs agent listening on http://ADDR root=DIR` once it serves.
+Reach it from the laptop through an ssh tunnel: ssh -N -L 7070:127.0.0.1:7070 SANDBOX
+
+",
+    exit_codes!()
+);
+
+pub(super) const MOUNT_HELP: &str = concat!(
+    "\
+Examples:
+  sbxfs mount http://127.0.0.1:7070 ~/sb --token-file ~/.config/sbxfs/token
+  sbxfs mount http://127.0.0.1:7070 ~/sb -o ro,cache_size=1G,timeout_ms=30000
+  SBXFS_LOG=debug sbxfs mount http://127.0.0.1:7070 ~/sb 2> mount.log
+
+The mount prints `sbxfs mounted URL on DIR` once it serves, and stays in the foreground.
+While the agent has not answered yet it says so every 5 s (`still waiting for URL`).
+
+",
+    exit_codes!()
+);
+
+pub(super) const UMOUNT_HELP: &str = concat!(
+    "\
+Examples:
+  sbxfs umount ~/sb          # pending writes are pushed first (as fusermount3 -u ~/sb)
+
+",
+    exit_codes!()
+);
+
 #[derive(Args, Debug)]
 pub(super) struct AgentArgs {
     /// The workspace directory to serve.
-    #[arg(long)]
+    #[arg(long, value_name = "DIR")]
     root: PathBuf,
-    /// Address to listen on (port 0 picks a free port; the ready line says which).
-    #[arg(long, default_value = "127.0.0.1:7070")]
+    /// Address to listen on, HOST:PORT; a host name is resolved (port 0 picks a free port; the
+    /// ready line says which). Keep it on loopback and reach it through an ssh tunnel: the
+    /// token and the files travel in clear.
+    #[arg(long, default_value = "127.0.0.1:7070", value_name = "HOST:PORT", value_parser = parse_listen)]
     listen: std::net::SocketAddr,
     /// File holding the bearer token (else the SBXFS_TOKEN environment variable).
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
 pub(super) struct MountArgs {
-    /// The sandbox: an agent URL, http://HOST:PORT.
+    /// The sandbox: its agent's URL, http://HOST:PORT (or https:// behind a TLS proxy).
     remote: String,
+    /// The empty directory to mount on.
     mountpoint: PathBuf,
     /// Mount options, comma-separated: allow_other, default_permissions, ro, noexec,
     /// idmap=user|none, and every long flag below as KEY=VALUE (see README "Mount options").
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
     /// File holding the agent's token (else the SBXFS_TOKEN environment variable).
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
     /// How long attributes and directory listings are trusted, in milliseconds [default: 1000].
-    #[arg(long)]
+    #[arg(long, value_name = "MS")]
     attr_ttl_ms: Option<u64>,
     /// Bytes of file data cached in memory (512M, 1G, …) [default: 512M].
-    #[arg(long, value_parser = crate::mount::options::parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = crate::mount::options::parse_size)]
     cache_size: Option<u64>,
     /// Where staged writes are kept (default: a private directory per sandbox under
     /// $XDG_CACHE_HOME/sbxfs/staging).
-    #[arg(long)]
+    #[arg(long, value_name = "DIR")]
     staging_dir: Option<PathBuf>,
     /// Return once the mount answers and serve from the background (what `mount -t fuse.sbxfs`
     /// and fstab run).
@@ -56,13 +96,16 @@ pub(super) struct MountArgs {
 
 #[derive(Args, Debug)]
 pub(super) struct UmountArgs {
+    /// Where the sbxfs mount is.
     mountpoint: PathBuf,
 }
 
 #[derive(Args, Debug)]
 pub(super) struct ProxyArgs {
+    /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: std::net::SocketAddr,
+    /// Address to forward to.
     #[arg(long)]
     to: std::net::SocketAddr,
     /// Delay applied to each direction, in milliseconds.
@@ -70,8 +113,35 @@ pub(super) struct ProxyArgs {
     delay_ms: u64,
 }
 
+/// `HOST:PORT` as a socket address, the host resolved (IPv4 preferred: `localhost` means
+/// 127.0.0.1, as people expect).
+fn parse_listen(s: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    let addrs: Vec<_> = s
+        .to_socket_addrs()
+        .map_err(|e| format!("expected HOST:PORT, e.g. 127.0.0.1:7070 ({e})"))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| format!("{s} resolves to no address"))
+}
+
 pub(super) fn run_agent(a: AgentArgs) -> i32 {
     init_logging();
+    if !a.listen.ip().is_loopback() {
+        super::logging::user_line(
+            4,
+            &format!(
+                "sbxfs agent: warning: {} is not a loopback address: the token and every file \
+                 travel in clear over the network; prefer --listen 127.0.0.1:PORT and an ssh \
+                 tunnel (ssh -L PORT:127.0.0.1:PORT SANDBOX)",
+                a.listen
+            ),
+        );
+    }
     let result = load_token(a.token_file.as_deref()).and_then(|token| {
         let rt = tokio::runtime::Runtime::new()?;
         rt.block_on(crate::agent::serve(crate::agent::AgentConfig {
@@ -83,7 +153,7 @@ pub(super) fn run_agent(a: AgentArgs) -> i32 {
     match result {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("sbxfs agent: {e:#}");
+            super::logging::user_line(3, &format!("sbxfs agent: {e:#}"));
             ERROR
         }
     }
@@ -140,7 +210,7 @@ pub(super) fn run_mount(a: MountArgs) -> i32 {
     match result {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("sbxfs mount: {e:#}");
+            super::logging::user_line(3, &format!("sbxfs mount: {e:#}"));
             crate::mount::exit::code_of(&e)
         }
     }

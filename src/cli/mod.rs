@@ -1,9 +1,29 @@
 //! The `sbxfs` command line. Each query subcommand runs the core on a local path; output is
 //! ripgrep-like for people (colour on a terminal) or one JSON object per line with `--json`.
-//! Exit codes like grep: 0 found, 1 nothing found, 2 error.
+//! Exit codes like grep: 0 found, 1 nothing found, 2 error; `mount` adds 3 to 7 for why it could
+//! not start (the table: `exit_codes!`; the values live in `mount::exit`).
+
+/// The exit codes as a string literal, for the `--help` texts (`concat!` needs a literal); the
+/// README's Troubleshooting lists the same.
+macro_rules! exit_codes {
+    () => {
+        "\
+Exit codes:
+  0  success (grep, glob, fuzzy, scan: something was found)
+  1  grep, glob, fuzzy, scan: nothing found; edit: the text to replace does not occur
+  2  usage error, bad argument (a bad URL among them), or any other error
+  3  mount: the mountpoint cannot be used (missing, not a directory, not empty, already mounted)
+  4  mount: FUSE is missing or not permitted (no /dev/fuse, no fusermount3, mount refused)
+  5  the sandbox could not be reached: connection refused, host name not resolved, no answer in time
+  6  what answered is not an sbxfs agent this sbxfs can use: another server, a TLS failure,
+     another protocol version
+  7  the agent rejected the token"
+    };
+}
 
 mod ctl;
 mod daemon;
+mod logging;
 mod output;
 mod query;
 
@@ -15,11 +35,49 @@ use crate::search::walk::WalkOptions;
 use crate::search::SearchError;
 pub use query::{DEFAULT_FUZZY_LIMIT, DEFAULT_SCAN_MAX_BYTES};
 
+/// `--version`: the program's version and the protocols it speaks (an agent and a mount must
+/// speak the same agent protocol; the query commands and a mount, the same control protocol).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (agent protocol 2, control protocol 1)"
+);
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_version_names_the_protocols_this_build_speaks() {
+        let agent = format!("agent protocol {}", crate::remote::wire::PROTOCOL_VERSION);
+        let control = format!("control protocol {}", crate::control::PROTOCOL_VERSION);
+        assert!(super::VERSION.contains(&agent), "{}", super::VERSION);
+        assert!(super::VERSION.contains(&control), "{}", super::VERSION);
+    }
+}
+
+const TOP_HELP: &str = concat!(
+    "\
+Examples:
+  sbxfs agent --root /workspace                       # in the sandbox (token in SBXFS_TOKEN)
+  ssh -N -L 7070:127.0.0.1:7070 sandbox &             # on the laptop: a tunnel to it
+  sbxfs mount http://127.0.0.1:7070 ~/sb --token-file ~/.config/sbxfs/token
+  cd ~/sb && sbxfs grep -n TODO src                   # runs in the sandbox
+  sbxfs ctl --mount ~/sb status
+  sbxfs umount ~/sb
+
+Environment:
+  SBXFS_TOKEN  the bearer token, when no --token-file is given
+  SBXFS_LOG    log filter, RUST_LOG syntax (e.g. debug, or sbxfs=trace,info); else RUST_LOG;
+               default info. fuser's own messages are off unless named (info,fuser=debug)
+
+",
+    exit_codes!()
+);
+
 #[derive(Parser, Debug)]
 #[command(
     name = "sbxfs",
-    version,
-    about = "Mount a sandbox's workspace; search it where it lives"
+    version = VERSION,
+    about = "Mount a sandbox's workspace; search it where it lives",
+    after_long_help = TOP_HELP
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -35,17 +93,39 @@ enum Command {
     /// Rank files by a fuzzy query (fzf v1, path scheme).
     Fuzzy(query::FuzzyArgs),
     /// Print a window of a file's lines.
+    #[command(after_long_help = query::SCAN_HELP)]
     Scan(query::ScanArgs),
     /// Replace a string in a file, atomically.
+    #[command(after_long_help = query::EDIT_HELP)]
     Edit(query::EditArgs),
     /// Serve a workspace over HTTP for sbxfs mounts (run it inside the sandbox).
+    #[command(after_long_help = daemon::AGENT_HELP)]
     Agent(daemon::AgentArgs),
     /// Mount a sandbox's workspace (foreground; SIGTERM pushes pending writes and unmounts).
+    #[command(after_long_help = daemon::MOUNT_HELP)]
     Mount(daemon::MountArgs),
     /// Unmount an sbxfs mount (its daemon pushes pending writes, then exits).
+    #[command(after_long_help = daemon::UMOUNT_HELP)]
     Umount(daemon::UmountArgs),
     /// Control a mount: stats, flush, invalidate PATH, status.
+    #[command(after_long_help = ctl::CTL_HELP)]
     Ctl(ctl::CtlArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    #[command(after_long_help = "\
+Examples:
+  sbxfs completions bash > ~/.local/share/bash-completion/completions/sbxfs
+  sbxfs completions zsh > ~/.zfunc/_sbxfs        # with fpath+=(~/.zfunc) in ~/.zshrc
+  sbxfs completions fish > ~/.config/fish/completions/sbxfs.fish")]
+    Completions {
+        /// The shell to complete for.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff), made from this command line's definition.
+    #[command(after_long_help = "\
+Examples:
+  sbxfs man > ~/.local/share/man/man1/sbxfs.1 && man sbxfs
+  sbxfs man | man -l -")]
+    Man,
     /// A delaying, byte-counting TCP proxy for tests and benchmarks.
     #[command(hide = true)]
     Proxy(daemon::ProxyArgs),
@@ -62,8 +142,8 @@ pub(super) struct WalkArgs {
     /// Include (G) or exclude (!G) files by glob; repeatable.
     #[arg(short = 'g', long = "glob", value_name = "G")]
     globs: Vec<String>,
-    /// Skip files larger than this many bytes.
-    #[arg(long, value_name = "BYTES")]
+    /// Skip files larger than this (bytes, or 512K, 10M, …).
+    #[arg(long, value_name = "SIZE", value_parser = crate::mount::options::parse_size)]
     max_filesize: Option<u64>,
 }
 
@@ -184,6 +264,11 @@ fn mount_helper_argv(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
     }
 }
 
+/// The command line's definition (for completions and the man page).
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
+}
+
 /// Run the command line; returns the process exit code.
 pub fn main() -> i32 {
     let cli = Cli::parse_from(mount_helper_argv(std::env::args_os().collect()));
@@ -197,6 +282,17 @@ pub fn main() -> i32 {
         Command::Mount(a) => daemon::run_mount(a),
         Command::Umount(a) => daemon::run_umount(a),
         Command::Ctl(a) => ctl::run_ctl(a),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut command(), "sbxfs", &mut std::io::stdout());
+            0
+        }
+        Command::Man => match clap_mangen::Man::new(command()).render(&mut std::io::stdout()) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("sbxfs man: {e}");
+                ERROR
+            }
+        },
         Command::Proxy(a) => daemon::run_proxy(a),
     }
 }
@@ -205,7 +301,9 @@ pub fn main() -> i32 {
 /// from argv, where other users could read it.
 pub fn load_token(file: Option<&std::path::Path>) -> anyhow::Result<Vec<u8>> {
     let token = match file {
-        Some(f) => std::fs::read(f).map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?,
+        Some(f) => {
+            std::fs::read(f).map_err(|e| anyhow::anyhow!("--token-file {}: {e}", f.display()))?
+        }
         None => std::env::var_os("SBXFS_TOKEN")
             .map(std::ffi::OsString::into_encoded_bytes)
             .ok_or_else(|| {
@@ -218,12 +316,7 @@ pub fn load_token(file: Option<&std::path::Path>) -> anyhow::Result<Vec<u8>> {
 }
 
 fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SBXFS_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+    logging::init();
 }
 
 /// An error line from the control socket, as the core's error.

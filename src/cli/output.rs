@@ -171,7 +171,7 @@ impl Printer {
         self.write(format!("{text}\n").as_bytes())
     }
 
-    pub fn scan_result(&mut self, r: &ScanResult) {
+    pub fn scan_result(&mut self, r: &ScanResult, requested_end: Option<u64>) {
         if self.json {
             self.json_line(r);
         } else {
@@ -184,6 +184,13 @@ impl Printer {
                 eprintln!(
                     "sbxfs scan: line {} is {} bytes, more than --max-bytes allows",
                     r.start_line, r.first_line_bytes
+                );
+            } else if let Some(wanted) = stopped_short(r, requested_end) {
+                eprintln!(
+                    "sbxfs scan: stopped at line {} of {wanted} by the --max-bytes budget; \
+                     go on with --start {}, or raise it (e.g. --max-bytes 1M)",
+                    r.end_line,
+                    r.end_line + 1
                 );
             }
         }
@@ -220,4 +227,11 @@ impl Printer {
             self.closed = true;
         }
     }
+}
+
+/// The last line the window should have reached (the one asked for, or the file's last), when
+/// the byte budget, not the lines, ended it first.
+fn stopped_short(r: &ScanResult, requested_end: Option<u64>) -> Option<u64> {
+    let wanted = requested_end.map_or(r.total_lines, |e| e.min(r.total_lines));
+    (!r.lines.is_empty() && r.end_line < wanted).then_some(wanted)
 }

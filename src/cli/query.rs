@@ -85,17 +85,48 @@ pub(super) struct FuzzyArgs {
     route: RouteArgs,
 }
 
+pub(super) const SCAN_HELP: &str = concat!(
+    "\
+Examples:
+  sbxfs scan src/main.rs --start 100 --end 160
+  sbxfs scan big.log --start 5000 --max-bytes 1M
+  sbxfs scan --json src/lib.rs
+
+Without --end the window stops at --max-bytes (64K); stderr then says where and how to go on.
+
+",
+    exit_codes!()
+);
+
+pub(super) const EDIT_HELP: &str = concat!(
+    "\
+Examples:
+  sbxfs edit src/lib.rs --old 'fn old_name(' --new 'fn new_name('
+  sbxfs edit src/lib.rs --old-file before.txt --new-file after.txt
+  sbxfs edit Cargo.toml --old 'edition = \"2018\"' --new 'edition = \"2021\"' --all
+
+Exit code 0 when replaced; 1 when --old does not occur; 2 when it occurs more than once
+(without --all), or on an error.
+
+",
+    exit_codes!()
+);
+
 #[derive(Args, Debug)]
 pub(super) struct ScanArgs {
+    /// The file to print lines of.
     file: PathBuf,
     /// First line (1-based).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_name = "LINE")]
     start: u64,
     /// Last line, inclusive (default: to the end, as far as --max-bytes allows).
-    #[arg(long)]
+    #[arg(long, value_name = "LINE")]
     end: Option<u64>,
-    #[arg(long, default_value_t = DEFAULT_SCAN_MAX_BYTES)]
+    /// Most bytes of lines to print (64K, 1M, …); the window ends before the line that would
+    /// pass it, and stderr says where it stopped.
+    #[arg(long, default_value = "64K", value_name = "SIZE", value_parser = crate::mount::options::parse_size)]
     max_bytes: u64,
+    /// Print one JSON object: lines, start_line, end_line, total_lines, total_bytes.
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -103,21 +134,27 @@ pub(super) struct ScanArgs {
 }
 
 #[derive(Args, Debug)]
+#[command(group = clap::ArgGroup::new("old_text").required(true).args(["old", "old_file"]))]
+#[command(group = clap::ArgGroup::new("new_text").required(true).args(["new", "new_file"]))]
 pub(super) struct EditArgs {
+    /// The file to edit (written whole, atomically, or not at all).
     file: PathBuf,
-    #[arg(long, required_unless_present = "old_file", allow_hyphen_values = true)]
+    /// The exact text to replace; it must occur once, unless --all.
+    #[arg(long, allow_hyphen_values = true, value_name = "TEXT")]
     old: Option<OsString>,
-    #[arg(long, required_unless_present = "new_file", allow_hyphen_values = true)]
+    /// The text to put in its place.
+    #[arg(long, allow_hyphen_values = true, value_name = "TEXT")]
     new: Option<OsString>,
     /// Read the text to replace from a file.
-    #[arg(long, conflicts_with = "old")]
+    #[arg(long, conflicts_with = "old", value_name = "FILE")]
     old_file: Option<PathBuf>,
     /// Read the replacement text from a file.
-    #[arg(long, conflicts_with = "new")]
+    #[arg(long, conflicts_with = "new", value_name = "FILE")]
     new_file: Option<PathBuf>,
     /// Replace every occurrence.
     #[arg(long)]
     all: bool,
+    /// Print {"count": N} instead of "replaced N occurrences".
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -326,7 +363,7 @@ pub(super) fn run_scan(a: ScanArgs) -> i32 {
     };
     match result {
         Ok(r) => {
-            p.scan_result(&r);
+            p.scan_result(&r, a.end);
             found(!r.lines.is_empty())
         }
         Err(e) => p.error(&e),

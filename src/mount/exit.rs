@@ -12,8 +12,13 @@ pub enum Failure {
     /// FUSE is not available or not permitted here: no `/dev/fuse`, no `fusermount3`, or the
     /// kernel or `fusermount3` refused the mount.
     Fuse = 4,
-    /// The sandbox could not be reached, or did not answer as an sbxfs agent, at start.
+    /// The sandbox could not be reached at start (refused, name not resolved, timed out).
     Sandbox = 5,
+    /// Something answered, but not an sbxfs agent this build can talk to (another server, a
+    /// TLS failure, another protocol version).
+    NotAgent = 6,
+    /// The agent rejected the token.
+    Token = 7,
 }
 
 /// An error with its exit code. Its text is the whole line (without the `sbxfs mount:` prefix).
@@ -37,6 +42,12 @@ impl Refused {
 /// The exit code for an error out of [`super::run`]: the sandbox's errors at first contact
 /// are [`Failure::Sandbox`] wherever they are wrapped.
 pub fn code_of(e: &anyhow::Error) -> i32 {
+    if let Some(r) = e
+        .chain()
+        .find_map(|c| c.downcast_ref::<crate::remote::reach::ReachError>())
+    {
+        return r.exit_code();
+    }
     let why = if let Some(r) = e.downcast_ref::<Refused>() {
         r.why
     } else if e.downcast_ref::<crate::remote::RemoteError>().is_some() {

@@ -36,10 +36,27 @@ pub struct SbxFs {
 fn fail(op: &str, e: &RemoteError) -> Errno {
     let errno = e.errno();
     match errno {
-        libc::EIO | libc::ENOSPC | libc::EFBIG => tracing::warn!(op, "{e}"),
+        libc::EIO | libc::ENOSPC | libc::EFBIG => warn_rate_limited(op, e),
         _ => tracing::debug!(op, errno, "{e}"),
     }
     Errno::from_i32(errno)
+}
+
+/// A failure of the sandbox, logged once a minute per operation and message (a file failing on
+/// every access would otherwise fill the log).
+fn warn_rate_limited(op: &str, e: &RemoteError) {
+    static REPEATS: std::sync::LazyLock<crate::lograte::RateLimit> =
+        std::sync::LazyLock::new(crate::lograte::RateLimit::new);
+    let m = e.to_string();
+    match REPEATS.check(&format!("{op} {m}"), std::time::Instant::now()) {
+        crate::lograte::Verdict::Log { repeats: 0 } => tracing::warn!(op, "{m}"),
+        crate::lograte::Verdict::Log { repeats } => tracing::warn!(
+            op,
+            "{m} (and {repeats} more {op} failures like it in the last {} s)",
+            crate::lograte::WINDOW.as_secs()
+        ),
+        crate::lograte::Verdict::Quiet => tracing::debug!(op, "{m}"),
+    }
 }
 
 fn reply_empty(reply: ReplyEmpty, op: &str, r: crate::remote::Result<()>) {

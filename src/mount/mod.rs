@@ -245,6 +245,27 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
         .enable_all()
         .worker_threads(4)
         .build()?;
+    // Ask the agent once before anything is created: a wrong URL, token or server leaves
+    // nothing behind, and the error names the cause.
+    let token = String::from_utf8(cfg.token.clone()).context("the token must be UTF-8")?;
+    // Every call has a deadline: a sandbox that stops answering blocks nothing for good.
+    // (`-o timeout_ms=`; `SBXFS_CALL_TIMEOUT_MS` in the environment for tests.)
+    let call = std::env::var("SBXFS_CALL_TIMEOUT_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(cfg.call_timeout, Duration::from_millis);
+    rt.block_on(crate::remote::reach::first_contact(
+        &cfg.remote_url,
+        &token,
+        call,
+        |waited| {
+            eprintln!(
+                "sbxfs mount: still waiting for {} ({} s)",
+                cfg.remote_url,
+                waited.as_secs()
+            )
+        },
+    ))?;
     let socket = crate::control::socket_path(&mountpoint);
     // Every directory made from here on is removed again if the start fails.
     let mut created = state::Created::default();
@@ -259,14 +280,7 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
         control_server::bind(&socket).context("control socket")?
     };
     let staging_path = staging_dir(cfg.staging_dir.as_deref(), &cfg.remote_url, &mut created)?;
-    let token = String::from_utf8(cfg.token.clone()).context("the token must be UTF-8")?;
     let client = AgentClient::new(&cfg.remote_url, &token)?;
-    // Every call has a deadline: a sandbox that stops answering blocks nothing for good.
-    // (`-o timeout_ms=`; `SBXFS_CALL_TIMEOUT_MS` in the environment for tests.)
-    let call = std::env::var("SBXFS_CALL_TIMEOUT_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .map_or(cfg.call_timeout, Duration::from_millis);
     let remote: Arc<dyn Remote> = Arc::new(crate::remote::deadline::Deadlines::with_call_deadline(
         client, call,
     ));

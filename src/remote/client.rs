@@ -43,6 +43,7 @@ pub struct AgentClient {
 impl AgentClient {
     /// `base` is the agent's URL, e.g. `http://127.0.0.1:7070`.
     pub fn new(base: &str, token: &str) -> Result<Self> {
+        install_tls();
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .pool_max_idle_per_host(64)
@@ -135,11 +136,32 @@ impl AgentClient {
     }
 }
 
+/// https through rustls with ring's cryptography (pure Rust plus a little assembly: the binary
+/// needs no system TLS library, so the same binary runs as the agent in any sandbox) and the
+/// system's trusted certificates. Installed once per process, before any client is built: a
+/// `reqwest::Client` built without it panics (tests building their own call this first).
+pub fn install_tls() {
+    // An error only says a provider is installed already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// A transport failure, its cause named (refused, not resolved, TLS, …) with the agent's
+/// address, never reqwest's bare "error sending request".
 fn transport(e: reqwest::Error) -> RemoteError {
+    let cause = super::reach::describe(&e);
+    let m = match e.url() {
+        Some(u) => format!(
+            "{cause} ({}://{}:{})",
+            u.scheme(),
+            u.host_str().unwrap_or_default(),
+            u.port_or_known_default().unwrap_or_default()
+        ),
+        None => cause,
+    };
     if e.is_timeout() {
-        RemoteError::TimedOut(e.to_string())
+        RemoteError::TimedOut(m)
     } else {
-        RemoteError::Transport(e.to_string())
+        RemoteError::Transport(m)
     }
 }
 
@@ -150,7 +172,10 @@ async fn decode_error(resp: reqwest::Response) -> RemoteError {
         Err(_) if status == StatusCode::UNAUTHORIZED => {
             RemoteError::Unauthorized(status.to_string())
         }
-        Err(_) => RemoteError::Io(String::new(), format!("agent answered {status}")),
+        Err(_) => RemoteError::Io(
+            "sandbox".into(),
+            format!("answered {status}, which no sbxfs agent answers"),
+        ),
     }
 }
 

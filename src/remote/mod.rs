@@ -14,6 +14,7 @@ pub mod deadline;
 pub mod error;
 pub mod faulty;
 pub mod memory;
+pub mod reach;
 pub mod wire;
 
 use std::fmt;

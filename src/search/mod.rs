@@ -33,7 +33,7 @@ pub enum SearchError {
     Regex(String),
     #[error("the string to replace was not found")]
     StringNotFound,
-    #[error("the string to replace occurs {0} times; pass replace-all or add context")]
+    #[error("the string to replace occurs {0} times; pass --all to replace each one, or make --old longer so it is unique")]
     MultipleOccurrences(usize),
     #[error("{0}: cannot read: {1}")]
     ReadFailed(String, String),

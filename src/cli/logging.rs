@@ -1,0 +1,139 @@
+//! Where the daemons' logs go and how they look: a `RUST_LOG`-style filter (`SBXFS_LOG`, else
+//! `RUST_LOG`, else `info`), colour only on a terminal, and under systemd (stderr is the
+//! journal) no timestamps or colour and the level as a syslog `<N>` prefix, which journald
+//! turns into the entry's priority. fuser's own messages (multi-line WARNs, and errors
+//! about replies to requests the kernel already gave up on) are off unless the filter names
+//! `fuser` (e.g. `SBXFS_LOG=info,fuser=debug`): what matters of them reaches the mount as errors.
+
+use std::io::IsTerminal;
+
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::registry::LookupSpan;
+
+/// Libraries whose messages are off unless the filter names them: fuser's (see above), and the
+/// TLS verifier's, which repeats as an ERROR what the mount's own error line says.
+const QUIET: [&str; 2] = ["fuser", "rustls_platform_verifier"];
+
+/// The filter: the variable's directives, plus `TARGET=off` for each of [`QUIET`] they do not
+/// name.
+pub fn filter_spec(sbxfs_log: Option<&str>, rust_log: Option<&str>) -> String {
+    let spec = sbxfs_log
+        .or(rust_log)
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .unwrap_or("info");
+    let mut spec = spec.to_string();
+    for quiet in QUIET {
+        if !spec.contains(quiet) {
+            spec.push_str(&format!(",{quiet}=off"));
+        }
+    }
+    spec
+}
+
+/// True when stderr is the journal: systemd sets `JOURNAL_STREAM=DEV:INODE` of the stream it
+/// connected, and a child whose stderr was redirected elsewhere must not be fooled by it.
+fn stderr_is_journal() -> bool {
+    let Some(v) = std::env::var_os("JOURNAL_STREAM") else {
+        return false;
+    };
+    let Some((dev, ino)) = v.to_str().and_then(|v| v.split_once(':')) else {
+        return false;
+    };
+    let Ok(st) = rustix::fs::fstat(std::io::stderr()) else {
+        return false;
+    };
+    dev.parse() == Ok(st.st_dev) && ino.parse() == Ok(st.st_ino)
+}
+
+/// A line for the user on stderr (an error that ends the program, a warning), with its syslog
+/// priority (3 error, 4 warning) in front when stderr is the journal, as log lines have.
+pub fn user_line(priority: u8, line: &str) {
+    if stderr_is_journal() {
+        eprintln!("<{priority}>{line}");
+    } else {
+        eprintln!("{line}");
+    }
+}
+
+/// A syslog priority prefix (`<3>` error … `<7>` debug) before each event.
+struct SyslogPrefix<F>(F);
+
+impl<S, N, F> FormatEvent<S, N> for SyslogPrefix<F>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+    F: FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> std::fmt::Result {
+        let priority = match *event.metadata().level() {
+            Level::ERROR => 3,
+            Level::WARN => 4,
+            Level::INFO => 6,
+            Level::DEBUG | Level::TRACE => 7,
+        };
+        write!(writer, "<{priority}>")?;
+        self.0.format_event(ctx, writer, event)
+    }
+}
+
+/// Install the process's log subscriber (once; later calls do nothing).
+pub fn init() {
+    let spec = filter_spec(
+        std::env::var("SBXFS_LOG").ok().as_deref(),
+        std::env::var("RUST_LOG").ok().as_deref(),
+    );
+    let filter = tracing_subscriber::EnvFilter::try_new(&spec).unwrap_or_else(|e| {
+        eprintln!("sbxfs: ignoring the log filter {spec:?} ({e}); logging at info");
+        tracing_subscriber::EnvFilter::new(filter_spec(None, None))
+    });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if stderr_is_journal() {
+        let format = tracing_subscriber::fmt::format()
+            .without_time()
+            .with_level(false)
+            .with_ansi(false);
+        let _ = builder
+            .with_ansi(false)
+            .event_format(SyslogPrefix(format))
+            .try_init();
+    } else {
+        let _ = builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .try_init();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::filter_spec;
+
+    #[test]
+    fn noisy_libraries_are_quiet_unless_named() {
+        assert_eq!(
+            filter_spec(None, None),
+            "info,fuser=off,rustls_platform_verifier=off"
+        );
+        assert_eq!(
+            filter_spec(Some("trace"), Some("warn")),
+            "trace,fuser=off,rustls_platform_verifier=off"
+        );
+        assert_eq!(
+            filter_spec(None, Some("debug")),
+            "debug,fuser=off,rustls_platform_verifier=off"
+        );
+        assert_eq!(
+            filter_spec(Some("info,fuser=debug"), None),
+            "info,fuser=debug,rustls_platform_verifier=off"
+        );
+    }
+}
