@@ -42,17 +42,6 @@ const VERSION: &str = concat!(
     " (agent protocol 2, control protocol 1)"
 );
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_version_names_the_protocols_this_build_speaks() {
-        let agent = format!("agent protocol {}", crate::remote::wire::PROTOCOL_VERSION);
-        let control = format!("control protocol {}", crate::control::PROTOCOL_VERSION);
-        assert!(super::VERSION.contains(&agent), "{}", super::VERSION);
-        assert!(super::VERSION.contains(&control), "{}", super::VERSION);
-    }
-}
-
 const TOP_HELP: &str = concat!(
     "\
 Examples:
@@ -363,6 +352,14 @@ fn found(any: bool) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::mount_helper_argv;
+
+    #[test]
+    fn the_version_names_the_protocols_this_build_speaks() {
+        let agent = format!("agent protocol {}", crate::remote::wire::PROTOCOL_VERSION);
+        let control = format!("control protocol {}", crate::control::PROTOCOL_VERSION);
+        assert!(super::VERSION.contains(&agent), "{}", super::VERSION);
+        assert!(super::VERSION.contains(&control), "{}", super::VERSION);
+    }
 
     fn argv(words: &[&str]) -> Vec<std::ffi::OsString> {
         words.iter().map(Into::into).collect()
