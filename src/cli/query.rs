@@ -173,8 +173,9 @@ pub(super) struct GrepArgs {
     threads: usize,
     #[command(flatten)]
     walk: WalkArgs,
-    /// One JSON object per match, then a summary (sbxfs's format, not ripgrep's).
-    #[arg(long)]
+    /// One JSON object per match, then a summary (sbxfs's format, not ripgrep's; -l gives
+    /// one object per file).
+    #[arg(long, conflicts_with_all = ["count", "files_without_match", "files", "only_matching"])]
     json: bool,
     #[command(flatten)]
     route: RouteArgs,
@@ -343,8 +344,13 @@ impl GrepArgs {
     /// How ripgrep would print, given the paths and whether stdout is a terminal.
     fn print_options(&self, paths: &[PathBuf], tty: bool) -> PrintOptions {
         let kind = self.print_kind();
-        let with_filename = !self.no_filename
-            && (self.with_filename || paths.len() > 1 || paths.first().is_none_or(|p| p.is_dir()));
+        let with_filename = if self.no_filename {
+            Some(false)
+        } else if self.with_filename || paths.len() > 1 {
+            Some(true)
+        } else {
+            None
+        };
         let color = match self.color {
             ColorChoice::Never => false,
             ColorChoice::Always => true,

@@ -43,8 +43,9 @@ pub struct PrintOptions {
     /// path below the root; empty shows the path below the root alone (rg with no path
     /// argument); a root that is a file is shown as typed.
     pub shown_root: WireBytes,
-    /// Print the path with each line (rg: several paths or a directory, or `-H`).
-    pub with_filename: bool,
+    /// Print the path with each line (`-H`, several paths) or not (`-I`); unset: as rg, with
+    /// it unless the root is a file (decided where the root is seen: in a mount, the sandbox).
+    pub with_filename: Option<bool>,
     pub line_number: bool,
     pub column: bool,
     /// `-o`: each match on a line of its own.
@@ -171,7 +172,7 @@ pub fn print_file(
             let mut printer = StandardBuilder::new()
                 .color_specs(colors(print))
                 .heading(print.heading)
-                .path(print.with_filename)
+                .path(print.with_filename.unwrap_or(!explicit))
                 .only_matching(print.only_matching)
                 .max_matches(max_matches)
                 .column(print.column)
@@ -192,7 +193,7 @@ pub fn print_file(
             let mut printer = SummaryBuilder::new()
                 .kind(kind)
                 .color_specs(colors(print))
-                .path(print.with_filename)
+                .path(print.with_filename.unwrap_or(!explicit))
                 .max_matches(max_matches)
                 .build(buf);
             let mut sink = printer.sink_with_path(matcher, shown);
