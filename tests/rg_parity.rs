@@ -233,6 +233,65 @@ fn grep_in_a_mount_prints_what_rg_prints_in_the_sandbox() {
     compare_all(&rg_bin, &t.root.join("sub"), &mount.dir.join("sub"), &below);
 }
 
+/// Run `program args` under `script`, so its stdout is a terminal; the bytes it printed.
+fn on_a_terminal(script: &Path, dir: &Path, program: &Path, args: &[&str]) -> Vec<u8> {
+    let mut line = program.display().to_string();
+    for a in args {
+        line.push_str(&format!(" '{a}'"));
+    }
+    let (code, out, err) = run(Command::new(script)
+        .current_dir(dir)
+        .env("TERM", "xterm")
+        .env_remove("NO_COLOR")
+        .args(["-qec", &line, "/dev/null"]));
+    assert!(
+        code <= 1,
+        "{line}: exit {code}: {}",
+        String::from_utf8_lossy(&err)
+    );
+    out
+}
+
+#[test]
+fn on_a_terminal_grep_prints_rgs_colours_headings_and_line_numbers() {
+    let (Some(rg_bin), Some(script)) = (require_tool("rg"), require_tool("script")) else {
+        return;
+    };
+    let t = tree();
+    let cases: &[&[&str]] = &[
+        &["needle"],
+        &["-C1", "needle", "ctx.txt", "words.txt"],
+        &["--no-heading", "-w", "needle"],
+        &["-c", "needle"],
+        &["-l", "needle", "sub"],
+        &["--color", "never", "needle", "ctx.txt"],
+        &["--files", "sub"],
+    ];
+    for args in cases {
+        let mut rg_args = vec!["--sort", "path"];
+        rg_args.extend_from_slice(args);
+        let want = on_a_terminal(&script, &t.root, &rg_bin, &rg_args);
+        let mut ours = vec!["grep"];
+        ours.extend_from_slice(args);
+        let got = on_a_terminal(&script, &t.root, &sbxfs_bin(), &ours);
+        assert!(!want.is_empty(), "rg {args:?} printed nothing");
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            String::from_utf8_lossy(&want),
+            "sbxfs grep {args:?} on a terminal differs from rg"
+        );
+    }
+}
+
+#[test]
+fn sort_none_is_accepted_and_prints_in_path_order() {
+    let t = tree();
+    let by_path = sbxfs(&t.root, "grep", &["--sort", "path", "-n", "needle"]);
+    let none = sbxfs(&t.root, "grep", &["--sort", "none", "-n", "needle"]);
+    assert_eq!(by_path.0, 0);
+    assert_eq!(none, by_path);
+}
+
 #[test]
 fn grep_type_list_is_rgs() {
     let Some(rg_bin) = require_tool("rg") else {

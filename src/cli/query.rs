@@ -291,6 +291,15 @@ fn remote_grep(
             return Err(e);
         }
         match serde_json::from_value::<crate::remote::GrepEvent>(v) {
+            Ok(crate::remote::GrepEvent::Match(_)) if opts.print.is_some() => {
+                // An agent older than printed output answers with matches: say so rather
+                // than print something that is not ripgrep's.
+                return Err(SearchError::Io(
+                    "sandbox".into(),
+                    "its sbxfs agent is too old to print ripgrep's output: upgrade it, or pass --json"
+                        .into(),
+                ));
+            }
             Ok(crate::remote::GrepEvent::Match(mut m)) => {
                 if let Some(pre) = prefix {
                     m.path = output::join_display(pre, &m.path, root_is_dir);
