@@ -15,7 +15,23 @@ use common::*;
 /// The tree every case searches. `.git` makes rg honour `.gitignore`, as sbxfs always does.
 fn build_tree(root: &Path) {
     copy_dir(&repo_root().join("src"), &root.join("src"));
-    let files: &[(&str, &[u8])] = &[
+    for (rel, bytes) in crafted_files() {
+        let p = root.join(rel);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(&p, bytes).unwrap();
+    }
+    fs::create_dir_all(root.join(".git")).unwrap();
+    for (target, link) in LINKS {
+        std::os::unix::fs::symlink(target, root.join(link)).unwrap();
+    }
+}
+
+/// Symbolic links of the tree: (target, link).
+const LINKS: [(&str, &str); 2] = [("ctx.txt", "link.txt"), ("sub", "linkdir")];
+
+/// The files made for the edge cases.
+fn crafted_files() -> Vec<(&'static str, &'static [u8])> {
+    vec![
         (
             "ctx.txt",
             b"one\nneedle a\nthree\nfour\nneedle b\nsix\nseven\neight\nnine\nten\n\
@@ -43,15 +59,7 @@ fn build_tree(root: &Path) {
             b"needle\nneedles\nneedle-nose\na_needle\nNEEDLE\n",
         ),
         ("empty.txt", b""),
-    ];
-    for (rel, bytes) in files {
-        let p = root.join(rel);
-        fs::create_dir_all(p.parent().unwrap()).unwrap();
-        fs::write(&p, bytes).unwrap();
-    }
-    fs::create_dir_all(root.join(".git")).unwrap();
-    std::os::unix::fs::symlink("ctx.txt", root.join("link.txt")).unwrap();
-    std::os::unix::fs::symlink("sub", root.join("linkdir")).unwrap();
+    ]
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -353,5 +361,118 @@ fn fuzzy_and_glob_in_a_mount_answer_as_run_in_the_sandbox() {
             "sbxfs {cmd} {args:?} differs between the mount and the sandbox"
         );
         assert_eq!(here.0, there.0);
+    }
+}
+
+/// The in-memory sandbox (`MemoryRemote`, the tests' stand-in for an agent) prints each file
+/// exactly as the core does on a real directory.
+#[tokio::test]
+async fn the_memory_sandbox_prints_as_the_core_does() {
+    use futures_util::StreamExt;
+    use sbxfs::remote::{GrepEvent, Remote, RemotePath};
+    use sbxfs::search::grep::{grep_items, GrepItem, GrepOptions};
+    use sbxfs::search::print::{PrintKind, PrintOptions};
+    use sbxfs::search::walk::WalkOptions;
+
+    let dir = tempfile::tempdir().unwrap();
+    let m = sbxfs::remote::memory::MemoryRemote::new();
+    let sb = m.sandbox();
+    for (rel, bytes) in crafted_files() {
+        let p = dir.path().join(rel);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(&p, bytes).unwrap();
+        if let Some((parent, _)) = rel.rsplit_once('/') {
+            sb.mkdir_all(parent).unwrap();
+        }
+        sb.write(rel, bytes).unwrap();
+    }
+    for (target, link) in LINKS {
+        std::os::unix::fs::symlink(target, dir.path().join(link)).unwrap();
+        sb.symlink(target, link).unwrap();
+    }
+    let print = |kind| PrintOptions {
+        kind,
+        line_number: true,
+        ..Default::default()
+    };
+    let cases = [
+        (print(PrintKind::Lines), GrepOptions::default()),
+        (
+            print(PrintKind::Lines),
+            GrepOptions {
+                before_context: 2,
+                after_context: 1,
+                word: true,
+                ..Default::default()
+            },
+        ),
+        (
+            PrintOptions {
+                color: true,
+                heading: true,
+                ..print(PrintKind::Lines)
+            },
+            GrepOptions {
+                invert: true,
+                ..Default::default()
+            },
+        ),
+        (print(PrintKind::Count), GrepOptions::default()),
+        (
+            print(PrintKind::FilesWithMatches),
+            GrepOptions {
+                walk: WalkOptions {
+                    hidden: true,
+                    no_ignore: true,
+                    follow: true,
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        ),
+        (
+            print(PrintKind::Files),
+            GrepOptions {
+                walk: WalkOptions {
+                    types: vec!["txt".into()],
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        ),
+        (
+            print(PrintKind::FilesWithoutMatch),
+            GrepOptions {
+                search_binary: true,
+                smart_case: true,
+                ..Default::default()
+            },
+        ),
+    ];
+    for (p, base) in cases {
+        let opts = GrepOptions {
+            pattern: "needle".into(),
+            print: Some(p),
+            ..base
+        };
+        let mut local = Vec::new();
+        grep_items(dir.path(), &opts, &mut |item| {
+            if let GrepItem::Printed(f) = item {
+                local.push(f);
+            }
+            true
+        })
+        .unwrap();
+        let mut stream = m.grep(&RemotePath::root(), opts.clone()).await.unwrap();
+        let mut remote = Vec::new();
+        while let Some(ev) = stream.next().await {
+            match ev.unwrap() {
+                GrepEvent::Printed(f) => remote.push(f),
+                GrepEvent::Summary { .. } => break,
+                GrepEvent::Match(_) => panic!("a match where printed files were asked for"),
+            }
+        }
+        assert!(!local.is_empty(), "{opts:?} printed nothing");
+        assert_eq!(remote, local, "{opts:?}");
     }
 }
