@@ -7,6 +7,7 @@
 mod common;
 
 use std::fs;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -21,6 +22,9 @@ fn build_tree(root: &Path) {
         fs::write(&p, bytes).unwrap();
     }
     fs::create_dir_all(root.join(".git")).unwrap();
+    // A name that is not UTF-8: printed as its bytes, as rg prints it.
+    let latin1 = std::ffi::OsStr::from_bytes(b"caf\xe9.txt");
+    fs::write(root.join("sub").join(latin1), b"needle latin1\n").unwrap();
     for (target, link) in LINKS {
         std::os::unix::fs::symlink(target, root.join(link)).unwrap();
     }

@@ -310,7 +310,7 @@ pub fn grep_source_items(
                     opts,
                     p,
                     remaining(opts, &emitter.summary),
-                    &p.shown_path(&file.relative, file.explicit),
+                    &p.shown_path(&file.relative_bytes, file.explicit),
                     file.explicit,
                     Haystack::Bytes(&bytes),
                 ),
@@ -413,7 +413,7 @@ fn search_file(
                 opts,
                 p,
                 max_matches,
-                &p.shown_path(&file.relative, file.explicit),
+                &p.shown_path(&file.relative_bytes, file.explicit),
                 file.explicit,
                 Haystack::File(&opened),
             );

@@ -85,8 +85,9 @@ impl PrintOptions {
     }
 
     /// The path printed for a file found `relative` below the root.
-    pub fn shown_path(&self, relative: &str, explicit: bool) -> PathBuf {
+    pub fn shown_path(&self, relative: &[u8], explicit: bool) -> PathBuf {
         use std::os::unix::ffi::OsStrExt;
+        let relative = Path::new(std::ffi::OsStr::from_bytes(relative));
         let root = Path::new(std::ffi::OsStr::from_bytes(&self.shown_root.0));
         if root.as_os_str().is_empty() {
             PathBuf::from(relative)

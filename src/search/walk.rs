@@ -61,6 +61,8 @@ pub fn type_list() -> String {
 pub struct WalkedFile {
     pub path: PathBuf,
     pub relative: String,
+    /// The same path's exact bytes (a name need not be UTF-8).
+    pub relative_bytes: Vec<u8>,
     /// The root itself was this file (named on the command line, as ripgrep says "explicit").
     pub explicit: bool,
 }
@@ -82,6 +84,7 @@ pub fn walk_files(
             .unwrap_or_default();
         visit(WalkedFile {
             path: root.to_path_buf(),
+            relative_bytes: relative.clone().into_bytes(),
             relative,
             explicit: true,
         });
@@ -125,9 +128,15 @@ pub fn walk_files(
             continue;
         }
         let relative = relative_path(root, entry.path());
+        let relative_bytes = {
+            use std::os::unix::ffi::OsStrExt;
+            let rel = entry.path().strip_prefix(root).unwrap_or(entry.path());
+            rel.as_os_str().as_bytes().to_vec()
+        };
         if !visit(WalkedFile {
             path: entry.into_path(),
             relative,
+            relative_bytes,
             explicit: false,
         }) {
             break;
@@ -185,6 +194,8 @@ pub trait TreeSource {
 pub struct SourceFile {
     pub path: Vec<u8>,
     pub relative: String,
+    /// The same path's exact bytes.
+    pub relative_bytes: Vec<u8>,
     /// The root itself was this file.
     pub explicit: bool,
 }
@@ -248,6 +259,7 @@ pub fn walk_source(
             visit(SourceFile {
                 path: root.to_vec(),
                 relative: String::from_utf8_lossy(name).into_owned(),
+                relative_bytes: name.to_vec(),
                 explicit: true,
             });
             return Ok(());
@@ -383,6 +395,7 @@ fn walk_source_dir(
                 let rel = &path[root.len() + usize::from(!root.is_empty())..];
                 let relative = String::from_utf8_lossy(rel).into_owned();
                 if !visit(SourceFile {
+                    relative_bytes: rel.to_vec(),
                     path,
                     relative,
                     explicit: false,
