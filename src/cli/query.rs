@@ -89,14 +89,15 @@ pub(super) struct GrepArgs {
     /// Select the lines that do not match.
     #[arg(short = 'v', long = "invert-match")]
     invert: bool,
-    /// Lines of context before and after each match.
-    #[arg(short = 'C', long, value_name = "NUM")]
+    /// Lines of context before and after each match (as rg: the last of -C, -A, -B given
+    /// wins over the others).
+    #[arg(short = 'C', long, value_name = "NUM", overrides_with_all = ["before_context", "after_context"])]
     context: Option<usize>,
-    /// Lines of context before each match (overrides -C).
-    #[arg(short = 'B', long, value_name = "NUM")]
+    /// Lines of context before each match.
+    #[arg(short = 'B', long, value_name = "NUM", overrides_with = "context")]
     before_context: Option<usize>,
-    /// Lines of context after each match (overrides -C).
-    #[arg(short = 'A', long, value_name = "NUM")]
+    /// Lines of context after each match.
+    #[arg(short = 'A', long, value_name = "NUM", overrides_with = "context")]
     after_context: Option<usize>,
     /// Print the number of matching lines of each file with a match.
     #[arg(short = 'c', long)]
