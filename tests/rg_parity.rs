@@ -298,6 +298,45 @@ fn on_a_terminal_grep_prints_rgs_colours_headings_and_line_numbers() {
     }
 }
 
+/// `--max-results N` (sbxfs's cap) prints rg's first N matching lines and says it stopped;
+/// locally (files printed in parallel, the last one printed again with fewer matches) and in
+/// a mount alike.
+#[test]
+fn max_results_prints_rgs_first_lines() {
+    let Some(rg_bin) = require_tool("rg") else {
+        return;
+    };
+    let t = tree();
+    let agent = AgentProcess::start(&t.root);
+    let mount = MountProcess::start(&agent, &[]);
+    let all = rg(&rg_bin, &t.root, &["-n", "needle"]).1;
+    for n in [1, 3, 7] {
+        let want: Vec<u8> = all
+            .split_inclusive(|&b| b == b'\n')
+            .take(n)
+            .flatten()
+            .copied()
+            .collect();
+        for dir in [&t.root, &mount.dir] {
+            let (code, out, err) = run(Command::new(sbxfs_bin()).current_dir(dir).args([
+                "grep",
+                "-j4",
+                "-n",
+                "--max-results",
+                &n.to_string(),
+                "needle",
+            ]));
+            assert_eq!(code, 0);
+            assert_eq!(
+                String::from_utf8_lossy(&out),
+                String::from_utf8_lossy(&want),
+                "--max-results {n} in {dir:?}"
+            );
+            assert!(String::from_utf8_lossy(&err).contains("truncated"));
+        }
+    }
+}
+
 #[test]
 fn sort_none_is_accepted_and_prints_in_path_order() {
     let t = tree();
