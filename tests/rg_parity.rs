@@ -522,3 +522,35 @@ async fn the_memory_sandbox_prints_as_the_core_does() {
         assert_eq!(remote, local, "{opts:?}");
     }
 }
+
+/// The wire stays readable both ways: requests from older peers (without the new fields) parse
+/// with rg's defaults, and a printed file is never mistaken for a match.
+#[test]
+fn new_options_cross_the_wire_and_old_requests_still_parse() {
+    use sbxfs::remote::{FuzzyRequest, GrepEvent};
+    use sbxfs::search::grep::GrepOptions;
+    use sbxfs::search::print::PrintedFile;
+
+    let old: FuzzyRequest =
+        serde_json::from_str(r#"{"query":"x","limit":5,"hidden":true,"no_ignore":false}"#).unwrap();
+    assert!(old.walk.hidden && old.walk.globs.is_empty() && old.walk.max_filesize.is_none());
+    let mut new = old.clone();
+    new.walk.globs = vec!["*.rs".into()];
+    new.walk.max_filesize = Some(10);
+    new.walk.types = vec!["rust".into()];
+    new.walk.follow = true;
+    let v = serde_json::to_value(&new).unwrap();
+    assert_eq!(v["hidden"], true, "the old keys keep their place: {v}");
+    assert_eq!(serde_json::from_value::<FuzzyRequest>(v).unwrap(), new);
+
+    let old: GrepOptions =
+        serde_json::from_str(r#"{"pattern":"a","case_insensitive":true,"walk":{"hidden":true}}"#)
+            .unwrap();
+    assert!(old.print.is_none() && !old.word && !old.invert && old.walk.types.is_empty());
+    let printed = GrepEvent::Printed(PrintedFile {
+        printed: sbxfs::remote::WireBytes(b"a.txt:x\n".to_vec()),
+        matches: 1,
+    });
+    let line = serde_json::to_string(&printed).unwrap();
+    assert_eq!(serde_json::from_str::<GrepEvent>(&line).unwrap(), printed);
+}

@@ -6,7 +6,8 @@
 //! the column, and every submatch is listed.
 //!
 //! Results stream: each finished match goes to the caller's sink, which can stop the search by
-//! returning `false`. A match is finished once its after-context is known, so matches come out in
+//! returning `false`. With [`GrepOptions::print`] each file is instead printed as ripgrep prints
+//! it ([`super::print`]) and the sink gets one [`GrepItem::Printed`] per file. A match is finished once its after-context is known, so matches come out in
 //! file order, files in walk order.
 //!
 //! Context: the searcher emits every line within N of a match exactly once (as a match or as
