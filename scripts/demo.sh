@@ -13,7 +13,9 @@ if ! command -v fusermount3 >/dev/null; then
   echo "installing fuse3 (fusermount3)"
   DEBIAN_FRONTEND=noninteractive apt-get update -qq && apt-get install -y -qq fuse3 >/dev/null
 fi
-cargo build --release -q
+# The first build takes a few minutes on a small machine: cargo shows its progress.
+echo "building sbxfs (release; cargo prints its progress below)" >&2
+cargo build --release
 sbxfs=$PWD/target/release/sbxfs
 demo=${SBXFS_DEMO_DIR:-/tmp/sbxfs-demo}
 ws=$demo/workspace mnt=$demo/mnt

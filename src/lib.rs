@@ -19,7 +19,10 @@
 //!   ([`mount::staging`]) in a private directory ([`mount::state`]). Every remote call has a
 //!   deadline ([`remote::deadline`]). Around them: the daemon side of the control socket
 //!   ([`mount::control_server`]), the sandbox's reachability as last seen ([`mount::health`]),
-//!   `-o` options ([`mount::options`]) and what mountinfo says ([`mount::mounts`]).
+//!   `-o` options ([`mount::options`]) and what mountinfo says ([`mount::mounts`]). Starting:
+//!   checks before anything is made ([`mount::preflight`]), the `fuse.sbxfs` mount itself
+//!   ([`mount::kernel`]), readiness for systemd ([`mount::notify`]), the background form that
+//!   `mount -t fuse.sbxfs` runs ([`mount::background`]) and the exit codes ([`mount::exit`]).
 //! - [`control`]: the mount's control surface as a protocol: the INFO/QUERY ioctl numbers and
 //!   codec, the control socket's requests and location, and the CLI's client; one versioned
 //!   protocol shared by the daemon and the CLI, so `sbxfs grep` in a mount runs in the sandbox.

@@ -210,7 +210,7 @@ fn a_second_mount_on_a_live_mountpoint_is_refused_and_the_first_keeps_serving() 
             .arg(&tf),
         Duration::from_secs(20),
     );
-    assert_eq!(code, Some(2), "{out}");
+    assert_eq!(code, Some(3), "exit 3: the mountpoint: {out}");
     assert!(
         out.contains("is already an sbxfs mount (of http://127.0.0.1:"),
         "{out}"
@@ -255,7 +255,7 @@ fn a_killed_daemon_leaves_a_dead_mount_that_is_named_and_a_stale_socket_that_is_
             .arg(&tf),
         Duration::from_secs(20),
     );
-    assert_eq!(code, Some(2), "{out}");
+    assert_eq!(code, Some(3), "exit 3: the mountpoint: {out}");
     assert!(
         out.contains("is a FUSE mount whose daemon is gone"),
         "{out}"
@@ -333,7 +333,7 @@ fn a_failed_start_removes_the_socket_and_staging_directory_it_created() {
             .arg(&tf),
         Duration::from_secs(20),
     );
-    assert_eq!(code, Some(2), "{out}");
+    assert_eq!(code, Some(3), "exit 3: the mountpoint: {out}");
     assert!(out.contains("is not a directory"), "{out}");
     assert!(!socket_of(&not_a_dir).exists(), "socket left behind");
 
@@ -362,7 +362,7 @@ fn a_failed_start_removes_the_socket_and_staging_directory_it_created() {
             .unwrap();
         let out = child.wait_with_output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(out.status.code(), Some(5), "exit 5: the sandbox: {err}");
         assert!(
             err.contains("cannot reach the sandbox at http://127.0.0.1:9"),
             "{err}"

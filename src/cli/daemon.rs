@@ -42,6 +42,16 @@ pub(super) struct MountArgs {
     /// $XDG_CACHE_HOME/sbxfs/staging).
     #[arg(long)]
     staging_dir: Option<PathBuf>,
+    /// Return once the mount answers and serve from the background (what `mount -t fuse.sbxfs`
+    /// and fstab run).
+    #[arg(long, overrides_with = "foreground")]
+    background: bool,
+    /// Stay in the foreground (the default of `sbxfs mount`).
+    #[arg(short = 'f', long, overrides_with = "background")]
+    foreground: bool,
+    /// The daemon that --background starts.
+    #[arg(long, hide = true)]
+    detached: bool,
 }
 
 #[derive(Args, Debug)]
@@ -80,6 +90,21 @@ pub(super) fn run_agent(a: AgentArgs) -> i32 {
 }
 
 pub(super) fn run_mount(a: MountArgs) -> i32 {
+    if a.background {
+        // The same command line again, as the detached daemon.
+        let args = super::mount_helper_argv(std::env::args_os().collect())
+            .into_iter()
+            .skip(1)
+            .map(|w| {
+                if w == "--background" {
+                    "--detached".into()
+                } else {
+                    w
+                }
+            })
+            .collect();
+        return crate::mount::background::start(args);
+    }
     init_logging();
     let mut o = crate::mount::options::MountOptions::default();
     for arg in &a.options {
@@ -108,13 +133,15 @@ pub(super) fn run_mount(a: MountArgs) -> i32 {
         cfg.read_only = o.read_only.unwrap_or(false);
         cfg.no_exec = o.no_exec.unwrap_or(false);
         cfg.idmap = o.idmap.unwrap_or_default();
+        cfg.nonempty = o.nonempty;
+        cfg.detached = a.detached;
         crate::mount::run(cfg)
     });
     match result {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("sbxfs mount: {e:#}");
-            ERROR
+            crate::mount::exit::code_of(&e)
         }
     }
 }

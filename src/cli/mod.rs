@@ -167,9 +167,27 @@ fn check_socket(socket: &std::path::Path) -> Result<(), SearchError> {
     }
 }
 
+/// `mount -t fuse.sbxfs` and fstab run `sbxfs REMOTE MOUNTPOINT -o OPTIONS` (see
+/// `mount.fuse3(8)`): that form means `sbxfs mount --background REMOTE MOUNTPOINT -o OPTIONS`
+/// (`-f` keeps it in the foreground). A remote has a `:` (`http://…`, `host:port`); no
+/// subcommand does.
+fn mount_helper_argv(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let word = |a: &std::ffi::OsString| !a.to_string_lossy().starts_with('-');
+    match args.get(1..3) {
+        Some([remote, mountpoint])
+            if word(remote) && word(mountpoint) && remote.to_string_lossy().contains(':') =>
+        {
+            let mut rewritten = vec![args[0].clone(), "mount".into(), "--background".into()];
+            rewritten.extend_from_slice(&args[1..]);
+            rewritten
+        }
+        _ => args,
+    }
+}
+
 /// Run the command line; returns the process exit code.
 pub fn main() -> i32 {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(mount_helper_argv(std::env::args_os().collect()));
     match cli.command {
         Command::Grep(a) => query::run_grep(a),
         Command::Glob(a) => query::run_glob(a),
@@ -247,5 +265,38 @@ fn found(any: bool) -> i32 {
         FOUND
     } else {
         NOTHING
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mount_helper_argv;
+
+    fn argv(words: &[&str]) -> Vec<std::ffi::OsString> {
+        words.iter().map(Into::into).collect()
+    }
+
+    #[test]
+    fn what_mount_fuse3_runs_is_a_background_mount_and_subcommands_stay() {
+        assert_eq!(
+            mount_helper_argv(argv(&["sbxfs", "http://h:1", "/m", "-o", "rw,dev,suid"])),
+            argv(&[
+                "sbxfs",
+                "mount",
+                "--background",
+                "http://h:1",
+                "/m",
+                "-o",
+                "rw,dev,suid"
+            ])
+        );
+        for unchanged in [
+            &["sbxfs", "mount", "http://h:1", "/m"][..],
+            &["sbxfs", "grep", "a:b", "src"],
+            &["sbxfs", "http://h:1"],
+            &["sbxfs", "--version"],
+        ] {
+            assert_eq!(mount_helper_argv(argv(unchanged)), argv(unchanged));
+        }
     }
 }

@@ -68,15 +68,48 @@ pub enum BindError {
 }
 
 /// Holds a bound control socket's lock. Dropping it removes the socket file (it is this
-/// daemon's: the lock proves no one else's can be there) and releases the lock.
+/// daemon's: the lock proves no one else's can be there), then the lock file while still
+/// holding it (a daemon that opened it meanwhile sees it was unlinked and starts over), and
+/// releases the lock.
 pub struct SocketGuard {
     path: PathBuf,
+    lock_path: PathBuf,
     _lock: std::fs::File,
 }
 
 impl Drop for SocketGuard {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
+        let _ = std::fs::remove_file(&self.lock_path);
+    }
+}
+
+/// Lock `lock_path` (exclusively, without waiting): `None` if another daemon holds it. A lock
+/// taken on a file that was unlinked meanwhile (its daemon left) is retried on the new file.
+fn take_lock(lock_path: &Path) -> Result<Option<std::fs::File>, BindError> {
+    use std::os::unix::fs::MetadataExt;
+    let io = |e| BindError::Io(lock_path.to_path_buf(), e);
+    loop {
+        let lock = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(lock_path)
+            .map_err(io)?;
+        match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::WOULDBLOCK) => return Ok(None),
+            Err(e) => return Err(io(e.into())),
+        }
+        let held = lock.metadata().map_err(io)?;
+        match std::fs::metadata(lock_path) {
+            Ok(now) if (now.dev(), now.ino()) == (held.dev(), held.ino()) => return Ok(Some(lock)),
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io(e)),
+        }
     }
 }
 
@@ -88,19 +121,9 @@ pub fn bind(path: &Path) -> Result<(UnixListener, SocketGuard), BindError> {
         super::state::ensure_private_dir(dir).map_err(|e| BindError::Io(dir.to_path_buf(), e))?;
     }
     let lock_path = path.with_extension("lock");
-    let lock = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(&lock_path)
-        .map_err(|e| BindError::Io(lock_path.clone(), e))?;
-    match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-        Ok(()) => {}
-        Err(rustix::io::Errno::WOULDBLOCK) => return Err(BindError::Live(path.to_path_buf())),
-        Err(e) => return Err(BindError::Io(lock_path, e.into())),
-    }
+    let Some(lock) = take_lock(&lock_path)? else {
+        return Err(BindError::Live(path.to_path_buf()));
+    };
     // Someone listening without holding the lock (a daemon from before the lock existed): live.
     if std::os::unix::net::UnixStream::connect(path).is_ok() {
         return Err(BindError::Live(path.to_path_buf()));
@@ -114,6 +137,7 @@ pub fn bind(path: &Path) -> Result<(UnixListener, SocketGuard), BindError> {
     let listener = UnixListener::bind(path).map_err(io)?;
     let guard = SocketGuard {
         path: path.to_path_buf(),
+        lock_path,
         _lock: lock,
     };
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io)?;

@@ -5,25 +5,35 @@
 //! (open files and directories) and [`writeback`] (pushes, retries, conflicts) with
 //! [`staging`] (the durable image of a file being written). Around them: [`control_server`]
 //! answers the control socket, [`health`] keeps what is known of the sandbox's reachability,
-//! [`options`] reads `-o`, [`mounts`] reads mountinfo, [`state`] keeps private local state.
+//! [`options`] reads `-o`, [`mounts`] reads mountinfo, [`state`] keeps private local state,
+//! [`preflight`] refuses mistakes before anything is created, [`kernel`] asks the kernel for
+//! the mount, [`notify`] tells systemd, [`background`] serves
+//! from the background for `mount -t fuse.sbxfs`, [`exit`] names the exit codes.
 //! The daemon runs in the foreground: SIGTERM or SIGINT (or `sbxfs umount`) push pending
 //! writes, then unmount.
 //!
-//! Lifecycle guarantees: a mountpoint that already holds an sbxfs mount is refused before
-//! anything is created, and the first mount is not touched; a start that fails removes what it
-//! created (control socket, staging directory); the daemon unmounts exactly once, itself, and
-//! only while its mount is still there (fuser's own unmount on drop never runs: see [`run`]).
+//! Lifecycle guarantees: a mountpoint that is missing, not a directory, not empty (without
+//! `-o nonempty`) or already mounted is refused before anything is created, and a mount there is
+//! not touched; a start that fails removes what it created (control socket, staging and runtime
+//! directories); the mount is announced (stdout, `READY=1`) only once it answers; the daemon
+//! unmounts exactly once, itself, and only while its mount is still there (fuser's own unmount
+//! on drop never runs: see [`run`]).
 
+pub mod background;
 pub mod control_server;
 pub mod core;
+pub mod exit;
 pub mod fuse;
 pub mod handles;
 pub mod health;
 pub mod inode;
+pub mod kernel;
 pub mod meta;
 pub mod mounts;
+pub mod notify;
 pub mod options;
 pub mod pages;
+pub mod preflight;
 pub mod staging;
 pub mod state;
 pub mod writeback;
@@ -74,6 +84,10 @@ pub struct MountConfig {
     /// Who files appear to be owned by. Only [`IdMap::User`] is implemented so far: every file
     /// shows as owned by the mounting user.
     pub idmap: IdMap,
+    /// Mount over a directory that is not empty (`-o nonempty`), hiding what is there.
+    pub nonempty: bool,
+    /// Started by [`background::start`]: once the mount answers, let go of the terminal.
+    pub detached: bool,
 }
 
 impl MountConfig {
@@ -92,29 +106,25 @@ impl MountConfig {
             read_only: false,
             no_exec: false,
             idmap: IdMap::User,
+            nonempty: false,
+            detached: false,
         }
     }
 
-    /// What the kernel is told (through fuser). Always `nosuid,nodev,noatime`.
+    /// What the kernel is told about the mount ([`kernel`]).
+    fn kernel_options(&self) -> kernel::KernelOptions {
+        kernel::KernelOptions {
+            source: self.remote_url.clone(),
+            read_only: self.read_only,
+            no_exec: self.no_exec,
+            default_permissions: self.default_permissions,
+            allow_other: self.allow_other,
+        }
+    }
+
+    /// What fuser is told: how to serve the device [`kernel`] mounted.
     fn fuse_config(&self) -> fuser::Config {
-        use fuser::MountOption as O;
         let mut c = fuser::Config::default();
-        c.mount_options = vec![
-            O::FSName(format!("{}{}", mounts::SOURCE_PREFIX, self.remote_url)),
-            O::Subtype("sbxfs".into()),
-            O::NoSuid,
-            O::NoDev,
-            O::NoAtime,
-        ];
-        if self.default_permissions {
-            c.mount_options.push(O::DefaultPermissions);
-        }
-        if self.read_only {
-            c.mount_options.push(O::RO);
-        }
-        if self.no_exec {
-            c.mount_options.push(O::NoExec);
-        }
         if self.allow_other {
             // fuser filters requests by uid as well: only `All` lets other users' through.
             c.acl = fuser::SessionACL::All;
@@ -125,86 +135,67 @@ impl MountConfig {
     }
 }
 
-/// The staging directory. Private, and the same for every mount of this remote: a daemon that
-/// was killed leaves its unpushed edits there, and the next mount pushes them. A start that fails
-/// removes it again if it is empty and this start may have made it.
-struct StagingDir {
-    path: PathBuf,
-    remove_if_empty: bool,
+/// The staging directory: private, and the same for every mount of this remote (a daemon that
+/// was killed leaves its unpushed edits there, and the next mount pushes them).
+fn staging_dir(
+    configured: Option<&Path>,
+    remote_url: &str,
+    created: &mut state::Created,
+) -> anyhow::Result<PathBuf> {
+    match configured {
+        Some(d) => {
+            created
+                .private_dir(d)
+                .with_context(|| format!("staging directory {}", d.display()))?;
+            Ok(d.to_path_buf())
+        }
+        None => state::staging_dir_for(remote_url, created).context("staging directory"),
+    }
 }
 
-impl StagingDir {
-    fn open(configured: Option<&Path>, remote_url: &str) -> anyhow::Result<StagingDir> {
-        match configured {
-            Some(d) => {
-                let existed = d.exists();
-                state::ensure_private_dir(d)
-                    .with_context(|| format!("staging directory {}", d.display()))?;
-                Ok(StagingDir {
-                    path: d.to_path_buf(),
-                    remove_if_empty: !existed,
-                })
+/// The mount is up when a stat of the mountpoint is answered by it (the device number is the
+/// mount's): only then is it announced, on stdout and to systemd.
+fn announce_ready(
+    cfg: &MountConfig,
+    mountpoint: &Path,
+    our_dev: Option<&str>,
+    kernel_cache: &fuser::Notifier,
+) {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::metadata(mountpoint) {
+        Ok(m) => {
+            let dev = format!("{}:{}", libc::major(m.dev()), libc::minor(m.dev()));
+            if our_dev.is_some_and(|d| d != dev) {
+                tracing::warn!(mountpoint = %mountpoint.display(), "another mount covers this one");
             }
-            None => Ok(StagingDir {
-                path: state::staging_dir_for(remote_url).context("staging directory")?,
-                remove_if_empty: true,
-            }),
+        }
+        Err(e) => {
+            tracing::warn!(mountpoint = %mountpoint.display(), "the new mount does not answer a stat: {e}")
         }
     }
-
-    /// The mount is up: the directory stays, whatever happens next.
-    fn keep(&mut self) {
-        self.remove_if_empty = false;
+    // That stat left the root's attributes in the kernel's cache; dropped again, so that a stat
+    // soon after a crash meets the dead daemon (ENOTCONN) rather than the cache.
+    let _ = kernel_cache.inval_inode(fuser::INodeNo(1), -1, 0);
+    if cfg.detached {
+        background::release_stdin_and_stderr();
     }
-}
-
-impl Drop for StagingDir {
-    fn drop(&mut self) {
-        if self.remove_if_empty {
-            // `remove_dir` removes only an empty directory: staged edits are never lost here.
-            let _ = std::fs::remove_dir(&self.path);
-        }
-    }
-}
-
-/// Refuse a mountpoint that already holds an sbxfs mount (or a FUSE mount whose daemon died),
-/// before anything is created, without touching that mount. Returns the canonical path.
-fn check_mountpoint(mountpoint: &Path) -> anyhow::Result<PathBuf> {
-    let canonical = match std::fs::metadata(mountpoint) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => anyhow::bail!(
-            "{0} is a FUSE mount whose daemon is gone; unmount it first (fusermount3 -u {0})",
-            mountpoint.display()
-        ),
-        Err(e) => anyhow::bail!("mountpoint {}: {e}", mountpoint.display()),
-        // The workspace's root is a directory; so must the mountpoint be.
-        Ok(m) if !m.is_dir() => {
-            anyhow::bail!("mountpoint {} is not a directory", mountpoint.display())
-        }
-        Ok(_) => std::fs::canonicalize(mountpoint)
-            .with_context(|| format!("mountpoint {}", mountpoint.display()))?,
-    };
-    let entries = mounts::current();
-    if let Some(top) = mounts::top_at(&entries, &canonical).filter(|e| e.is_sbxfs()) {
-        anyhow::bail!(
-            "{0} is already an sbxfs mount (of {1}); unmount it first (sbxfs umount {0})",
-            mountpoint.display(),
-            top.source.trim_start_matches(mounts::SOURCE_PREFIX)
-        );
-    }
-    Ok(canonical)
-}
-
-/// `allow_other` for a user other than root needs the administrator's consent in fuse.conf.
-fn check_allow_other() -> anyhow::Result<()> {
-    if rustix::process::geteuid().is_root() {
-        return Ok(());
-    }
-    let conf = std::fs::read_to_string("/etc/fuse.conf").unwrap_or_default();
-    anyhow::ensure!(
-        options::fuse_conf_allows_other(&conf),
-        "allow_other needs the line `user_allow_other` in /etc/fuse.conf when not mounting as root"
+    println!(
+        "sbxfs mounted {} on {}",
+        cfg.remote_url,
+        cfg.mountpoint.display()
     );
-    Ok(())
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    if cfg.detached {
+        background::release_stdout();
+    }
+    notify::tell(&format!(
+        "{}\nSTATUS=serving {} on {}",
+        notify::READY,
+        cfg.remote_url,
+        mountpoint.display()
+    ));
+    tracing::info!(remote = %cfg.remote_url, mountpoint = %cfg.mountpoint.display(), "mounted");
 }
 
 /// Unmount our mount, once, lazily: a mount still in use leaves the namespace at once and ends
@@ -239,9 +230,13 @@ fn unmount_once(mountpoint: &Path) {
 
 /// Mount and serve until a signal or an unmount; pending writes are pushed before leaving.
 pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
-    let mountpoint = check_mountpoint(&cfg.mountpoint)?;
+    if cfg.detached {
+        background::leave_session();
+    }
+    let mountpoint = preflight::check_mountpoint(&cfg.mountpoint, cfg.nonempty)?;
+    preflight::check_fuse()?;
     if cfg.allow_other {
-        check_allow_other()?;
+        preflight::check_allow_other()?;
     }
     if cfg.idmap == IdMap::None {
         tracing::warn!("idmap=none is not implemented yet: files show as owned by you");
@@ -251,12 +246,19 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
         .worker_threads(4)
         .build()?;
     let socket = crate::control::socket_path(&mountpoint);
+    // Every directory made from here on is removed again if the start fails.
+    let mut created = state::Created::default();
+    if let Some(dir) = socket.parent() {
+        created
+            .private_dir(dir)
+            .with_context(|| format!("control socket directory {}", dir.display()))?;
+    }
     // Refused while a live mount holds it; removed again when `_socket_guard` drops.
     let (listener, _socket_guard) = {
         let _enter = rt.enter();
         control_server::bind(&socket).context("control socket")?
     };
-    let mut staging = StagingDir::open(cfg.staging_dir.as_deref(), &cfg.remote_url)?;
+    let staging_path = staging_dir(cfg.staging_dir.as_deref(), &cfg.remote_url, &mut created)?;
     let token = String::from_utf8(cfg.token.clone()).context("the token must be UTF-8")?;
     let client = AgentClient::new(&cfg.remote_url, &token)?;
     // Every call has a deadline: a sandbox that stops answering blocks nothing for good.
@@ -279,7 +281,7 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
         CoreConfig {
             attr_ttl: cfg.attr_ttl,
             cache_bytes: cfg.cache_bytes,
-            staging_dir: staging.path.clone(),
+            staging_dir: staging_path.clone(),
             uid: rustix::process::getuid().as_raw(),
             gid: rustix::process::getgid().as_raw(),
         },
@@ -307,30 +309,28 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     control_server::register(&control);
     rt.spawn(control_server::serve(listener, control.clone()));
     rt.spawn(health::watch(health, remote));
-    let session = match fuser::Session::new(fs, &mountpoint, &cfg.fuse_config()) {
+    let fuse_config = cfg.fuse_config();
+    let kernel_options = cfg.kernel_options();
+    let dev = match kernel::mount_direct(&mountpoint, &kernel_options) {
+        Ok(Some(dev)) => Ok(dev),
+        Ok(None) => kernel::mount_with_fusermount(&mountpoint, &kernel_options),
+        Err(e) => Err(e),
+    }
+    .map_err(|e| preflight::mount_refused(&cfg.mountpoint, cfg.allow_other, e))?;
+    let session = match fuser::Session::from_fd(fs, dev, fuse_config.acl, fuse_config) {
         Ok(s) => s,
         Err(e) => {
-            let e =
-                anyhow::Error::new(e).context(format!("cannot mount on {}", mountpoint.display()));
-            if cfg.allow_other && !rustix::process::geteuid().is_root() {
-                return Err(e.context("allow_other needs `user_allow_other` in /etc/fuse.conf"));
-            }
-            return Err(e);
+            unmount_once(&mountpoint);
+            return Err(anyhow::Error::new(e).context("the kernel's FUSE handshake failed"));
         }
     };
     // The device number tells our mount from one mounted over it later.
     let our_dev = mounts::top_at(&mounts::current(), &mountpoint).map(|e| e.dev.clone());
-    core.set_kernel_cache(Arc::new(fuse::Notifier(Arc::new(session.notifier()))));
+    let kernel_cache = Arc::new(session.notifier());
+    core.set_kernel_cache(Arc::new(fuse::Notifier(kernel_cache.clone())));
     let background = session.spawn()?;
-    staging.keep();
-    println!(
-        "sbxfs mounted {} on {}",
-        cfg.remote_url,
-        cfg.mountpoint.display()
-    );
-    use std::io::Write;
-    let _ = std::io::stdout().flush();
-    tracing::info!(remote = %cfg.remote_url, mountpoint = %cfg.mountpoint.display(), "mounted");
+    created.keep();
+    announce_ready(&cfg, &mountpoint, our_dev.as_deref(), &kernel_cache);
 
     let retry_core = core.clone();
     rt.spawn(async move {
@@ -367,6 +367,10 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
             _ = ended => {}
         }
     });
+    notify::tell(&format!(
+        "{}\nSTATUS=pushing pending writes, then unmounting",
+        notify::STOPPING
+    ));
     // Push what is staged before the mount goes away.
     let failures = rt.block_on(async {
         tokio::time::timeout(Duration::from_secs(60), core.flush_all())
@@ -379,7 +383,7 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     let saved = if failures.is_empty() {
         Vec::new()
     } else {
-        rt.block_on(core.save_unpushed(&staging.path))
+        rt.block_on(core.save_unpushed(&staging_path))
     };
     // Unmount once, ourselves, while our mount is still there (not after `sbxfs umount`).
     let still_ours = mounts::top_at(&mounts::current(), &mountpoint)
@@ -403,6 +407,6 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     anyhow::bail!(
         "{} file(s) could not be pushed to the sandbox; copies are in {}/unpushed, and the next mount of this sandbox pushes them",
         failures.len(),
-        staging.path.display()
+        staging_path.display()
     )
 }

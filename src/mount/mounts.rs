@@ -6,7 +6,8 @@ use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 
-/// The source name every sbxfs mount carries (`sbxfs:URL`).
+/// The source name sbxfs mounts carried before they had their own type (`sbxfs:URL`, type
+/// `fuse`); still recognised, so a mount made by an older daemon is not mounted over.
 pub const SOURCE_PREFIX: &str = "sbxfs:";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,7 +21,8 @@ pub struct MountEntry {
 
 impl MountEntry {
     pub fn is_sbxfs(&self) -> bool {
-        self.fstype.starts_with("fuse") && self.source.starts_with(SOURCE_PREFIX)
+        self.fstype == super::kernel::FSTYPE
+            || (self.fstype == "fuse" && self.source.starts_with(SOURCE_PREFIX))
     }
 }
 
@@ -83,17 +85,19 @@ mod tests {
 42 22 0:39 / /tmp/a\\040b/mnt rw,nosuid,nodev,noatime shared:5 - fuse sbxfs:http://127.0.0.1:7070 rw,user_id=0
 43 22 0:40 / /tmp/other rw - fuse.sshfs me@host: rw
 44 42 0:41 / /tmp/a\\040b/mnt rw - tmpfs tmpfs rw
+45 22 0:42 / /tmp/new rw,nosuid,nodev,noatime - fuse.sbxfs http://127.0.0.1:7070 rw,user_id=0
 ";
 
     #[test]
     fn entries_are_read_with_escaped_paths() {
         let e = parse(SAMPLE);
-        assert_eq!(e.len(), 4);
+        assert_eq!(e.len(), 5);
         assert_eq!(e[1].mountpoint, Path::new("/tmp/a b/mnt"));
         assert_eq!(e[1].dev, "0:39");
         assert!(e[1].is_sbxfs());
         assert!(!e[2].is_sbxfs(), "another FUSE filesystem");
         assert!(!e[0].is_sbxfs());
+        assert!(e[4].is_sbxfs(), "the type says so");
     }
 
     #[test]

@@ -44,6 +44,8 @@ pub struct MountOptions {
     pub cache_size: Option<u64>,
     pub staging_dir: Option<PathBuf>,
     pub token_file: Option<PathBuf>,
+    /// Mount over a directory that is not empty.
+    pub nonempty: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -60,11 +62,37 @@ pub enum OptionError {
     Quote(String),
 }
 
-/// For `mount(8)` and systemd, not for the filesystem: accepted and ignored. `dev`/`suid` are
+/// For `mount(8)` and systemd, not for the filesystem: accepted and ignored (`mount.fuse3`
+/// strips most of them itself, and adds `dev,suid` when the line says neither). `dev`/`suid` are
 /// ignored because the mount is always `nodev,nosuid`; `atime` because it is always `noatime`.
 const IGNORED: &[&str] = &[
-    "_netdev", "auto", "noauto", "nofail", "user", "users", "defaults", "rw", "dev", "nodev",
-    "suid", "nosuid", "atime", "noatime",
+    "_netdev",
+    "auto",
+    "noauto",
+    "nofail",
+    "user",
+    "nouser",
+    "users",
+    "owner",
+    "noowner",
+    "group",
+    "nogroup",
+    "defaults",
+    "async",
+    "silent",
+    "loud",
+    "rw",
+    "dev",
+    "nodev",
+    "suid",
+    "nosuid",
+    "atime",
+    "noatime",
+    "relatime",
+    "norelatime",
+    "strictatime",
+    "diratime",
+    "nodiratime",
 ];
 
 impl MountOptions {
@@ -103,6 +131,7 @@ impl MountOptions {
             match key.as_str() {
                 "allow_other" => flag(&mut self.allow_other)?,
                 "default_permissions" => flag(&mut self.default_permissions)?,
+                "nonempty" => flag(&mut self.nonempty)?,
                 "ro" | "rw" => {
                     flag(&mut false)?;
                     self.read_only = Some(key == "ro");
@@ -216,7 +245,7 @@ mod tests {
     #[test]
     fn every_option_is_read_into_its_field() {
         let o = parse(
-            "allow_other,default_permissions,ro,idmap=none,attr_ttl_ms=250,cache_size=512M,\
+            "allow_other,default_permissions,nonempty,ro,idmap=none,attr_ttl_ms=250,cache_size=512M,\
              staging_dir=/var/tmp/s,token_file=/etc/sbxfs/token,noexec,timeout_ms=1500",
         )
         .unwrap();
@@ -233,6 +262,7 @@ mod tests {
                 cache_size: Some(512 << 20),
                 staging_dir: Some("/var/tmp/s".into()),
                 token_file: Some("/etc/sbxfs/token".into()),
+                nonempty: true,
             }
         );
     }
@@ -249,7 +279,8 @@ mod tests {
     #[test]
     fn options_for_mount_and_systemd_are_ignored() {
         let o = parse(
-            "_netdev,noauto,auto,nofail,user,users,defaults,x-systemd.automount,\
+            "_netdev,noauto,auto,nofail,user,nouser,users,owner,group,defaults,async,relatime,\
+             x-systemd.automount,x-systemd.requires=network-online.target,\
              x-systemd.mount-timeout=30,comment=x-gvfs-show,rw,dev,suid,exec,nodev,nosuid,atime,noatime",
         )
         .unwrap();
