@@ -43,14 +43,19 @@ fn workspace() -> tempfile::TempDir {
 
 #[test]
 fn grep_prints_path_line_column_text_and_context() {
+    // As `rg --sort path`: line numbers only with -n, `--` between groups of context
+    // (tests/rg_parity.rs compares with rg itself for every flag).
     let w = workspace();
     let (code, out, _) = sbxfs(w.path(), &["grep", "TODO", "-C", "1"]);
     assert_eq!(code, 0);
     assert_eq!(
         out,
-        "src/lib.rs-1-pub fn work() {}\nsrc/lib.rs:2:4:// TODO two\n\
-         src/main.rs-1-fn main() {\nsrc/main.rs:2:8:    // TODO one\nsrc/main.rs-3-    work();\n"
+        "src/lib.rs-pub fn work() {}\nsrc/lib.rs:// TODO two\n--\n\
+         src/main.rs-fn main() {\nsrc/main.rs:    // TODO one\nsrc/main.rs-    work();\n"
     );
+    let (code, out, _) = sbxfs(w.path(), &["grep", "-n", "--column", "TODO", "src/main.rs"]);
+    assert_eq!(code, 0);
+    assert_eq!(out, "2:8:    // TODO one\n");
 }
 
 #[test]
@@ -93,7 +98,7 @@ fn grep_with_several_paths_prefixes_each_result() {
     let w = workspace();
     let (code, out, _) = sbxfs(w.path(), &["grep", "beta|TODO two", "src", "notes.txt"]);
     assert_eq!(code, 0);
-    assert_eq!(out, "src/lib.rs:2:4:// TODO two\nnotes.txt:2:1:beta\n");
+    assert_eq!(out, "src/lib.rs:// TODO two\nnotes.txt:beta\n");
 }
 
 #[test]

@@ -191,6 +191,7 @@ async fn grep_vectors_memory_remote() {
                     GrepEvent::Summary { truncated, .. } => {
                         return Ok(json!({"matches": matches, "truncated": truncated}))
                     }
+                    GrepEvent::Printed(_) => panic!("printed output was not asked for"),
                 }
             }
             panic!("the grep stream ended without a summary")
@@ -213,8 +214,11 @@ async fn fuzzy_vectors_memory_remote() {
         let req = FuzzyRequest {
             query: c["query"].as_str().unwrap().to_string(),
             limit: c["limit"].as_u64().map(|n| n as usize),
-            hidden: c["hidden"].as_bool().unwrap_or(false),
-            no_ignore: c["no_ignore"].as_bool().unwrap_or(false),
+            walk: WalkOptions {
+                hidden: c["hidden"].as_bool().unwrap_or(false),
+                no_ignore: c["no_ignore"].as_bool().unwrap_or(false),
+                ..Default::default()
+            },
         };
         let got = m
             .fuzzy(&RemotePath::root(), req)

@@ -817,9 +817,10 @@ async fn grep(
         let deadline = std::time::Instant::now() + SEARCH_TIMEOUT;
         let gone = AtomicBool::new(false);
         let result = unpanic(|| {
-            crate::search::grep::grep(&root, &opts, &mut |m| {
-                let ok =
-                    std::time::Instant::now() < deadline && tx.blocking_send(json_line(&m)).is_ok();
+            crate::search::grep::grep_items(&root, &opts, &mut |item| {
+                let event = crate::remote::GrepEvent::from(item);
+                let ok = std::time::Instant::now() < deadline
+                    && tx.blocking_send(json_line(&event)).is_ok();
                 if !ok {
                     gone.store(true, Ordering::Relaxed);
                 }
@@ -869,11 +870,7 @@ async fn fuzzy(
     let ws = app.ws.clone();
     let matches = blocking(move || {
         let root = ws.resolve(&path)?;
-        let walk = crate::search::walk::WalkOptions {
-            hidden: req.hidden,
-            no_ignore: req.no_ignore,
-            ..Default::default()
-        };
+        let walk = req.walk;
         let limit = req
             .limit
             .unwrap_or(MAX_FUZZY_RESULTS)

@@ -143,6 +143,7 @@ impl WalkArgs {
             no_ignore: self.no_ignore,
             globs: self.globs.clone(),
             max_filesize: self.max_filesize,
+            ..Default::default()
         }
     }
 }

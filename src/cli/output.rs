@@ -1,5 +1,5 @@
-//! How results are printed: one JSON object per line (`--json`), or ripgrep-like text with
-//! colour when stdout is a terminal. A closed pipe (`sbxfs grep … | head`) stops the search.
+//! How results are printed: one JSON object per line (`--json`), or text (grep's is ripgrep's
+//! own output, printed by the search; see `search::print`), with colour on a terminal. A closed pipe (`sbxfs grep … | head`) stops the search.
 
 use std::io::{self, BufWriter, IsTerminal, Write};
 
@@ -7,11 +7,10 @@ use serde_json::json;
 
 use crate::search::fuzzy::FuzzyMatch;
 use crate::search::grep::{GrepMatch, GrepSummary};
+use crate::search::print::PrintedFile;
 use crate::search::scan::ScanResult;
 use crate::search::SearchError;
 
-const PATH_COLOUR: &str = "\x1b[35m";
-const LINE_COLOUR: &str = "\x1b[32m";
 const MATCH_COLOUR: &str = "\x1b[1;31m";
 const RESET: &str = "\x1b[0m";
 
@@ -24,6 +23,10 @@ pub struct Printer {
     /// grep -l: print each matching file's path once.
     pub files_only: bool,
     last_path: Option<String>,
+    /// What ripgrep prints between two files' output (`--`, or a blank line under headings).
+    pub file_separator: Option<&'static [u8]>,
+    /// A file's output was printed already.
+    written: bool,
 }
 
 /// Join a root given on the command line and a path relative to it, for display.
@@ -49,6 +52,8 @@ impl Printer {
             closed: false,
             files_only: false,
             last_path: None,
+            file_separator: None,
+            written: false,
         }
     }
 
@@ -73,61 +78,30 @@ impl Printer {
         }
     }
 
-    /// Print one match; `false` when output is closed and the search should stop.
+    /// Print one match as JSON (`--json`); `false` when output is closed and the search
+    /// should stop.
     pub fn grep_match(&mut self, m: &GrepMatch) -> bool {
         if self.files_only {
             if self.last_path.as_deref() == Some(m.path.as_str()) {
                 return !self.closed;
             }
             self.last_path = Some(m.path.clone());
-            if self.json {
-                return self.json_line(&json!({ "path": m.path }));
-            }
-            let path = self.paint(PATH_COLOUR, &m.path);
-            return self.write(format!("{path}\n").as_bytes());
+            return self.json_line(&json!({ "path": m.path }));
         }
-        if self.json {
-            return self.json_line(m);
-        }
-        let mut s = String::new();
-        let path = self.paint(PATH_COLOUR, &m.path);
-        let first_before = m.line - m.before.len() as u64;
-        for (i, t) in m.before.iter().enumerate() {
-            s.push_str(&format!("{path}-{}-{t}\n", first_before + i as u64));
-        }
-        s.push_str(&format!(
-            "{path}:{}:{}:{}\n",
-            self.paint(LINE_COLOUR, &m.line.to_string()),
-            m.column,
-            self.highlight(m)
-        ));
-        for (i, t) in m.after.iter().enumerate() {
-            s.push_str(&format!("{path}-{}-{t}\n", m.line + 1 + i as u64));
-        }
-        self.write(s.as_bytes())
+        self.json_line(m)
     }
 
-    fn highlight(&self, m: &GrepMatch) -> String {
-        if !self.colour || m.text_base64.is_some() {
-            return m.text.clone();
+    /// Print one file as ripgrep printed it, after ripgrep's separator between files;
+    /// `false` when output is closed.
+    pub fn printed_file(&mut self, f: &PrintedFile) -> bool {
+        if f.printed.0.is_empty() {
+            return !self.closed;
         }
-        let mut out = String::new();
-        let mut at = 0usize;
-        for [start, end] in &m.submatches {
-            let (start, end) = (*start as usize, *end as usize);
-            if start < at
-                || end > m.text.len()
-                || !m.text.is_char_boundary(start)
-                || !m.text.is_char_boundary(end)
-            {
-                continue;
-            }
-            out.push_str(&m.text[at..start]);
-            out.push_str(&self.paint(MATCH_COLOUR, &m.text[start..end]));
-            at = end;
+        if let Some(sep) = self.file_separator.filter(|_| self.written) {
+            self.write(sep);
         }
-        out.push_str(&m.text[at..]);
-        out
+        self.written = true;
+        self.write(&f.printed.0)
     }
 
     pub fn grep_summary(&mut self, s: &GrepSummary) {

@@ -2,13 +2,15 @@
 //! asks the mount the path is in (its sandbox runs the query; only results cross the network).
 
 use std::ffi::OsString;
+use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use clap::Args;
 
 use super::output::{self, Printer};
 use super::{ask, found, socket_error, RouteArgs, WalkArgs, ERROR, FOUND, NOTHING};
-use crate::search::grep::GrepOptions;
+use crate::search::grep::{GrepItem, GrepOptions};
+use crate::search::print::{PrintKind, PrintOptions};
 use crate::search::scan::ScanRequest;
 use crate::search::{self, SearchError};
 
@@ -18,34 +20,153 @@ pub const DEFAULT_SCAN_MAX_BYTES: u64 = 64 * 1024;
 /// Default number of `fuzzy` results: more than any picker shows.
 pub const DEFAULT_FUZZY_LIMIT: usize = 100;
 
+const GREP_EXAMPLES: &str = "\
+Prints what `rg --sort path` prints for the same arguments: paths as given on the command line,
+line numbers with -n (or on a terminal), `--` between groups of context. In an sbxfs mount the
+sandbox searches; only the output crosses the network.
+
+Examples:
+  sbxfs grep -n 'fn main' src          src/main.rs:1:fn main() {
+  sbxfs grep -l -t rust TODO           paths of Rust files with a TODO
+  sbxfs grep -C2 -w -i error src/cli   two lines of context around the word \"error\"
+  sbxfs grep --files -g '*.toml'       the files a search would read
+  sbxfs grep --json -F 'a.b(' .        one JSON object per match
+
+Exit status: 0 a match (or a file) was found, 1 none, 2 an error (also when some paths failed).";
+
+const FUZZY_EXAMPLES: &str = "\
+Examples:
+  sbxfs fuzzy srvmod                   src/server/mod.rs ranked first
+  sbxfs fuzzy -g '*.rs' --limit 5 cfg  the five best Rust files for \"cfg\"
+
+Exit status: 0 a file matched, 1 none, 2 an error.";
+
+const GLOB_EXAMPLES: &str = "\
+Examples:
+  sbxfs glob '**/*.rs' src             every Rust file under src/, sorted
+  sbxfs glob '*.{toml,lock}'           Cargo.toml and Cargo.lock here
+
+Exit status: 0 something matched, 1 nothing, 2 an error.";
+
+/// When to colour grep's output (as ripgrep's `--color`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub(super) enum ColorChoice {
+    Never,
+    #[default]
+    Auto,
+    Always,
+}
+
+/// `--sort`: ripgrep's orders; `none` is accepted for habit (results are always in path order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(super) enum SortBy {
+    Path,
+    None,
+}
+
 #[derive(Args, Debug)]
+#[command(after_help = GREP_EXAMPLES)]
 pub(super) struct GrepArgs {
-    pattern: String,
-    /// Files or directories to search (default: the current directory).
+    /// The regular expression to search for (ripgrep's syntax; a literal with -F). With --files
+    /// it is the first PATH instead.
+    #[arg(value_name = "PATTERN", required_unless_present_any = ["files", "type_list"])]
+    pattern: Option<String>,
+    /// Files or directories to search (default: the current directory, printed without `./`).
+    #[arg(value_name = "PATH")]
     paths: Vec<PathBuf>,
-    #[arg(short = 'i', long)]
+    /// Match case-insensitively.
+    #[arg(short = 'i', long, overrides_with = "smart_case")]
     ignore_case: bool,
+    /// Case-insensitive unless the pattern has an uppercase letter.
+    #[arg(short = 'S', long, overrides_with = "ignore_case")]
+    smart_case: bool,
     /// Treat the pattern as a literal string.
     #[arg(short = 'F', long)]
     fixed_strings: bool,
-    /// Lines of context before and after each match.
-    #[arg(short = 'C', long, value_name = "N")]
+    /// Only matches surrounded by word boundaries.
+    #[arg(short = 'w', long = "word-regexp")]
+    word: bool,
+    /// Select the lines that do not match.
+    #[arg(short = 'v', long = "invert-match")]
+    invert: bool,
+    /// Lines of context before and after each match (as rg: the last of -C, -A, -B given
+    /// wins over the others).
+    #[arg(short = 'C', long, value_name = "NUM", overrides_with_all = ["before_context", "after_context"])]
     context: Option<usize>,
-    #[arg(short = 'B', long, value_name = "N")]
+    /// Lines of context before each match.
+    #[arg(short = 'B', long, value_name = "NUM", overrides_with = "context")]
     before_context: Option<usize>,
-    #[arg(short = 'A', long, value_name = "N")]
+    /// Lines of context after each match.
+    #[arg(short = 'A', long, value_name = "NUM", overrides_with = "context")]
     after_context: Option<usize>,
+    /// Print the number of matching lines of each file with a match.
+    #[arg(short = 'c', long)]
+    count: bool,
     /// Print only the paths of files with matches, once each.
     #[arg(short = 'l', long = "files-with-matches")]
     files_with_matches: bool,
-    /// Line numbers are always shown; accepted for ripgrep/grep habits.
-    #[arg(short = 'n', long = "line-number")]
-    _line_number: bool,
+    /// Print only the paths of files without a match.
+    #[arg(long = "files-without-match")]
+    files_without_match: bool,
+    /// Print the files that would be searched, without searching (takes no PATTERN).
+    #[arg(long)]
+    files: bool,
+    /// Print each match on a line of its own, not the whole line.
+    #[arg(short = 'o', long)]
+    only_matching: bool,
+    /// Show line numbers (the default on a terminal).
+    #[arg(short = 'n', long = "line-number", overrides_with = "no_line_number")]
+    line_number: bool,
+    /// Never show line numbers.
+    #[arg(short = 'N', long = "no-line-number", overrides_with = "line_number")]
+    no_line_number: bool,
+    /// Show the column (1-based byte) of the first match; implies -n.
+    #[arg(long)]
+    column: bool,
+    /// Print the file path with each line, even for a single file.
+    #[arg(short = 'H', long = "with-filename", overrides_with = "no_filename")]
+    with_filename: bool,
+    /// Never print file paths with lines.
+    #[arg(short = 'I', long = "no-filename", overrides_with = "with_filename")]
+    no_filename: bool,
+    /// Print each file's path once, above its lines (the default on a terminal).
+    #[arg(long, overrides_with = "no_heading")]
+    heading: bool,
+    /// Print the path on every line, never as a heading.
+    #[arg(long, overrides_with = "heading")]
+    no_heading: bool,
+    /// When to use ripgrep's colours: on a terminal (auto), never or always.
+    #[arg(long, value_enum, value_name = "WHEN", default_value_t = ColorChoice::Auto)]
+    color: ColorChoice,
     /// Search binary files (containing NUL bytes) as text.
     #[arg(short = 'a', long = "text")]
     text: bool,
+    /// Search binary files found by the walk too, up to their first NUL after a match.
+    #[arg(long)]
+    binary: bool,
+    /// Fewer filters: -u ignores .gitignore and the like, -uu also searches hidden files,
+    /// -uuu also binary files.
+    #[arg(short = 'u', long = "unrestricted", action = clap::ArgAction::Count)]
+    unrestricted: u8,
+    /// Only files of this type (see --type-list); repeatable.
+    #[arg(short = 't', long = "type", value_name = "TYPE")]
+    types: Vec<String>,
+    /// No files of this type; repeatable.
+    #[arg(short = 'T', long = "type-not", value_name = "TYPE")]
+    types_not: Vec<String>,
+    /// List the file types -t and -T know, with their globs, and exit.
+    #[arg(long)]
+    type_list: bool,
+    /// Follow symbolic links while walking directories.
+    #[arg(short = 'L', long)]
+    follow: bool,
+    /// Output order: always by path (`none` is accepted and gives the same order).
+    #[arg(long, value_enum, value_name = "SORTBY")]
+    sort: Option<SortBy>,
+    /// Stop after this many matching lines (the output then says it was truncated).
     #[arg(long, value_name = "N")]
     max_results: Option<u64>,
+    /// Stop before the output would pass this many bytes.
     #[arg(long, value_name = "BYTES")]
     max_bytes: Option<u64>,
     /// Files searched at once (0: one per core).
@@ -53,17 +174,24 @@ pub(super) struct GrepArgs {
     threads: usize,
     #[command(flatten)]
     walk: WalkArgs,
-    #[arg(long)]
+    /// One JSON object per match, then a summary (sbxfs's format, not ripgrep's; -l gives
+    /// one object per file).
+    #[arg(long, conflicts_with_all = ["count", "files_without_match", "files", "only_matching"])]
     json: bool,
     #[command(flatten)]
     route: RouteArgs,
 }
 
 #[derive(Args, Debug)]
+#[command(after_help = GLOB_EXAMPLES)]
 pub(super) struct GlobArgs {
+    /// The glob: `*` and `?` within a name, `**` across directories, `[abc]`, `{a,b}`.
+    #[arg(value_name = "PATTERN")]
     pattern: String,
-    #[arg(default_value = ".")]
+    /// The directory to match under.
+    #[arg(value_name = "DIR", default_value = ".")]
     dir: PathBuf,
+    /// One JSON object per path.
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -71,14 +199,29 @@ pub(super) struct GlobArgs {
 }
 
 #[derive(Args, Debug)]
+#[command(after_help = FUZZY_EXAMPLES)]
 pub(super) struct FuzzyArgs {
+    /// The characters to look for, in order (fzf's matching; smart case).
+    #[arg(value_name = "QUERY")]
     query: String,
-    #[arg(default_value = ".")]
+    /// The directory whose files are ranked.
+    #[arg(value_name = "DIR", default_value = ".")]
     dir: PathBuf,
-    #[arg(long, default_value_t = DEFAULT_FUZZY_LIMIT)]
+    /// Print at most this many files, best first.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_FUZZY_LIMIT)]
     limit: usize,
+    /// Only files of this type (as grep -t); repeatable.
+    #[arg(short = 't', long = "type", value_name = "TYPE")]
+    types: Vec<String>,
+    /// No files of this type; repeatable.
+    #[arg(short = 'T', long = "type-not", value_name = "TYPE")]
+    types_not: Vec<String>,
+    /// Follow symbolic links while walking directories.
+    #[arg(short = 'L', long)]
+    follow: bool,
     #[command(flatten)]
     walk: WalkArgs,
+    /// One JSON object per file, with its score and matched positions.
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -175,22 +318,37 @@ fn remote_grep(
     };
     let lines = crate::control::client::request(&route.socket, req)
         .map_err(|e| SearchError::Io(route.socket.display().to_string(), e.to_string()))?;
+    // The reader went away: closing the socket cancels the sandbox's search.
+    let gone = || search::grep::GrepSummary {
+        truncated: true,
+        ..Default::default()
+    };
     for line in lines {
         let v = line.map_err(|e| SearchError::Io("control socket".into(), e.to_string()))?;
         if let Some(e) = socket_error(&v) {
             return Err(e);
         }
         match serde_json::from_value::<crate::remote::GrepEvent>(v) {
+            Ok(crate::remote::GrepEvent::Match(_)) if opts.print.is_some() => {
+                // An agent older than printed output answers with matches: say so rather
+                // than print something that is not ripgrep's.
+                return Err(SearchError::Io(
+                    "sandbox".into(),
+                    "its sbxfs agent is too old to print ripgrep's output: upgrade it, or pass --json"
+                        .into(),
+                ));
+            }
             Ok(crate::remote::GrepEvent::Match(mut m)) => {
                 if let Some(pre) = prefix {
                     m.path = output::join_display(pre, &m.path, root_is_dir);
                 }
                 if !p.grep_match(&m) {
-                    // The reader went away: closing the socket cancels the sandbox's search.
-                    return Ok(search::grep::GrepSummary {
-                        truncated: true,
-                        ..Default::default()
-                    });
+                    return Ok(gone());
+                }
+            }
+            Ok(crate::remote::GrepEvent::Printed(f)) => {
+                if !p.printed_file(&f) {
+                    return Ok(gone());
                 }
             }
             Ok(crate::remote::GrepEvent::Summary { summary, .. }) => return Ok(summary),
@@ -203,29 +361,124 @@ fn remote_grep(
     ))
 }
 
+impl GrepArgs {
+    /// The pattern and the paths, as ripgrep reads them (`--files` takes no pattern).
+    fn pattern_and_paths(&self) -> (String, Vec<PathBuf>) {
+        let mut paths = self.paths.clone();
+        if self.files {
+            if let Some(first) = &self.pattern {
+                paths.insert(0, PathBuf::from(first));
+            }
+            return (String::new(), paths);
+        }
+        (self.pattern.clone().unwrap_or_default(), paths)
+    }
+
+    fn print_kind(&self) -> PrintKind {
+        if self.files {
+            PrintKind::Files
+        } else if self.files_with_matches {
+            PrintKind::FilesWithMatches
+        } else if self.files_without_match {
+            PrintKind::FilesWithoutMatch
+        } else if self.count {
+            PrintKind::Count
+        } else {
+            PrintKind::Lines
+        }
+    }
+
+    /// How ripgrep would print, given the paths and whether stdout is a terminal.
+    fn print_options(&self, paths: &[PathBuf], tty: bool) -> PrintOptions {
+        let kind = self.print_kind();
+        let with_filename = if self.no_filename {
+            Some(false)
+        } else if self.with_filename || paths.len() > 1 {
+            Some(true)
+        } else {
+            None
+        };
+        let color = match self.color {
+            ColorChoice::Never => false,
+            ColorChoice::Always => true,
+            ColorChoice::Auto => {
+                tty && std::env::var_os("NO_COLOR").is_none()
+                    && std::env::var_os("TERM").is_some_and(|t| t != "dumb")
+            }
+        };
+        PrintOptions {
+            kind,
+            shown_root: Default::default(),
+            with_filename,
+            line_number: kind == PrintKind::Lines
+                && !self.no_line_number
+                && (self.line_number || self.column || tty),
+            column: self.column,
+            only_matching: self.only_matching,
+            heading: !self.no_heading && (self.heading || tty),
+            color,
+        }
+    }
+
+    fn options(&self, pattern: String) -> GrepOptions {
+        let context = self.context.unwrap_or(0);
+        let mut walk = self.walk.options();
+        walk.types.clone_from(&self.types);
+        walk.types_not.clone_from(&self.types_not);
+        walk.follow = self.follow;
+        walk.no_ignore |= self.unrestricted >= 1;
+        walk.hidden |= self.unrestricted >= 2;
+        GrepOptions {
+            pattern,
+            fixed_strings: self.fixed_strings,
+            case_insensitive: self.ignore_case,
+            smart_case: self.smart_case,
+            word: self.word,
+            invert: self.invert,
+            before_context: self.before_context.unwrap_or(context),
+            after_context: self.after_context.unwrap_or(context),
+            binary: self.text,
+            search_binary: self.binary || self.unrestricted >= 3,
+            walk,
+            max_results: self.max_results,
+            max_bytes: self.max_bytes,
+            threads: self.threads,
+            print: None,
+        }
+    }
+}
+
+/// The search root as ripgrep shows it: as typed, or nothing before the paths below `.` when
+/// no path was given.
+fn shown_root(given: bool, root: &std::path::Path) -> crate::remote::WireBytes {
+    use std::os::unix::ffi::OsStrExt;
+    crate::remote::WireBytes(if given {
+        root.as_os_str().as_bytes().to_vec()
+    } else {
+        Vec::new()
+    })
+}
+
 pub(super) fn run_grep(a: GrepArgs) -> i32 {
+    if a.type_list {
+        print!("{}", search::walk::type_list());
+        return FOUND;
+    }
+    let tty = std::io::stdout().is_terminal();
     let mut p = Printer::new(a.json);
     p.files_only = a.files_with_matches;
-    let context = a.context.unwrap_or(0);
-    let opts = GrepOptions {
-        pattern: a.pattern,
-        fixed_strings: a.fixed_strings,
-        case_insensitive: a.ignore_case,
-        before_context: a.before_context.unwrap_or(context),
-        after_context: a.after_context.unwrap_or(context),
-        binary: a.text,
-        walk: a.walk.options(),
-        max_results: a.max_results,
-        max_bytes: a.max_bytes,
-        threads: a.threads,
-    };
-    let paths = if a.paths.is_empty() {
+    let (pattern, given) = a.pattern_and_paths();
+    let opts = a.options(pattern);
+    let print = (!a.json).then(|| a.print_options(&given, tty));
+    p.file_separator = print.as_ref().and_then(|pr| pr.file_separator(&opts));
+    let paths = if given.is_empty() {
         vec![PathBuf::from(".")]
     } else {
-        a.paths
+        given.clone()
     };
-    // With several paths, results are prefixed by the path given, as ripgrep prints them.
-    let prefixed = paths.len() > 1;
+    // With several paths in --json, results are prefixed by the path given; text output
+    // prints paths as ripgrep does, from the root as typed.
+    let prefixed = a.json && paths.len() > 1;
     let mut total = search::grep::GrepSummary::default();
     let mut failed = false;
     for root in &paths {
@@ -233,17 +486,24 @@ pub(super) fn run_grep(a: GrepArgs) -> i32 {
         let mut remaining = opts.clone();
         remaining.max_results = opts.max_results.map(|m| m.saturating_sub(total.matches));
         remaining.max_bytes = opts.max_bytes.map(|m| m.saturating_sub(total.bytes));
+        remaining.print = print.clone().map(|pr| PrintOptions {
+            shown_root: shown_root(!given.is_empty(), root),
+            ..pr
+        });
         let result = match a.route.route(root) {
             Err(e) => Err(e),
             // In a mount: the sandbox searches, only results cross the network.
             Ok(Some(route)) => {
                 remote_grep(&route, &remaining, &mut p, prefix.as_deref(), root.is_dir())
             }
-            Ok(None) => search::grep::grep(root, &remaining, &mut |mut m| {
-                if let Some(pre) = &prefix {
-                    m.path = output::join_display(pre, &m.path, root.is_dir());
+            Ok(None) => search::grep::grep_items(root, &remaining, &mut |item| match item {
+                GrepItem::Match(mut m) => {
+                    if let Some(pre) = &prefix {
+                        m.path = output::join_display(pre, &m.path, root.is_dir());
+                    }
+                    p.grep_match(&m)
                 }
-                p.grep_match(&m)
+                GrepItem::Printed(f) => p.printed_file(&f),
             }),
         };
         match result {
@@ -255,6 +515,7 @@ pub(super) fn run_grep(a: GrepArgs) -> i32 {
                 total.files_searched += s.files_searched;
                 total.files_matched += s.files_matched;
                 total.bytes += s.bytes;
+                failed |= !s.errors.is_empty();
                 total.errors.extend(s.errors);
                 if s.truncated {
                     total.truncated = true;
@@ -268,9 +529,11 @@ pub(super) fn run_grep(a: GrepArgs) -> i32 {
         }
     }
     // A lone failing path is just an error; with several, the others' summary still counts.
-    if !(failed && paths.len() == 1) {
+    if !(failed && paths.len() == 1 && total.matches == 0) {
         p.grep_summary(&total);
     }
+    p.flush();
+    // As ripgrep: any error makes the status 2, even with matches.
     if failed {
         ERROR
     } else {
@@ -306,6 +569,17 @@ pub(super) fn run_glob(a: GlobArgs) -> i32 {
     }
 }
 
+impl FuzzyArgs {
+    /// Every walk option, for the local run and the wire alike.
+    fn walk_options(&self) -> crate::search::walk::WalkOptions {
+        let mut walk = self.walk.options();
+        walk.types.clone_from(&self.types);
+        walk.types_not.clone_from(&self.types_not);
+        walk.follow = self.follow;
+        walk
+    }
+}
+
 pub(super) fn run_fuzzy(a: FuzzyArgs) -> i32 {
     let mut p = Printer::new(a.json);
     let result = match a.route.route(&a.dir) {
@@ -317,8 +591,7 @@ pub(super) fn run_fuzzy(a: FuzzyArgs) -> i32 {
                 request: crate::remote::FuzzyRequest {
                     query: a.query.clone(),
                     limit: Some(a.limit),
-                    hidden: a.walk.hidden,
-                    no_ignore: a.walk.no_ignore,
+                    walk: a.walk_options(),
                 },
             },
         )
@@ -326,7 +599,7 @@ pub(super) fn run_fuzzy(a: FuzzyArgs) -> i32 {
             serde_json::from_value(v["matches"].clone())
                 .map_err(|e| SearchError::Io("control socket".into(), e.to_string()))
         }),
-        Ok(None) => search::fuzzy::fuzzy(&a.dir, &a.query, &a.walk.options(), Some(a.limit)),
+        Ok(None) => search::fuzzy::fuzzy(&a.dir, &a.query, &a.walk_options(), Some(a.limit)),
     };
     match result {
         Ok(matches) => {

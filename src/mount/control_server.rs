@@ -235,8 +235,7 @@ async fn handle(stream: UnixStream, control: &Control) {
                 Ok(mut stream) => {
                     while let Some(item) = stream.next().await {
                         let l = match item {
-                            Ok(GrepEvent::Match(m)) => line(&json!(m)),
-                            Ok(s @ GrepEvent::Summary { .. }) => line(&json!(s)),
+                            Ok(event) => line(&json!(event)),
                             Err(e) => error_line(&e),
                         };
                         // A client gone: dropping the stream cancels the search in the sandbox.
@@ -294,14 +293,17 @@ pub async fn answer(control: &Control, request: Request) -> Result<serde_json::V
             let p = path(p)?;
             let _ = core.flush_all().await;
             let mut stream = remote.grep(&p, options).await?;
-            let mut matches = Vec::new();
+            let (mut matches, mut printed) = (Vec::new(), Vec::new());
             while let Some(item) = stream.next().await {
                 match item? {
                     GrepEvent::Match(m) => matches.push(m),
+                    GrepEvent::Printed(p) => printed.push(p),
                     GrepEvent::Summary { summary, truncated } => {
-                        return Ok(
-                            json!({ "matches": matches, "summary": summary, "truncated": truncated }),
-                        )
+                        let mut v = json!({ "matches": matches, "summary": summary, "truncated": truncated });
+                        if !printed.is_empty() {
+                            v["printed"] = json!(printed);
+                        }
+                        return Ok(v);
                     }
                 }
             }

@@ -37,7 +37,7 @@ use crate::agent::{MAX_FUZZY_RESULTS, MAX_GLOB_RESULTS, MAX_GREP_BYTES, MAX_GREP
 use crate::search::fuzzy::FuzzyMatch;
 use crate::search::grep::GrepOptions;
 use crate::search::scan::{LineWindow, ScanRequest, ScanResult};
-use crate::search::walk::{walk_source, SourceEntry, SourceKind, TreeSource, WalkOptions};
+use crate::search::walk::{walk_source, SourceEntry, SourceKind, TreeSource};
 use crate::search::SearchError;
 
 /// The device number every inode reports: any fixed value works, as long as it is the same
@@ -1382,8 +1382,8 @@ impl Remote for MemoryRemote {
         // Matches are collected under the lock (no `.await` in between): the caps above bound
         // them, and a test's tree is small.
         let mut events = Vec::new();
-        let result = crate::search::grep::grep_source(&*s, &root, &opts, &mut |m| {
-            events.push(Ok(GrepEvent::Match(m)));
+        let result = crate::search::grep::grep_source_items(&*s, &root, &opts, &mut |item| {
+            events.push(Ok(GrepEvent::from(item)));
             true
         });
         events.push(match result {
@@ -1406,11 +1406,7 @@ impl Remote for MemoryRemote {
 
     async fn fuzzy(&self, path: &RemotePath, req: FuzzyRequest) -> Result<Vec<FuzzyMatch>> {
         let query = crate::search::fuzzy::Query::new(&req.query)?;
-        let walk = WalkOptions {
-            hidden: req.hidden,
-            no_ignore: req.no_ignore,
-            ..Default::default()
-        };
+        let walk = req.walk;
         let s = self.lock();
         let root = s.query_root(path)?;
         let mut candidates = Vec::new();

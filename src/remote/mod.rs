@@ -28,8 +28,10 @@ pub use crate::wirebytes::WireBytes;
 pub use error::{RemoteError, Result};
 
 use crate::search::fuzzy::FuzzyMatch;
-use crate::search::grep::{GrepMatch, GrepOptions, GrepSummary};
+use crate::search::grep::{GrepItem, GrepMatch, GrepOptions, GrepSummary};
+use crate::search::print::PrintedFile;
 use crate::search::scan::{ScanRequest, ScanResult};
+use crate::search::walk::WalkOptions;
 
 /// Longest path accepted (bytes): deeper than Linux's PATH_MAX (4096) on purpose, since a
 /// workspace may hold trees deeper than one system call can name (the agent walks such paths
@@ -345,7 +347,19 @@ pub enum GrepEvent {
         summary: GrepSummary,
         truncated: bool,
     },
+    /// One file as ripgrep prints it (asked for with `GrepOptions::print`; older peers never
+    /// ask, so never see one).
+    Printed(PrintedFile),
     Match(GrepMatch),
+}
+
+impl From<GrepItem> for GrepEvent {
+    fn from(item: GrepItem) -> Self {
+        match item {
+            GrepItem::Match(m) => GrepEvent::Match(m),
+            GrepItem::Printed(p) => GrepEvent::Printed(p),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -353,10 +367,10 @@ pub struct FuzzyRequest {
     pub query: String,
     #[serde(default)]
     pub limit: Option<usize>,
-    #[serde(default)]
-    pub hidden: bool,
-    #[serde(default)]
-    pub no_ignore: bool,
+    /// Which files count: the same keys as before at the top level (`hidden`, `no_ignore`),
+    /// every walk option now, each defaulted so older peers still parse.
+    #[serde(flatten)]
+    pub walk: WalkOptions,
 }
 
 /// Who the remote is (for status and the ioctl INFO).

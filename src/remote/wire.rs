@@ -36,7 +36,7 @@
 //! | `POST /v1/fallocate` | path, offset, len, keep_size? | | Attr |
 //! | `POST /v1/copy_range` | path (source), offset, to, to_offset, len, base? | | [`CopyRangeAnswer`] |
 //! | `POST /v1/scan` | path | ScanRequest | ScanResult |
-//! | `POST /v1/grep` | path | GrepOptions | JSON lines of matches, then the summary |
+//! | `POST /v1/grep` | path | GrepOptions | JSON lines of matches (or, with `print`, of printed files), then the summary |
 //! | `POST /v1/glob` | path | `{"pattern"}` | `{"paths": [...]}` |
 //! | `POST /v1/fuzzy` | path | [`super::FuzzyRequest`] | `{"matches": [...]}` |
 //! | `POST /v1/edit` | path | [`EditBody`] | `{"count": n}` |

@@ -6,7 +6,8 @@
 //! the column, and every submatch is listed.
 //!
 //! Results stream: each finished match goes to the caller's sink, which can stop the search by
-//! returning `false`. A match is finished once its after-context is known, so matches come out in
+//! returning `false`. With [`GrepOptions::print`] each file is instead printed as ripgrep prints
+//! it ([`super::print`]) and the sink gets one [`GrepItem::Printed`] per file. A match is finished once its after-context is known, so matches come out in
 //! file order, files in walk order.
 //!
 //! Context: the searcher emits every line within N of a match exactly once (as a match or as
@@ -24,6 +25,7 @@ use grep_regex::{RegexMatcher, RegexMatcherBuilder};
 use grep_searcher::{BinaryDetection, Searcher, SearcherBuilder, Sink, SinkContext, SinkMatch};
 use serde::{Deserialize, Serialize};
 
+use super::print::{self, Haystack, PrintOptions, PrintedFile};
 use super::walk::{walk_files, walk_source, TreeSource, WalkOptions, WalkedFile};
 use super::SearchError;
 
@@ -55,6 +57,24 @@ pub struct GrepOptions {
     pub max_bytes: Option<u64>,
     /// Files searched at once; 0 picks one per core (at most [`MAX_AUTO_THREADS`]).
     pub threads: usize,
+    /// ripgrep `-w`: only matches surrounded by word boundaries.
+    pub word: bool,
+    /// ripgrep `-v`: select the lines that do not match.
+    pub invert: bool,
+    /// ripgrep `-S`: case-insensitive unless the pattern has an uppercase letter.
+    pub smart_case: bool,
+    /// ripgrep `--binary` (and `-uuu`): search binary files the walk finds too, up to their
+    /// first NUL after a match.
+    pub search_binary: bool,
+    /// Answer with ripgrep's text output, one [`PrintedFile`] per file, instead of matches.
+    pub print: Option<PrintOptions>,
+}
+
+/// What a search yields: a match, or (with [`GrepOptions::print`]) one file's printed output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GrepItem {
+    Match(GrepMatch),
+    Printed(PrintedFile),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -98,6 +118,8 @@ pub fn build_matcher(opts: &GrepOptions) -> Result<RegexMatcher, SearchError> {
     }
     let mut b = RegexMatcherBuilder::new();
     b.case_insensitive(opts.case_insensitive)
+        .case_smart(opts.smart_case)
+        .word(opts.word)
         .line_terminator(Some(b'\n'))
         .size_limit(REGEX_SIZE_LIMIT)
         .dfa_size_limit(DFA_SIZE_LIMIT);
@@ -107,7 +129,25 @@ pub fn build_matcher(opts: &GrepOptions) -> Result<RegexMatcher, SearchError> {
         opts.pattern.clone()
     };
     b.build(&pattern)
-        .map_err(|e| SearchError::Regex(e.to_string()))
+        .map_err(|e| SearchError::Regex(regex_error(&pattern, e)))
+}
+
+/// A regex error in terms of the user's pattern: the matcher reports it against the pattern
+/// it wrapped (`(?:foo()`), so the pattern alone is parsed again for the message.
+fn regex_error(pattern: &str, wrapped: grep_regex::Error) -> String {
+    match regex_syntax::Parser::new().parse(pattern) {
+        Err(regex_syntax::Error::Parse(e)) => format!(
+            "{pattern}: {} (at column {})",
+            e.kind(),
+            e.span().start.column
+        ),
+        Err(regex_syntax::Error::Translate(e)) => format!(
+            "{pattern}: {} (at column {})",
+            e.kind(),
+            e.span().start.column
+        ),
+        _ => wrapped.to_string().replace('\n', " "),
+    }
 }
 
 /// Search `root` (a file or a directory), sending each match to `sink` until it returns `false`.
@@ -120,6 +160,18 @@ pub fn grep(
     root: &Path,
     opts: &GrepOptions,
     sink: &mut dyn FnMut(GrepMatch) -> bool,
+) -> Result<GrepSummary, SearchError> {
+    grep_items(root, opts, &mut |item| match item {
+        GrepItem::Match(m) => sink(m),
+        GrepItem::Printed(_) => true,
+    })
+}
+
+/// [`grep`], yielding printed files too when [`GrepOptions::print`] asks for them.
+pub fn grep_items(
+    root: &Path,
+    opts: &GrepOptions,
+    sink: &mut dyn FnMut(GrepItem) -> bool,
 ) -> Result<GrepSummary, SearchError> {
     if opts.before_context > MAX_CONTEXT_LINES || opts.after_context > MAX_CONTEXT_LINES {
         return Err(SearchError::LimitExceeded(format!(
@@ -138,11 +190,16 @@ pub fn grep(
     // A counting semaphore: one slot per batch walked but not yet emitted.
     let (slot_tx, slot_rx) = mpsc::sync_channel::<()>(BATCHES_IN_FLIGHT);
     let (done_tx, done_rx) = mpsc::channel::<Done>();
+    let mut redo = |file: &WalkedFile, max: u64| {
+        let mut searcher = new_searcher(opts);
+        search_file(&mut searcher, &matcher, opts, file.clone(), Some(max))
+    };
     let mut emitter = Emitter {
         opts,
         sink,
         summary: GrepSummary::default(),
         stopped: false,
+        redo: Some(&mut redo),
     };
     std::thread::scope(|scope| {
         let walk_done = done_tx.clone();
@@ -192,7 +249,7 @@ pub fn grep(
                             if stop.load(Ordering::Relaxed) {
                                 FileResult::default()
                             } else {
-                                search_file(&mut searcher, matcher, opts, file)
+                                search_file(&mut searcher, matcher, opts, file, opts.max_results)
                             }
                         })
                         .collect();
@@ -217,6 +274,19 @@ pub fn grep_source(
     opts: &GrepOptions,
     sink: &mut dyn FnMut(GrepMatch) -> bool,
 ) -> Result<GrepSummary, SearchError> {
+    grep_source_items(source, root, opts, &mut |item| match item {
+        GrepItem::Match(m) => sink(m),
+        GrepItem::Printed(_) => true,
+    })
+}
+
+/// [`grep_source`], yielding printed files too when [`GrepOptions::print`] asks for them.
+pub fn grep_source_items(
+    source: &dyn TreeSource,
+    root: &[u8],
+    opts: &GrepOptions,
+    sink: &mut dyn FnMut(GrepItem) -> bool,
+) -> Result<GrepSummary, SearchError> {
     if opts.before_context > MAX_CONTEXT_LINES || opts.after_context > MAX_CONTEXT_LINES {
         return Err(SearchError::LimitExceeded(format!(
             "context is limited to {MAX_CONTEXT_LINES} lines"
@@ -229,12 +299,26 @@ pub fn grep_source(
         sink,
         summary: GrepSummary::default(),
         stopped: false,
+        redo: None,
     };
     walk_source(source, root, &opts.walk, |file| {
         let result = match source.content(&file.path) {
-            Some(bytes) => search_with(&matcher, opts, file.relative, |sink| {
-                searcher.search_slice(&matcher, &bytes, sink)
-            }),
+            Some(bytes) => match &opts.print {
+                // One file at a time: the matches still allowed are known exactly.
+                Some(p) => print_with(
+                    &mut searcher,
+                    &matcher,
+                    opts,
+                    p,
+                    remaining(opts, &emitter.summary),
+                    &p.shown_path(&file.relative_bytes, file.explicit),
+                    file.explicit,
+                    Haystack::Bytes(&bytes),
+                ),
+                None => search_with(&matcher, opts, file.relative, |sink| {
+                    searcher.search_slice(&matcher, &bytes, sink)
+                }),
+            },
             None => FileResult {
                 error: Some(format!("{}: could not be read", file.relative)),
                 ..Default::default()
@@ -269,12 +353,25 @@ enum Done {
 #[derive(Default)]
 struct FileResult {
     matches: Vec<GrepMatch>,
+    /// With [`GrepOptions::print`]: the file's output.
+    printed: Option<PrintedFile>,
+    /// The file, for printing it again with fewer matches allowed (see [`Emitter::redo`]).
+    file: Option<WalkedFile>,
     searched: bool,
     error: Option<String>,
 }
 
+/// Matches a search may still yield.
+fn remaining(opts: &GrepOptions, summary: &GrepSummary) -> Option<u64> {
+    opts.max_results.map(|m| m.saturating_sub(summary.matches))
+}
+
 fn new_searcher(opts: &GrepOptions) -> Searcher {
+    if let Some(p) = &opts.print {
+        return print::searcher(opts, p);
+    }
     SearcherBuilder::new()
+        .invert_match(opts.invert)
         .line_number(true)
         .before_context(opts.before_context)
         .after_context(opts.after_context)
@@ -291,6 +388,7 @@ fn search_file(
     matcher: &RegexMatcher,
     opts: &GrepOptions,
     file: WalkedFile,
+    max_matches: Option<u64>,
 ) -> FileResult {
     let shown = file.path.display().to_string();
     // The walk yields regular files only, but one may have been replaced since (a FIFO would
@@ -308,13 +406,64 @@ fn search_file(
             }
         }
     };
-    let mut result = search_with(matcher, opts, file.relative, |sink| {
-        searcher.search_file(matcher, &opened, sink)
-    });
+    let mut result = match &opts.print {
+        Some(p) => {
+            let mut r = print_with(
+                searcher,
+                matcher,
+                opts,
+                p,
+                max_matches,
+                &p.shown_path(&file.relative_bytes, file.explicit),
+                file.explicit,
+                Haystack::File(&opened),
+            );
+            r.file = Some(file);
+            r
+        }
+        None => search_with(matcher, opts, file.relative, |sink| {
+            searcher.search_file(matcher, &opened, sink)
+        }),
+    };
     if let Some(e) = &mut result.error {
         *e = format!("{shown}: {e}");
     }
     result
+}
+
+/// Search one file and print it (see [`print::print_file`]).
+#[allow(clippy::too_many_arguments)]
+fn print_with(
+    searcher: &mut Searcher,
+    matcher: &RegexMatcher,
+    opts: &GrepOptions,
+    p: &PrintOptions,
+    max_matches: Option<u64>,
+    shown: &Path,
+    explicit: bool,
+    hay: Haystack<'_>,
+) -> FileResult {
+    match print::print_file(
+        searcher,
+        matcher,
+        opts,
+        p,
+        max_matches,
+        shown,
+        explicit,
+        &hay,
+    ) {
+        Ok(printed) => FileResult {
+            printed: Some(printed),
+            searched: true,
+            ..Default::default()
+        },
+        Err(e) => FileResult {
+            searched: true,
+            error: Some(e.to_string()),
+            ..Default::default()
+        },
+    }
 }
 
 /// Search one file through `search` (a path or a slice), collecting its matches.
@@ -339,16 +488,23 @@ fn search_with(
         matches: sink.done,
         searched: true,
         error: result.err().map(|e| e.to_string()),
+        ..Default::default()
     }
 }
+
+/// Prints a file again allowing at most this many matches.
+type Redo<'a> = &'a mut dyn FnMut(&WalkedFile, u64) -> FileResult;
 
 /// The calling thread's side: puts finished files back in walk order, applies the caps and
 /// feeds the caller's sink.
 struct Emitter<'a> {
     opts: &'a GrepOptions,
-    sink: &'a mut dyn FnMut(GrepMatch) -> bool,
+    sink: &'a mut dyn FnMut(GrepItem) -> bool,
     summary: GrepSummary,
     stopped: bool,
+    /// Print a file again allowing at most this many matches: a file printed in parallel
+    /// may hold more than the matches left when its turn comes.
+    redo: Option<Redo<'a>>,
 }
 
 impl Emitter<'_> {
@@ -388,12 +544,15 @@ impl Emitter<'_> {
         }
     }
 
-    fn emit_file(&mut self, result: FileResult) {
+    fn emit_file(&mut self, mut result: FileResult) {
         if self.stopped {
             return;
         }
-        if let Some(e) = result.error {
+        if let Some(e) = result.error.take() {
             self.summary.errors.push(e);
+        }
+        if result.printed.is_some() {
+            return self.emit_printed(result);
         }
         self.summary.files_searched += u64::from(result.searched);
         self.summary.files_matched += u64::from(!result.matches.is_empty());
@@ -414,11 +573,46 @@ impl Emitter<'_> {
             }
             self.summary.matches += 1;
             self.summary.bytes += cost;
-            if !(self.sink)(m) {
+            if !(self.sink)(GrepItem::Match(m)) {
                 self.summary.truncated = true;
                 self.stopped = true;
                 return;
             }
+        }
+    }
+
+    /// A printed file: counted whole against the caps (printed again with fewer matches when
+    /// it holds more than are left; stopped before it when its text would pass `max_bytes`).
+    fn emit_printed(&mut self, mut result: FileResult) {
+        let mut printed = result.printed.take().unwrap_or_default();
+        let left = remaining(self.opts, &self.summary);
+        if let Some(left) = left.filter(|&left| printed.matches > left) {
+            self.summary.truncated = true;
+            self.stopped = true;
+            match (left, &mut self.redo, &result.file) {
+                (1.., Some(redo), Some(file)) => {
+                    printed = redo(file, left).printed.unwrap_or_default();
+                }
+                _ => return,
+            }
+        }
+        let cost = printed.printed.0.len() as u64;
+        if self
+            .opts
+            .max_bytes
+            .is_some_and(|max| self.summary.bytes + cost > max)
+        {
+            self.summary.truncated = true;
+            self.stopped = true;
+            return;
+        }
+        self.summary.files_searched += u64::from(result.searched);
+        self.summary.files_matched += u64::from(printed.matches > 0);
+        self.summary.matches += printed.matches;
+        self.summary.bytes += cost;
+        if !printed.printed.0.is_empty() && !(self.sink)(GrepItem::Printed(printed)) {
+            self.summary.truncated = true;
+            self.stopped = true;
         }
     }
 }

@@ -9,6 +9,7 @@ pub mod edit;
 pub mod fuzzy;
 pub mod glob;
 pub mod grep;
+pub mod print;
 pub mod scan;
 pub mod walk;
 

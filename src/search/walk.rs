@@ -22,6 +22,37 @@ pub struct WalkOptions {
     pub globs: Vec<String>,
     /// Skip files larger than this many bytes.
     pub max_filesize: Option<u64>,
+    /// ripgrep `-t TYPE`: only files of these types (ripgrep's default type definitions).
+    pub types: Vec<String>,
+    /// ripgrep `-T TYPE`: no files of these types.
+    pub types_not: Vec<String>,
+    /// ripgrep `-L`: follow symbolic links while walking.
+    pub follow: bool,
+}
+
+/// The file types `-t`/`-T` select from: ripgrep's default definitions.
+pub fn file_types(opts: &WalkOptions) -> Result<ignore::types::Types, SearchError> {
+    let mut b = ignore::types::TypesBuilder::new();
+    b.add_defaults();
+    for t in &opts.types {
+        b.select(t);
+    }
+    for t in &opts.types_not {
+        b.negate(t);
+    }
+    b.build()
+        .map_err(|e| SearchError::InvalidArgs(e.to_string()))
+}
+
+/// `rg --type-list`: each type and its globs, one a line, sorted by name.
+pub fn type_list() -> String {
+    let mut b = ignore::types::TypesBuilder::new();
+    b.add_defaults();
+    let mut out = String::new();
+    for def in b.definitions() {
+        out.push_str(&format!("{}: {}\n", def.name(), def.globs().join(", ")));
+    }
+    out
 }
 
 /// A file the walk found: its absolute path and its path relative to the searched root
@@ -30,6 +61,10 @@ pub struct WalkOptions {
 pub struct WalkedFile {
     pub path: PathBuf,
     pub relative: String,
+    /// The same path's exact bytes (a name need not be UTF-8).
+    pub relative_bytes: Vec<u8>,
+    /// The root itself was this file (named on the command line, as ripgrep says "explicit").
+    pub explicit: bool,
 }
 
 /// Walk `root` in a deterministic order (sorted by name within each directory, like
@@ -49,7 +84,9 @@ pub fn walk_files(
             .unwrap_or_default();
         visit(WalkedFile {
             path: root.to_path_buf(),
+            relative_bytes: relative.clone().into_bytes(),
             relative,
+            explicit: true,
         });
         return Ok(());
     }
@@ -75,6 +112,8 @@ pub fn walk_files(
         .add_custom_ignore_filename(".rgignore")
         .overrides(overrides)
         .max_filesize(opts.max_filesize)
+        .types(file_types(opts)?)
+        .follow_links(opts.follow)
         .sort_by_file_name(|a, b| a.cmp(b))
         .build();
     for entry in walker {
@@ -89,9 +128,16 @@ pub fn walk_files(
             continue;
         }
         let relative = relative_path(root, entry.path());
+        let relative_bytes = {
+            use std::os::unix::ffi::OsStrExt;
+            let rel = entry.path().strip_prefix(root).unwrap_or(entry.path());
+            rel.as_os_str().as_bytes().to_vec()
+        };
         if !visit(WalkedFile {
             path: entry.into_path(),
             relative,
+            relative_bytes,
+            explicit: false,
         }) {
             break;
         }
@@ -148,6 +194,10 @@ pub trait TreeSource {
 pub struct SourceFile {
     pub path: Vec<u8>,
     pub relative: String,
+    /// The same path's exact bytes.
+    pub relative_bytes: Vec<u8>,
+    /// The root itself was this file.
+    pub explicit: bool,
 }
 
 fn join_bytes(dir: &[u8], name: &[u8]) -> Vec<u8> {
@@ -209,6 +259,8 @@ pub fn walk_source(
             visit(SourceFile {
                 path: root.to_vec(),
                 relative: String::from_utf8_lossy(name).into_owned(),
+                relative_bytes: name.to_vec(),
+                explicit: true,
             });
             return Ok(());
         }
@@ -223,6 +275,7 @@ pub fn walk_source(
     let overrides = overrides
         .build()
         .map_err(|e| SearchError::InvalidArgs(e.to_string()))?;
+    let types = file_types(opts)?;
     let respect = !opts.no_ignore;
     // The rules in force, outermost first: those of the directories above the root, then one
     // level per directory walked.
@@ -257,10 +310,27 @@ pub fn walk_source(
                 }
             }
         }
+        // As the `ignore` crate: a type selection decides after the ignore files, and a file it
+        // selects is no longer hidden.
+        match types.matched(&vp, is_dir) {
+            ignore::Match::Ignore(_) => return true,
+            ignore::Match::Whitelist(_) => whitelisted = true,
+            ignore::Match::None => {}
+        }
         let name = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
         !whitelisted && !opts.hidden && name.first() == Some(&b'.')
     };
-    walk_source_dir(source, root, root, opts, &mut parents, &ignored, &mut visit);
+    let mut seen = Vec::new();
+    walk_source_dir(
+        source,
+        root,
+        root,
+        opts,
+        &mut parents,
+        &ignored,
+        &mut visit,
+        &mut seen,
+    );
     Ok(())
 }
 
@@ -270,6 +340,7 @@ type Levels = Vec<Vec<ignore::gitignore::Gitignore>>;
 /// Whether a path is ignored, given the ignore files of every level above it.
 type IgnoredFn<'a> = dyn Fn(&[Vec<ignore::gitignore::Gitignore>], &[u8], bool) -> bool + 'a;
 
+#[allow(clippy::too_many_arguments)]
 fn walk_source_dir(
     source: &dyn TreeSource,
     root: &[u8],
@@ -278,17 +349,40 @@ fn walk_source_dir(
     levels: &mut Levels,
     ignored: &IgnoredFn<'_>,
     visit: &mut dyn FnMut(SourceFile) -> bool,
+    // With `follow`: the directories being walked, resolved, so a link loop ends.
+    seen: &mut Vec<Vec<u8>>,
 ) -> bool {
+    if opts.follow {
+        let Some(real) = source.resolve(dir) else {
+            return true;
+        };
+        if seen.contains(&real) {
+            return true;
+        }
+        seen.push(real);
+    }
     if !opts.no_ignore {
         levels.push(source_ignores(source, dir, dir.is_empty()));
     }
     let mut go_on = true;
-    for e in source.entries(dir) {
+    for mut e in source.entries(dir) {
         let path = join_bytes(dir, &e.name);
+        if opts.follow && e.kind == SourceKind::Symlink {
+            // Followed, the link is what it leads to (a dangling or escaping one is skipped).
+            match source.resolve(&path) {
+                Some(target) => {
+                    e.kind = source.kind(&target).unwrap_or(SourceKind::Other);
+                    if e.kind == SourceKind::File {
+                        e.size = source.content(&target).map_or(0, |c| c.len() as u64);
+                    }
+                }
+                None => continue,
+            }
+        }
         match e.kind {
             SourceKind::Dir => {
                 if !ignored(levels, &path, true)
-                    && !walk_source_dir(source, root, &path, opts, levels, ignored, visit)
+                    && !walk_source_dir(source, root, &path, opts, levels, ignored, visit, seen)
                 {
                     go_on = false;
                     break;
@@ -300,7 +394,12 @@ fn walk_source_dir(
                 }
                 let rel = &path[root.len() + usize::from(!root.is_empty())..];
                 let relative = String::from_utf8_lossy(rel).into_owned();
-                if !visit(SourceFile { path, relative }) {
+                if !visit(SourceFile {
+                    relative_bytes: rel.to_vec(),
+                    path,
+                    relative,
+                    explicit: false,
+                }) {
                     go_on = false;
                     break;
                 }
@@ -310,6 +409,9 @@ fn walk_source_dir(
     }
     if !opts.no_ignore {
         levels.pop();
+    }
+    if opts.follow {
+        seen.pop();
     }
     go_on
 }

@@ -127,10 +127,12 @@ pub fn grep_options(o: &Value) -> GrepOptions {
                 .map(|a| a.iter().map(|g| g.as_str().unwrap().to_string()).collect())
                 .unwrap_or_default(),
             max_filesize: u("max_filesize"),
+            ..Default::default()
         },
         max_results: u("max_results"),
         max_bytes: u("max_bytes"),
         threads: u("threads").unwrap_or(0) as usize,
+        ..Default::default()
     }
 }
 

@@ -1,0 +1,215 @@
+//! grep's text output: ripgrep's own printer (`grep-printer`), configured as `rg` configures
+//! it, so `sbxfs grep` prints byte for byte what `rg --sort path` prints.
+//!
+//! Each file is printed on its own (files are searched in parallel, and in a mount by the
+//! sandbox), so the `--` or blank line ripgrep puts between files is added by whoever joins
+//! the files in order ([`PrintOptions::file_separator`]).
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use grep_printer::{ColorSpecs, StandardBuilder, SummaryBuilder, SummaryKind};
+use grep_regex::RegexMatcher;
+use grep_searcher::{BinaryDetection, Searcher, SearcherBuilder, Sink};
+use serde::{Deserialize, Serialize};
+use termcolor::{Buffer, WriteColor};
+
+use super::grep::GrepOptions;
+use crate::wirebytes::WireBytes;
+
+/// What is printed for each file, as ripgrep's output modes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PrintKind {
+    /// Matching lines (and context): rg's default.
+    #[default]
+    Lines,
+    /// `-c`: the number of matching lines of each file with any.
+    Count,
+    /// `-l`: the path of each file with a match.
+    FilesWithMatches,
+    /// `--files-without-match`: the path of each file without one.
+    FilesWithoutMatch,
+    /// `--files`: the path of each file that would be searched.
+    Files,
+}
+
+/// How to print: what rg decides from its flags and from whether stdout is a terminal.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PrintOptions {
+    pub kind: PrintKind,
+    /// The search root as the user typed it. A file below it is shown as this joined with its
+    /// path below the root; empty shows the path below the root alone (rg with no path
+    /// argument); a root that is a file is shown as typed.
+    pub shown_root: WireBytes,
+    /// Print the path with each line (`-H`, several paths) or not (`-I`); unset: as rg, with
+    /// it unless the root is a file (decided where the root is seen: in a mount, the sandbox).
+    pub with_filename: Option<bool>,
+    pub line_number: bool,
+    pub column: bool,
+    /// `-o`: each match on a line of its own.
+    pub only_matching: bool,
+    /// The path once above a file's lines (rg on a terminal).
+    pub heading: bool,
+    /// ripgrep's default colours (ANSI).
+    pub color: bool,
+}
+
+/// One file's printed output, and how many matches it counted (for the caps and the exit code).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrintedFile {
+    pub printed: WireBytes,
+    pub matches: u64,
+}
+
+/// Where a file's bytes come from.
+pub enum Haystack<'a> {
+    File(&'a std::fs::File),
+    Bytes(&'a [u8]),
+}
+
+impl PrintOptions {
+    /// What rg prints between two files' output: a blank line under headings, `--` with
+    /// context, nothing otherwise.
+    pub fn file_separator(&self, opts: &GrepOptions) -> Option<&'static [u8]> {
+        if self.kind != PrintKind::Lines {
+            None
+        } else if self.heading {
+            Some(b"\n")
+        } else if opts.before_context > 0 || opts.after_context > 0 {
+            Some(b"--\n")
+        } else {
+            None
+        }
+    }
+
+    /// The path printed for a file found `relative` below the root.
+    pub fn shown_path(&self, relative: &[u8], explicit: bool) -> PathBuf {
+        use std::os::unix::ffi::OsStrExt;
+        let relative = Path::new(std::ffi::OsStr::from_bytes(relative));
+        let root = Path::new(std::ffi::OsStr::from_bytes(&self.shown_root.0));
+        if root.as_os_str().is_empty() {
+            PathBuf::from(relative)
+        } else if explicit {
+            root.to_path_buf()
+        } else {
+            root.join(relative)
+        }
+    }
+}
+
+/// The searcher for printing: as rg builds it (line numbers only when shown).
+pub fn searcher(opts: &GrepOptions, print: &PrintOptions) -> Searcher {
+    SearcherBuilder::new()
+        .line_number(print.line_number)
+        .invert_match(opts.invert)
+        .before_context(opts.before_context)
+        .after_context(opts.after_context)
+        .build()
+}
+
+/// rg's binary handling: a file named on the command line is searched up to its first NUL
+/// after a match ("binary file matches"), one found by the walk is skipped at its first NUL
+/// unless `--binary`; `--text` searches both as text.
+fn binary_detection(opts: &GrepOptions, explicit: bool) -> BinaryDetection {
+    if opts.binary {
+        BinaryDetection::none()
+    } else if explicit || opts.search_binary {
+        BinaryDetection::convert(b'\x00')
+    } else {
+        BinaryDetection::quit(b'\x00')
+    }
+}
+
+fn run<S: Sink<Error = io::Error>>(
+    searcher: &mut Searcher,
+    matcher: &RegexMatcher,
+    hay: &Haystack<'_>,
+    sink: S,
+) -> io::Result<()> {
+    match hay {
+        Haystack::File(f) => searcher.search_file(matcher, f, sink),
+        Haystack::Bytes(b) => searcher.search_slice(matcher, b, sink),
+    }
+}
+
+fn colors(print: &PrintOptions) -> ColorSpecs {
+    if print.color {
+        ColorSpecs::default_with_color()
+    } else {
+        ColorSpecs::default()
+    }
+}
+
+/// Search one file and print it as rg would, stopping after `max_matches` matching lines.
+#[allow(clippy::too_many_arguments)]
+pub fn print_file(
+    searcher: &mut Searcher,
+    matcher: &RegexMatcher,
+    opts: &GrepOptions,
+    print: &PrintOptions,
+    max_matches: Option<u64>,
+    shown: &Path,
+    explicit: bool,
+    hay: &Haystack<'_>,
+) -> io::Result<PrintedFile> {
+    searcher.set_binary_detection(binary_detection(opts, explicit));
+    let buf = if print.color {
+        Buffer::ansi()
+    } else {
+        Buffer::no_color()
+    };
+    let (buf, matches) = match print.kind {
+        PrintKind::Files => {
+            let mut buf = buf;
+            buf.set_color(colors(print).path())?;
+            write_path(&mut buf, shown)?;
+            buf.reset()?;
+            buf.write_all(b"\n")?;
+            (buf, 1)
+        }
+        PrintKind::Lines => {
+            let mut printer = StandardBuilder::new()
+                .color_specs(colors(print))
+                .heading(print.heading)
+                .path(print.with_filename.unwrap_or(!explicit))
+                .only_matching(print.only_matching)
+                .max_matches(max_matches)
+                .column(print.column)
+                .separator_search(None)
+                .separator_context(Some(b"--".to_vec()))
+                .build(buf);
+            let mut sink = printer.sink_with_path(matcher, shown);
+            run(searcher, matcher, hay, &mut sink)?;
+            let matches = sink.match_count();
+            (printer.into_inner(), matches)
+        }
+        kind => {
+            let kind = match kind {
+                PrintKind::Count => SummaryKind::Count,
+                PrintKind::FilesWithMatches => SummaryKind::PathWithMatch,
+                _ => SummaryKind::PathWithoutMatch,
+            };
+            let mut printer = SummaryBuilder::new()
+                .kind(kind)
+                .color_specs(colors(print))
+                .path(print.with_filename.unwrap_or(!explicit))
+                .max_matches(max_matches)
+                .build(buf);
+            let mut sink = printer.sink_with_path(matcher, shown);
+            run(searcher, matcher, hay, &mut sink)?;
+            let matched = u64::from(sink.has_match());
+            (printer.into_inner(), matched)
+        }
+    };
+    Ok(PrintedFile {
+        printed: WireBytes(buf.into_inner()),
+        matches,
+    })
+}
+
+fn write_path(out: &mut impl Write, path: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    out.write_all(path.as_os_str().as_bytes())
+}
