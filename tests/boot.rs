@@ -574,7 +574,7 @@ fn a_sandbox_that_cannot_be_reached_exits_5_and_leaves_nothing() {
     assert_eq!(code, 5, "{out}");
     assert_eq!(out.lines().count(), 1, "one line: {out}");
     assert!(
-        out.starts_with("sbxfs mount: cannot reach the sandbox at http://127.0.0.1:9"),
+        out.starts_with("sbxfs mount: http://127.0.0.1:9: connection refused by 127.0.0.1:9"),
         "{out}"
     );
     assert_eq!(s.left_behind(), before, "nothing left behind");

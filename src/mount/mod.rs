@@ -344,6 +344,16 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     core.set_kernel_cache(Arc::new(fuse::Notifier(kernel_cache.clone())));
     let background = session.spawn()?;
     created.keep();
+    // Signals are caught before the mount is announced: a SIGTERM right after the ready line
+    // must push and unmount, not kill the daemon.
+    let (mut term, mut int) = {
+        use tokio::signal::unix::{signal, SignalKind};
+        let _enter = rt.enter();
+        (
+            signal(SignalKind::terminate()).context("SIGTERM handler")?,
+            signal(SignalKind::interrupt()).context("SIGINT handler")?,
+        )
+    };
     announce_ready(&cfg, &mountpoint, our_dev.as_deref(), &kernel_cache);
 
     let retry_core = core.clone();
@@ -367,9 +377,6 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     // Wait for a signal, or for the session to end (an unmount from outside).
     let session_ended = || background.guard.is_finished();
     rt.block_on(async {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-        let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
         let ended = async {
             while !session_ended() {
                 tokio::time::sleep(SESSION_POLL).await;
