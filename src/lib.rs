@@ -4,7 +4,8 @@
 //! - [`search`]: the pure search and edit core (`scan`, `glob`, `grep`, `fuzzy`, `edit`), no
 //!   FUSE or network dependency; pinned by the shared vectors in `tests/vectors/`.
 //! - [`remote`]: the [`remote::Remote`] trait every sandbox backend implements, its error type
-//!   (mapped to errno in one place), the agent protocol ([`remote::wire`]) and its HTTP client.
+//!   (mapped to errno in one place), the agent protocol ([`remote::wire`]) and its HTTP(S)
+//!   client; [`remote::reach`] classifies a first contact's failure into one line and exit code.
 //!   [`remote::memory`]: a whole sandbox in memory, the reference backend for tests (with a
 //!   sandbox-side API to change files behind the mount's back).
 //!   [`remote::faulty`]: a wrapper around any `Remote` injecting latency, errors, hangs, cut streams.
@@ -26,9 +27,11 @@
 //! - [`control`]: the mount's control surface as a protocol: the INFO/QUERY ioctl numbers and
 //!   codec, the control socket's requests and location, and the CLI's client; one versioned
 //!   protocol shared by the daemon and the CLI, so `sbxfs grep` in a mount runs in the sandbox.
+//! - [`lograte`]: repeated failures logged once a minute with a count.
 //! - [`atomic`]: atomic replacement of a local file (used by the CLI's `edit`).
 //! - [`proxy`]: a delaying, byte-counting TCP proxy for tests and benchmarks.
-//! - [`cli`]: the `sbxfs` command line; `main.rs` only calls [`cli::main`].
+//! - [`cli`]: the `sbxfs` command line (query, daemon and ctl commands, logging set-up, help,
+//!   completions and man page from one clap definition); `main.rs` only calls [`cli::main`].
 //!
 //! # The path of a read
 //! `read(2)` in the mount reaches [`mount::fuse`], which hands it to a task running
@@ -54,7 +57,9 @@
 //! writes, then streams the agent's `/v1/grep` answer back. In the sandbox (or on a local path)
 //! the core does the work: it walks the tree once with ripgrep's
 //! `ignore` walker ([`search::walk`]), searches files in parallel with `grep-searcher`, and
-//! streams matches in walk order to a sink that can stop the search (a cap, or a client gone).
+//! streams matches in walk order to a sink that can stop the search (a cap, or a client gone);
+//! text output is ripgrep's own printer set up as `rg --sort path` ([`search::print`]), printed
+//! per file in the sandbox with the paths as the user gave them.
 //! `scan` streams a file through [`search::scan::LineWindow`] in 64 KiB positional reads.
 //!
 //! # Consistency
