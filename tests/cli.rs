@@ -417,7 +417,7 @@ fn sizes_take_units() {
         .env("XDG_CACHE_HOME", w.path().join("cache"))
         .current_dir(w.path()));
     let err = String::from_utf8_lossy(&err);
-    assert_eq!(code, 3, "{err}");
+    assert_eq!(code, 5, "{err}");
     assert!(err.contains("connection refused"), "{err}");
     let (code, _, err) = sbxfs(w.path(), &["grep", "line", ".", "--max-filesize", "2K"]);
     assert_eq!(
