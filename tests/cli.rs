@@ -385,6 +385,86 @@ fn completions_and_the_man_page_are_generated_from_the_cli() {
 }
 
 #[test]
+fn each_command_has_a_man_page_with_its_options() {
+    let (code, grep, err) = sbxfs(Path::new("."), &["man", "grep"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(grep.contains(".TH sbxfs-grep 1"), "{grep}");
+    for option in ["ignore\\-case", "files\\-without\\-match", "max\\-bytes"] {
+        assert!(grep.contains(option), "sbxfs-grep(1) lacks {option}");
+    }
+    let (code, _, err) = sbxfs(Path::new("."), &["man", "bogus"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("no command `bogus`"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    let (code, _, err) = sbxfs(Path::new("."), &["man", "--dir", out]);
+    assert_eq!(code, 0, "{err}");
+    let mut pages: Vec<String> = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    pages.sort();
+    assert!(pages.contains(&"sbxfs.1".to_string()), "{pages:?}");
+    assert!(pages.contains(&"sbxfs-mount.1".to_string()), "{pages:?}");
+    assert!(
+        !pages
+            .iter()
+            .any(|p| p.contains("help") || p.contains("proxy")),
+        "{pages:?}"
+    );
+    let mount = fs::read_to_string(dir.path().join("sbxfs-mount.1")).unwrap();
+    assert!(
+        mount.contains("token\\-file") && mount.contains("cache\\-size"),
+        "{mount}"
+    );
+}
+
+/// `sbxfs completions zsh | head -1`, `sbxfs man | head -1`: the reader leaving early is no
+/// error (no panic, nothing on stderr, exit 0).
+#[test]
+fn generated_text_into_a_closed_pipe_is_no_error() {
+    for args in ["completions zsh", "completions fish", "man", "man grep"] {
+        let script = format!(
+            "set -o pipefail; '{}' {args} | head -c 1 >/dev/null",
+            sbxfs_bin().display()
+        );
+        let (code, _, err) = run(Command::new("bash").arg("-c").arg(&script));
+        let err = String::from_utf8_lossy(&err);
+        assert_eq!(code, 0, "{args}: {err}");
+        assert!(err.is_empty(), "{args}: {err}");
+    }
+}
+
+/// `sbxfs umount` unmounts sbxfs mounts only: as root, fusermount3 would unmount anything.
+#[test]
+fn umount_leaves_other_filesystems_alone() {
+    let w = workspace();
+    let plain = w.path().join("plain");
+    fs::create_dir(&plain).unwrap();
+    let (code, _, err) = sbxfs(w.path(), &["umount", "plain"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("is not a mount point"), "{err}");
+    if !rustix::process::geteuid().is_root() {
+        return; // mounting a tmpfs needs root
+    }
+    let (code, _, err) = run(Command::new("mount")
+        .args(["-t", "tmpfs", "sbxfs-test"])
+        .arg(&plain));
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+    let (code, _, err) = sbxfs(w.path(), &["umount", "plain"]);
+    let mounted = fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .contains(plain.to_str().unwrap());
+    let _ = run(Command::new("umount").arg(&plain));
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("is a tmpfs mount, not an sbxfs mount"),
+        "{err}"
+    );
+    assert!(mounted, "the tmpfs was unmounted");
+}
+
+#[test]
 fn sizes_take_units() {
     let w = workspace();
     let lines: String = (1..=1000).map(|i| format!("line {i:04}\n")).collect();

@@ -131,12 +131,32 @@ fn flatten(prefix: String, v: &serde_json::Value, rows: &mut Vec<(String, String
         Value::Object(_) | Value::Array(_) => rows.push((prefix, "(none)".into())),
         Value::String(s) => rows.push((prefix, s.clone())),
         Value::Null => rows.push((prefix, "-".into())),
+        // Measurements (milliseconds, ratios): three decimals say enough.
+        Value::Number(n) if n.is_f64() => {
+            let x = n.as_f64().unwrap_or_default();
+            let text = format!("{x:.3}");
+            rows.push((
+                prefix,
+                text.trim_end_matches('0').trim_end_matches('.').into(),
+            ))
+        }
         other => rows.push((prefix, other.to_string())),
     }
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn measurements_are_rounded_in_the_table() {
+        let t = super::table(
+            &serde_json::json!({"round_trip_ms": 2.4010960000000003, "x": 2.5, "n": 7}),
+        );
+        assert_eq!(
+            t,
+            "n              7\nround_trip_ms  2.401\nx              2.5\n"
+        );
+    }
+
     #[test]
     fn a_table_has_one_aligned_row_per_value() {
         let v = serde_json::json!({"remote": "http://x", "cache": {"hits": 3, "misses": 10},

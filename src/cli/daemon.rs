@@ -217,20 +217,53 @@ pub(super) fn run_mount(a: MountArgs) -> i32 {
 }
 
 pub(super) fn run_umount(a: UmountArgs) -> i32 {
+    // Only an sbxfs mount: as root, fusermount3 would unmount anything.
+    let shown = a.mountpoint.display();
+    let at = mount_table_path(&a.mountpoint);
+    let mounts = crate::mount::mounts::current();
+    match crate::mount::mounts::top_at(&mounts, &at) {
+        None => {
+            eprintln!("sbxfs umount: {shown} is not a mount point");
+            return ERROR;
+        }
+        Some(e) if !e.is_sbxfs() => {
+            eprintln!(
+                "sbxfs umount: {shown} is a {} mount, not an sbxfs mount; left alone (use umount)",
+                e.fstype
+            );
+            return ERROR;
+        }
+        Some(_) => {}
+    }
     // The daemon sees its session end, pushes what is staged, and exits.
     match std::process::Command::new("fusermount3")
         .arg("-u")
-        .arg(&a.mountpoint)
+        .arg(&at)
         .status()
     {
         Ok(s) if s.success() => 0,
-        Ok(_) => ERROR,
+        Ok(_) => {
+            eprintln!("sbxfs umount: fusermount3 could not unmount {shown}");
+            ERROR
+        }
         Err(e) => {
             eprintln!("sbxfs umount: fusermount3: {e}");
             ERROR
         }
     }
 }
+/// A mountpoint as the mount table names it: absolute, with symlinks in its parents resolved.
+/// The mountpoint itself is never stat'ed (a dead FUSE mount answers ENOTCONN).
+fn mount_table_path(p: &std::path::Path) -> PathBuf {
+    let abs = std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    match (abs.parent(), abs.file_name()) {
+        (Some(parent), Some(name)) => std::fs::canonicalize(parent)
+            .map(|d| d.join(name))
+            .unwrap_or(abs),
+        _ => abs,
+    }
+}
+
 pub(super) fn run_proxy(a: ProxyArgs) -> i32 {
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,

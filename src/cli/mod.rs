@@ -109,12 +109,19 @@ Examples:
         /// The shell to complete for.
         shell: clap_complete::Shell,
     },
-    /// Print the manual page (roff), made from this command line's definition.
+    /// Print a manual page (roff), made from this command line's definition.
     #[command(after_long_help = "\
 Examples:
-  sbxfs man > ~/.local/share/man/man1/sbxfs.1 && man sbxfs
-  sbxfs man | man -l -")]
-    Man,
+  sbxfs man | man -l -                       # sbxfs(1)
+  sbxfs man grep | man -l -                  # sbxfs-grep(1): every option of one command
+  sbxfs man --dir ~/.local/share/man/man1 && man sbxfs-mount")]
+    Man {
+        /// The command whose page to print (default: sbxfs(1), the overview).
+        command: Option<String>,
+        /// Write every page (sbxfs.1 and sbxfs-COMMAND.1) into this directory instead.
+        #[arg(long, value_name = "DIR", conflicts_with = "command")]
+        dir: Option<PathBuf>,
+    },
     /// A delaying, byte-counting TCP proxy for tests and benchmarks.
     #[command(hide = true)]
     Proxy(daemon::ProxyArgs),
@@ -273,18 +280,86 @@ pub fn main() -> i32 {
         Command::Umount(a) => daemon::run_umount(a),
         Command::Ctl(a) => ctl::run_ctl(a),
         Command::Completions { shell } => {
-            clap_complete::generate(shell, &mut command(), "sbxfs", &mut std::io::stdout());
-            0
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut command(), "sbxfs", &mut script);
+            print_all("completions", &script)
         }
-        Command::Man => match clap_mangen::Man::new(command()).render(&mut std::io::stdout()) {
-            Ok(()) => 0,
-            Err(e) => {
-                eprintln!("sbxfs man: {e}");
-                ERROR
-            }
-        },
+        Command::Man { command: name, dir } => run_man(name, dir),
         Command::Proxy(a) => daemon::run_proxy(a),
     }
+}
+
+/// Write `bytes` to stdout; a reader that went away (`| head`) is not an error.
+fn print_all(what: &str, bytes: &[u8]) -> i32 {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Ok(()) => 0,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => 0,
+        Err(e) => {
+            eprintln!("sbxfs {what}: {e}");
+            ERROR
+        }
+    }
+}
+
+/// `sbxfs man [COMMAND] [--dir DIR]`: sbxfs(1), one command's page (sbxfs-grep(1)), or all of
+/// them written to a directory.
+fn run_man(name: Option<String>, dir: Option<PathBuf>) -> i32 {
+    let fail = |m: String| {
+        eprintln!("sbxfs man: {m}");
+        ERROR
+    };
+    let Some(dir) = dir else {
+        return match man_page(name.as_deref()) {
+            Ok(roff) => print_all("man", &roff),
+            Err(m) => fail(m),
+        };
+    };
+    let mut names = vec![None];
+    names.extend(man_commands().into_iter().map(Some));
+    for name in names {
+        let file = dir.join(match &name {
+            None => "sbxfs.1".to_string(),
+            Some(n) => format!("sbxfs-{n}.1"),
+        });
+        let written = man_page(name.as_deref())
+            .and_then(|roff| std::fs::write(&file, roff).map_err(|e| e.to_string()));
+        if let Err(m) = written {
+            return fail(format!("{}: {m}", file.display()));
+        }
+    }
+    0
+}
+
+/// The commands that get a page of their own: every visible one but `help`.
+fn man_commands() -> Vec<String> {
+    command()
+        .get_subcommands()
+        .filter(|c| !c.is_hide_set() && c.get_name() != "help")
+        .map(|c| c.get_name().to_string())
+        .collect()
+}
+
+/// One page as roff: sbxfs(1), or sbxfs-NAME(1) with every option of that command.
+fn man_page(name: Option<&str>) -> Result<Vec<u8>, String> {
+    let mut cmd = command();
+    cmd.build();
+    let page = match name {
+        None => cmd,
+        Some(name) if man_commands().iter().any(|c| c == name) => {
+            let sub = cmd.find_subcommand(name).cloned().unwrap_or_default();
+            // A one-shot command: the leaked name lives as long as the process anyway.
+            sub.name(&*Box::leak(format!("sbxfs-{name}").into_boxed_str()))
+                .version(VERSION)
+        }
+        Some(name) => return Err(format!("no command `{name}` (see sbxfs --help)")),
+    };
+    let mut roff = Vec::new();
+    clap_mangen::Man::new(page)
+        .render(&mut roff)
+        .map_err(|e| e.to_string())?;
+    Ok(roff)
 }
 
 /// The token a daemon uses: from a file (trailing whitespace trimmed) or `SBXFS_TOKEN`; never
@@ -297,7 +372,9 @@ pub fn load_token(file: Option<&std::path::Path>) -> anyhow::Result<Vec<u8>> {
         None => std::env::var_os("SBXFS_TOKEN")
             .map(std::ffi::OsString::into_encoded_bytes)
             .ok_or_else(|| {
-                anyhow::anyhow!("no token: pass --token-file FILE or set SBXFS_TOKEN")
+                anyhow::anyhow!(
+                    "no token: pass --token-file FILE (-o token_file=FILE in fstab) or set SBXFS_TOKEN"
+                )
             })?,
     };
     let token = token.trim_ascii().to_vec();

@@ -92,7 +92,31 @@ pub fn parse_url(url: &str) -> Result<reqwest::Url, ReachError> {
     if parsed.host_str().is_none_or(str::is_empty) {
         return Err(bad("no host"));
     }
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        // Never echoed: the URL is shown in the mount table, which every local user can read.
+        let mut shown = parsed.clone();
+        let _ = shown.set_username("");
+        let _ = shown.set_password(None);
+        return Err(ReachError::BadUrl {
+            url: shown.to_string(),
+            why: "it carries credentials (USER:PASSWORD@), which would show in the mount table; \
+                  the agent's token goes in --token-file or SBXFS_TOKEN"
+                .into(),
+        });
+    }
     Ok(parsed)
+}
+
+#[cfg(test)]
+mod credential_tests {
+    #[test]
+    fn credentials_in_the_url_are_refused_and_never_echoed() {
+        let e = super::parse_url("http://me:s3cret@127.0.0.1:7070").unwrap_err();
+        let line = e.to_string();
+        assert!(line.contains("credentials"), "{line}");
+        assert!(!line.contains("s3cret") && !line.contains("me:"), "{line}");
+        assert_eq!(e.exit_code(), 2);
+    }
 }
 
 /// What to do about a certificate the system does not trust.
