@@ -136,6 +136,44 @@ fn grep_stops_quietly_when_the_reader_goes_away() {
     child.stderr.unwrap().read_to_string(&mut err).unwrap();
     assert!(!err.contains("panicked"), "{err}");
     assert!(status.code().is_some(), "ended by a signal: {status:?}");
+    // As rg: nothing on stderr (no "stopped at a limit"), the search just ends.
+    assert_eq!(err, "");
+}
+
+/// grep's --max-bytes takes units as every byte count does (`1K`, `64K`, `1M`, `512M`).
+#[test]
+fn grep_max_bytes_takes_units() {
+    let w = workspace();
+    fs::create_dir(w.path().join("many")).unwrap();
+    for i in 0..100 {
+        fs::write(
+            w.path().join(format!("many/f{i:03}.txt")),
+            "needle here
+",
+        )
+        .unwrap();
+    }
+    let (code, all, err) = sbxfs(w.path(), &["grep", "needle", "many"]);
+    assert_eq!((code, err.as_str()), (0, ""));
+    assert!(all.len() > 2048);
+    let (code, out, err) = sbxfs(w.path(), &["grep", "--max-bytes", "1K", "needle", "many"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.len() <= 1024 && out.len() > 900, "{}", out.len());
+    assert!(all.starts_with(&out));
+    assert!(err.contains("stopped at a limit"), "{err}");
+    for size in ["64K", "1M", "512M", "1G"] {
+        let (code, out, err) = sbxfs(w.path(), &["grep", "--max-bytes", size, "needle", "many"]);
+        assert_eq!(
+            (code, out.as_str(), err.as_str()),
+            (0, all.as_str(), ""),
+            "{size}"
+        );
+    }
+    let (code, _, err) = sbxfs(w.path(), &["grep", "--max-bytes", "1Q", "needle", "many"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("unknown unit `Q`"), "{err}");
+    let (code, _, err) = sbxfs(w.path(), &["grep", "--max-filesize", "1K", "-l", "needle"]);
+    assert_eq!(code, 0, "{err}");
 }
 
 #[test]

@@ -102,6 +102,10 @@ fn cases() -> Vec<Vec<&'static str>> {
         &["--files", "-t", "rust", "sub", "ctx.txt"],
         &["-o", "needle"],
         &["-o", "-n", "ne+dle[a-z]*"],
+        // rg: -o with -c counts matches, not matching lines.
+        &["-o", "-c", "needle"],
+        &["-c", "-o", r"fn\s+\w+\(", "src"],
+        &["-o", "-c", "e", "ctx.txt"],
         &["--column", "needle"],
         &["--column", "-o", "needle", "words.txt"],
         &["-C1", "needle"],
@@ -335,6 +339,88 @@ fn max_results_prints_rgs_first_lines() {
             assert!(String::from_utf8_lossy(&err).contains("truncated"));
         }
     }
+}
+
+/// `sbxfs grep … | head -2`: status and stderr under `set -o pipefail`.
+fn piped_to_head(program: &Path, prefix: &[&str], dir: &Path, args: &[&str]) -> (i32, String) {
+    let err = tempfile::NamedTempFile::new().unwrap();
+    let (code, _, _) = run(Command::new("bash")
+        .current_dir(dir)
+        .arg("-c")
+        .arg(r#"set -o pipefail; err="$1"; shift; "$@" 2>"$err" | head -2 >/dev/null"#)
+        .arg("bash")
+        .arg(err.path())
+        .arg(program)
+        .args(prefix)
+        .args(args));
+    (code, fs::read_to_string(err.path()).unwrap())
+}
+
+/// A reader that closes the pipe (`| head -2`) ends the search quietly, with rg's status (0
+/// when a file printed before the pipe closed matched, else 1), locally and in a mount.
+#[test]
+fn a_closed_pipe_ends_grep_quietly_with_rgs_status() {
+    let Some(rg_bin) = require_tool("rg") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    let big: String = (0..200_000).map(|i| format!("fn f{i}() {{}}\n")).collect();
+    for (rel, text) in [
+        ("first/a.rs", "fn small() {}\n"),
+        ("first/big.rs", big.as_str()),
+        ("last/big.rs", big.as_str()),
+        ("last/z.rs", "fn small() {}\n"),
+    ] {
+        let p = root.join(rel);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(p, text).unwrap();
+    }
+    let agent = AgentProcess::start(&root);
+    let mount = MountProcess::start(&agent, &[]);
+    for (args, status) in [
+        (&["fn", "first"][..], 0),
+        (&["fn", "last"][..], 1),
+        (&["-n", "fn"][..], 0),
+    ] {
+        let want = piped_to_head(&rg_bin, &["--sort", "path"], &root, args);
+        assert_eq!(want, (status, String::new()), "rg {args:?}");
+        for here in [&root, &mount.dir] {
+            let got = piped_to_head(&sbxfs_bin(), &["grep"], here, args);
+            assert_eq!(got, want, "sbxfs grep {args:?} in {here:?}");
+        }
+    }
+    // A real cap still says so.
+    let (code, _, err) = run(Command::new(sbxfs_bin()).current_dir(&mount.dir).args([
+        "grep",
+        "--max-results",
+        "3",
+        "fn",
+        "first",
+    ]));
+    assert_eq!(code, 0);
+    assert!(
+        String::from_utf8_lossy(&err).contains("stopped at a limit after 3 matches"),
+        "{}",
+        String::from_utf8_lossy(&err)
+    );
+}
+
+/// The "too big" error names the user's pattern, as the invalid-regex error does.
+#[test]
+fn a_regex_too_big_error_shows_the_users_pattern() {
+    let t = tree();
+    let pattern = "(((a{100}){100}){100})";
+    let (code, out, err) = run(Command::new(sbxfs_bin())
+        .current_dir(&t.root)
+        .args(["grep", pattern]));
+    let err = String::from_utf8(err).unwrap();
+    assert_eq!(code, 2);
+    assert!(out.is_empty());
+    assert!(err.contains(&format!("{pattern}: ")), "{err}");
+    assert!(err.contains("size limit"), "{err}");
+    assert!(!err.contains("(?:"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
 }
 
 #[test]

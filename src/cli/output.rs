@@ -20,6 +20,9 @@ pub struct Printer {
     out: BufWriter<io::Stdout>,
     /// The reader went away: stop producing.
     closed: bool,
+    /// Matches whose output was handed to stdout whole (ripgrep's exit status when the reader
+    /// goes away: 0 if a file searched before then matched).
+    delivered: u64,
     /// grep -l: print each matching file's path once.
     pub files_only: bool,
     last_path: Option<String>,
@@ -50,6 +53,7 @@ impl Printer {
             colour,
             out: BufWriter::new(stdout),
             closed: false,
+            delivered: 0,
             files_only: false,
             last_path: None,
             file_separator: None,
@@ -62,6 +66,16 @@ impl Printer {
             self.closed = true;
         }
         !self.closed
+    }
+
+    /// Whether the reader went away (a closed pipe: `sbxfs grep … | head`).
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    /// Matches printed whole before the reader went away (or all of them).
+    pub fn delivered(&self) -> u64 {
+        self.delivered
     }
 
     fn json_line<T: serde::Serialize>(&mut self, v: &T) -> bool {
@@ -86,9 +100,13 @@ impl Printer {
                 return !self.closed;
             }
             self.last_path = Some(m.path.clone());
-            return self.json_line(&json!({ "path": m.path }));
+            let ok = self.json_line(&json!({ "path": m.path }));
+            self.delivered += u64::from(ok);
+            return ok;
         }
-        self.json_line(m)
+        let ok = self.json_line(m);
+        self.delivered += u64::from(ok);
+        ok
     }
 
     /// Print one file as ripgrep printed it, after ripgrep's separator between files;
@@ -101,13 +119,18 @@ impl Printer {
             self.write(sep);
         }
         self.written = true;
-        self.write(&f.printed.0)
+        let ok = self.write(&f.printed.0);
+        if ok {
+            self.delivered += f.matches;
+        }
+        ok
     }
 
     pub fn grep_summary(&mut self, s: &GrepSummary) {
         if self.json {
             self.json_line(&json!({"summary": s, "truncated": s.truncated}));
-        } else if s.truncated {
+        } else if s.truncated && !self.closed {
+            // A closed pipe ends the search quietly, as rg; this is a real cap.
             eprintln!(
                 "sbxfs grep: stopped at a limit after {} matches (truncated)",
                 s.matches

@@ -99,7 +99,7 @@ pub(super) struct GrepArgs {
     /// Lines of context after each match.
     #[arg(short = 'A', long, value_name = "NUM", overrides_with = "context")]
     after_context: Option<usize>,
-    /// Print the number of matching lines of each file with a match.
+    /// Print the number of matching lines of each file with a match (with -o: of matches).
     #[arg(short = 'c', long)]
     count: bool,
     /// Print only the paths of files with matches, once each.
@@ -166,8 +166,8 @@ pub(super) struct GrepArgs {
     /// Stop after this many matching lines (the output then says it was truncated).
     #[arg(long, value_name = "N")]
     max_results: Option<u64>,
-    /// Stop before the output would pass this many bytes.
-    #[arg(long, value_name = "BYTES")]
+    /// Stop before the output would pass this many bytes (units: 1K, 64K, 1M, 512M, 1G).
+    #[arg(long, value_name = "SIZE", value_parser = crate::mount::options::parse_size)]
     max_bytes: Option<u64>,
     /// Files searched at once (0: one per core).
     #[arg(short = 'j', long, default_value_t = 0)]
@@ -527,15 +527,21 @@ pub(super) fn run_grep(a: GrepArgs) -> i32 {
                 failed = true;
             }
         }
+        if p.is_closed() {
+            break;
+        }
     }
     // A lone failing path is just an error; with several, the others' summary still counts.
     if !(failed && paths.len() == 1 && total.matches == 0) {
         p.grep_summary(&total);
     }
     p.flush();
-    // As ripgrep: any error makes the status 2, even with matches.
+    // As ripgrep: any error makes the status 2, even with matches. A closed stdout ends the
+    // search quietly; the status then says whether a file printed before it matched.
     if failed {
         ERROR
+    } else if p.is_closed() {
+        found(p.delivered() > 0)
     } else {
         found(total.matches > 0)
     }

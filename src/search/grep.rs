@@ -146,7 +146,8 @@ fn regex_error(pattern: &str, wrapped: grep_regex::Error) -> String {
             e.kind(),
             e.span().start.column
         ),
-        _ => wrapped.to_string().replace('\n', " "),
+        // Valid but not accepted (too big): the matcher's message, after the user's pattern.
+        _ => format!("{pattern}: {}", wrapped.to_string().replace('\n', " ")),
     }
 }
 

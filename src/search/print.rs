@@ -24,7 +24,7 @@ pub enum PrintKind {
     /// Matching lines (and context): rg's default.
     #[default]
     Lines,
-    /// `-c`: the number of matching lines of each file with any.
+    /// `-c`: the number of matching lines of each file with any (of matches with `-o`).
     Count,
     /// `-l`: the path of each file with a match.
     FilesWithMatches,
@@ -187,6 +187,8 @@ pub fn print_file(
         }
         kind => {
             let kind = match kind {
+                // rg: `-o` with `-c` counts matches, not matching lines.
+                PrintKind::Count if print.only_matching => SummaryKind::CountMatches,
                 PrintKind::Count => SummaryKind::Count,
                 PrintKind::FilesWithMatches => SummaryKind::PathWithMatch,
                 _ => SummaryKind::PathWithoutMatch,
