@@ -27,18 +27,28 @@ fn is_root() -> bool {
 
 /// Install the freshly built binary where `mount` and the units find it (only if it differs:
 /// a running daemon keeps its old file, the new one is renamed into place).
+///
+/// The copy is written by a `cp` child, never through a descriptor of this process: a process
+/// another test thread forks meanwhile would inherit that descriptor, and exec of the file
+/// fails with "Text file busy" while any writer is open. One install at a time.
 fn install_binary(dest: &Path) {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let built = fs::read(sbxfs_bin()).unwrap();
     if fs::read(dest).ok().as_deref() == Some(&built[..]) {
         return;
     }
     let dir = dest.parent().unwrap();
     fs::create_dir_all(dir).unwrap();
-    // Each test has its own temporary file (tests install at the same time).
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).unwrap();
-    std::io::Write::write_all(&mut tmp, &built).unwrap();
-    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
-    tmp.persist(dest).unwrap();
+    let tmp = dir.join(format!(".sbxfs.install-{}", std::process::id()));
+    let (code, _, err) = run(Command::new("sh")
+        .arg("-c")
+        .arg(r#"cp "$1" "$2" && chmod 0755 "$2" && mv -f "$2" "$3""#)
+        .arg("sh")
+        .arg(sbxfs_bin())
+        .arg(&tmp)
+        .arg(dest));
+    assert_eq!(code, 0, "install: {}", String::from_utf8_lossy(&err));
 }
 
 /// A sandbox served by a real agent, and a private place for everything a mount makes.
