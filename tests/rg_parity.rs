@@ -640,3 +640,35 @@ fn new_options_cross_the_wire_and_old_requests_still_parse() {
     let line = serde_json::to_string(&printed).unwrap();
     assert_eq!(serde_json::from_str::<GrepEvent>(&line).unwrap(), printed);
 }
+
+/// Counts and file lists are not cut by the agent's match limit (100,000): `-c` in a mount
+/// over a file with more matching lines than that counts them all, as rg does.
+#[test]
+fn counts_in_a_mount_are_not_capped_by_the_match_limit() {
+    let Some(rg_bin) = require_tool("rg") else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let lines: String = (0..150_000).map(|i| format!("line {i}\n")).collect();
+    std::fs::write(root.path().join("big.txt"), lines).unwrap();
+    let agent = AgentProcess::start(root.path());
+    let mount = MountProcess::start(&agent, &[]);
+    for args in [&["-c", "line"][..], &["-v", "-c", "zzz"], &["-l", "line"]] {
+        let want = rg(&rg_bin, root.path(), args);
+        let (code, out, err) = run(Command::new(sbxfs_bin())
+            .current_dir(&mount.dir)
+            .arg("grep")
+            .args(args));
+        assert_eq!(
+            (code, String::from_utf8_lossy(&out)),
+            (want.0, String::from_utf8_lossy(&want.1)),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&err)
+        );
+        assert!(
+            err.is_empty(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&err)
+        );
+    }
+}

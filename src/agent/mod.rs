@@ -800,11 +800,19 @@ async fn grep(
     Json(mut opts): Json<GrepOptions>,
 ) -> ApiResult<Response> {
     let path = args(&q).path("path")?;
-    opts.max_results = Some(
-        opts.max_results
-            .unwrap_or(MAX_GREP_RESULTS)
-            .min(MAX_GREP_RESULTS),
-    );
+    // Counts and file lists cost a line per file whatever the matches: they are not capped by
+    // the match limit unless asked (else `-c` would silently count at most that many).
+    let per_file_only = opts
+        .print
+        .as_ref()
+        .is_some_and(|p| !matches!(p.kind, crate::search::print::PrintKind::Lines));
+    if !(per_file_only && opts.max_results.is_none()) {
+        opts.max_results = Some(
+            opts.max_results
+                .unwrap_or(MAX_GREP_RESULTS)
+                .min(MAX_GREP_RESULTS),
+        );
+    }
     opts.max_bytes = Some(opts.max_bytes.unwrap_or(MAX_GREP_BYTES).min(MAX_GREP_BYTES));
     // Reject a bad pattern with a status before streaming anything.
     crate::search::grep::build_matcher(&opts).map_err(RemoteError::from)?;

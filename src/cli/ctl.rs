@@ -13,7 +13,7 @@ Examples:
   sbxfs ctl --mount ~/sb status            # which remote, reachable, what is pending
   cd ~/sb/src && sbxfs ctl stats           # the mount holding the current directory
   sbxfs ctl --mount ~/sb flush --json      # push pending writes now; JSON answer
-  sbxfs ctl --mount ~/sb invalidate src/main.rs   # PATH relative to the mount's root
+  sbxfs ctl --mount ~/sb invalidate src/main.rs   # PATH relative to --mount (here the root)
 
 Exit code 0 on success; 2 when no mount answers, or when flush could not push everything.
 
@@ -26,7 +26,7 @@ pub(super) struct CtlArgs {
     #[command(subcommand)]
     action: CtlAction,
     /// The mount to control: its mountpoint, or any path in it (default: the current
-    /// directory). Paths given to the action are then relative to the mount's root.
+    /// directory). Paths given to the action are then relative to that path.
     #[arg(long, global = true, value_name = "MOUNTPOINT")]
     mount: Option<PathBuf>,
     /// The control socket of the mount to control (`sbxfs ctl status` shows it).

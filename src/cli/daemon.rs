@@ -66,7 +66,8 @@ pub(super) struct MountArgs {
     /// The empty directory to mount on.
     mountpoint: PathBuf,
     /// Mount options, comma-separated: allow_other, default_permissions, ro, noexec,
-    /// idmap=user|none, and every long flag below as KEY=VALUE (see README "Mount options").
+    /// idmap=user|none, nonempty, timeout_ms=MS, token_file=FILE, and every long flag below as
+    /// KEY=VALUE (see README "Mount options"; mount(8)'s own options are accepted and ignored).
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
     /// File holding the agent's token (else the SBXFS_TOKEN environment variable).
@@ -222,13 +223,17 @@ pub(super) fn run_umount(a: UmountArgs) -> i32 {
     let at = mount_table_path(&a.mountpoint);
     let mounts = crate::mount::mounts::current();
     match crate::mount::mounts::top_at(&mounts, &at) {
+        None if !at.exists() => {
+            eprintln!("sbxfs umount: {shown} does not exist");
+            return ERROR;
+        }
         None => {
             eprintln!("sbxfs umount: {shown} is not a mount point");
             return ERROR;
         }
         Some(e) if !e.is_sbxfs() => {
             eprintln!(
-                "sbxfs umount: {shown} is a {} mount, not an sbxfs mount; left alone (use umount)",
+                "sbxfs umount: {shown} is not an sbxfs mount (type {}); left alone (use umount)",
                 e.fstype
             );
             return ERROR;

@@ -158,7 +158,7 @@ impl WalkArgs {
 /// Where a query goes when its path is not inside a mount the command can see.
 #[derive(Args, Debug, Clone, Default)]
 pub(super) struct RouteArgs {
-    /// Ask this sbxfs mount; paths are then relative to its root.
+    /// Ask the sbxfs mount this path is in; paths are then relative to it.
     #[arg(long, value_name = "MOUNTPOINT")]
     mount: Option<PathBuf>,
     /// Ask the mount listening on this control socket; paths are workspace paths.
@@ -373,7 +373,7 @@ pub fn load_token(file: Option<&std::path::Path>) -> anyhow::Result<Vec<u8>> {
             .map(std::ffi::OsString::into_encoded_bytes)
             .ok_or_else(|| {
                 anyhow::anyhow!(
-                    "no token: pass --token-file FILE (-o token_file=FILE in fstab) or set SBXFS_TOKEN"
+                    "no token: pass --token-file FILE (for a mount also -o token_file=FILE) or set SBXFS_TOKEN"
                 )
             })?,
     };
@@ -394,7 +394,11 @@ fn socket_error(v: &serde_json::Value) -> Option<SearchError> {
         crate::remote::RemoteError::Query(e) => e,
         crate::remote::RemoteError::NotFound(m) => SearchError::NotFound(m),
         crate::remote::RemoteError::IsDir(m) => SearchError::IsADirectory(m),
-        other => SearchError::Io("sandbox".into(), other.to_string()),
+        // Errors about no path in particular read "the sandbox: transport: …", not ": : …".
+        other => SearchError::Io(
+            "the sandbox".into(),
+            other.to_string().trim_start_matches(": ").to_string(),
+        ),
     })
 }
 

@@ -131,10 +131,11 @@ impl Printer {
             self.json_line(&json!({"summary": s, "truncated": s.truncated}));
         } else if s.truncated && !self.closed {
             // A closed pipe ends the search quietly, as rg; this is a real cap.
-            eprintln!(
-                "sbxfs grep: stopped at a limit after {} matches (truncated)",
-                s.matches
-            );
+            let matches = match s.matches {
+                1 => "1 match".to_string(),
+                n => format!("{n} matches"),
+            };
+            eprintln!("sbxfs grep: stopped at a limit after {matches} (truncated)");
         }
         self.flush();
     }

@@ -166,7 +166,8 @@ pub(super) struct GrepArgs {
     /// Stop after this many matching lines (the output then says it was truncated).
     #[arg(long, value_name = "N")]
     max_results: Option<u64>,
-    /// Stop before the output would pass this many bytes (units: 1K, 64K, 1M, 512M, 1G).
+    /// Stop before the output would pass this many bytes (units: 1K, 64K, 1M, 512M, 1G). Files
+    /// are printed whole: the first file whose lines would not fit ends the search.
     #[arg(long, value_name = "SIZE", value_parser = crate::mount::options::parse_size)]
     max_bytes: Option<u64>,
     /// Files searched at once (0: one per core).

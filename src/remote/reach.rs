@@ -120,8 +120,9 @@ mod credential_tests {
 }
 
 /// What to do about a certificate the system does not trust.
-const UNTRUSTED: &str = "certificate not trusted: add the server's certificate, or the \
-                         authority that signed it, to the system's trusted certificates";
+const UNTRUSTED: &str = "certificate not trusted: add the authority (CA) that signed it to the \
+                         system's trusted certificates, or name the CA's file in SSL_CERT_FILE \
+                         (a self-signed server certificate is not accepted as its own authority)";
 
 /// What a transport error of a request that waited up to `waited` comes down to: the cause,
 /// named, from the error's source chain.
