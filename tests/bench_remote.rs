@@ -112,24 +112,7 @@ fn start_sshd(dir: &Path) -> Sshd {
     Sshd { child, port, key }
 }
 
-struct Sshfs {
-    child: Child,
-    dir: PathBuf,
-}
-
-impl Drop for Sshfs {
-    fn drop(&mut self) {
-        let _ = Command::new("fusermount3")
-            .arg("-uz")
-            .arg(&self.dir)
-            .stderr(Stdio::null())
-            .status();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn mount_sshfs(root: &Path, port: u16, key: &Path, dir: &Path) -> Sshfs {
+fn mount_sshfs(root: &Path, port: u16, key: &Path, dir: &Path) -> MountedChild {
     fs::create_dir_all(dir).unwrap();
     let child = Command::new("sshfs")
         .arg("-f")
@@ -152,7 +135,7 @@ fn mount_sshfs(root: &Path, port: u16, key: &Path, dir: &Path) -> Sshfs {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    Sshfs {
+    MountedChild {
         child,
         dir: dir.to_path_buf(),
     }

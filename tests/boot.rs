@@ -21,10 +21,6 @@ use common::*;
 /// (`/usr/local/bin` first). The units expect the binary there too.
 const INSTALLED: &str = "/usr/local/bin/sbxfs";
 
-fn is_root() -> bool {
-    rustix::process::geteuid().is_root()
-}
-
 /// Install the freshly built binary where `mount` and the units find it (only if it differs:
 /// a running daemon keeps its old file, the new one is renamed into place).
 ///
@@ -377,7 +373,7 @@ fn ready_is_sent_once_the_mount_answers_and_stopping_after_sigterm() {
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     s.env(&mut cmd);
-    let mut mount = MountGuard {
+    let mut mount = MountedChild {
         child: cmd.spawn().unwrap(),
         dir: mnt.clone(),
     };
@@ -410,24 +406,6 @@ fn ready_is_sent_once_the_mount_answers_and_stopping_after_sigterm() {
         "the stop pushed the write"
     );
     assert!(findmnt_sbxfs(&mnt).is_none(), "the stop unmounted");
-}
-
-/// A foreground mount started by the test: unmounted and stopped by pid on drop.
-struct MountGuard {
-    child: std::process::Child,
-    dir: PathBuf,
-}
-
-impl Drop for MountGuard {
-    fn drop(&mut self) {
-        let _ = Command::new("fusermount3")
-            .arg("-uz")
-            .arg(&self.dir)
-            .stderr(Stdio::null())
-            .status();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 #[test]
@@ -611,13 +589,9 @@ fn as_nobody(s: &Sandbox, setpriv: &Path) -> Command {
 
 #[test]
 fn without_fusermount3_a_user_mount_exits_4_and_leaves_nothing() {
-    let Some(setpriv) = require_tool("setpriv") else {
+    let Some(setpriv) = setpriv_as_root() else {
         return;
     };
-    if !is_root() {
-        eprintln!("skipping: acting as another user needs root");
-        return;
-    }
     let s = Sandbox::new();
     let mnt = s.mountpoint("mnt");
     let before = s.left_behind();
@@ -641,13 +615,9 @@ fn without_fusermount3_a_user_mount_exits_4_and_leaves_nothing() {
 
 #[test]
 fn a_mount_fusermount3_refuses_exits_4_as_not_permitted_and_leaves_nothing() {
-    let Some(setpriv) = require_tool("setpriv") else {
+    let Some(setpriv) = setpriv_as_root() else {
         return;
     };
-    if !is_root() {
-        eprintln!("skipping: acting as another user needs root");
-        return;
-    }
     let s = Sandbox::new();
     // Root's directory: fusermount3 lets a user mount only where they may write (and on
     // machines where /dev/fuse is root's alone, nowhere).
@@ -685,7 +655,7 @@ fn with_f_the_mount_fuse3_form_stays_in_the_foreground() {
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
     s.env(&mut cmd);
-    let mut mount = MountGuard {
+    let mut mount = MountedChild {
         child: cmd.spawn().unwrap(),
         dir: mnt.clone(),
     };

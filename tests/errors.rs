@@ -216,18 +216,23 @@ fn a_plain_web_server_is_not_an_agent_and_says_what_answered() {
     a.assert_nothing_left();
 }
 
-#[test]
-fn a_server_that_never_answers_times_out() {
-    let a = Attempt::new("t");
+/// A server on a free port that accepts and holds every connection without a word.
+fn silent_server() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
-    // Accept and hold every connection without a word.
     std::thread::spawn(move || {
         let mut held = Vec::new();
         for s in listener.incoming() {
             held.push(s);
         }
     });
+    port
+}
+
+#[test]
+fn a_server_that_never_answers_times_out() {
+    let a = Attempt::new("t");
+    let port = silent_server();
     let (code, err) = a.mount(
         &format!("http://127.0.0.1:{port}"),
         &["-o", "timeout_ms=300"],
@@ -244,14 +249,7 @@ fn a_server_that_never_answers_times_out() {
 #[test]
 fn a_server_that_never_answers_is_waited_for_with_progress() {
     let a = Attempt::new("t");
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        let mut held = Vec::new();
-        for s in listener.incoming() {
-            held.push(s);
-        }
-    });
+    let port = silent_server();
     // Progress every 5 s: one line at 5 s, then the time-out at 7 s.
     let (code, err) = a.mount(
         &format!("http://127.0.0.1:{port}"),

@@ -96,19 +96,11 @@ fn status_via(socket: &Path) -> (Option<i32>, serde_json::Value, Duration) {
     (code, v, t.elapsed())
 }
 
-fn is_root() -> bool {
-    rustix::process::geteuid().is_root()
-}
-
 #[test]
 fn allow_other_lets_another_user_in_and_without_it_they_are_refused() {
-    let Some(setpriv) = require_tool("setpriv") else {
+    let Some(setpriv) = setpriv_as_root() else {
         return;
     };
-    if !is_root() {
-        eprintln!("skipping: acting as another user needs root");
-        return;
-    }
     let s = setup_with(&[]);
     fs::write(s.root.join("hello.txt"), "hi").unwrap();
     let shared = MountProcess::start(&s.agent, &["-o", "allow_other"]);
@@ -544,13 +536,9 @@ fn ctl_status_answers_at_once_while_the_sandbox_hangs() {
 
 #[test]
 fn allow_other_for_a_user_is_refused_with_the_fuse_conf_line_to_add() {
-    let Some(setpriv) = require_tool("setpriv") else {
+    let Some(setpriv) = setpriv_as_root() else {
         return;
     };
-    if !is_root() {
-        eprintln!("skipping: acting as another user needs root");
-        return;
-    }
     let conf = fs::read_to_string("/etc/fuse.conf").unwrap_or_default();
     if sbxfs::mount::options::fuse_conf_allows_other(&conf) {
         eprintln!("skipping: /etc/fuse.conf allows allow_other here");

@@ -94,6 +94,40 @@ pub fn require_tool(name: &str) -> Option<PathBuf> {
     panic!("{name} is not installed (bash .ci/run installs every tool the tests need)");
 }
 
+/// A mount whose daemon a test started itself (sbxfs in the foreground, sshfs): unmounted
+/// and stopped by pid on drop, also when the test fails.
+pub struct MountedChild {
+    pub child: std::process::Child,
+    pub dir: PathBuf,
+}
+
+impl Drop for MountedChild {
+    fn drop(&mut self) {
+        let _ = Command::new("fusermount3")
+            .arg("-uz")
+            .arg(&self.dir)
+            .stderr(std::process::Stdio::null())
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether the tests run as root (mounting as root, acting as other users, installing).
+pub fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// `setpriv`, for a test that acts as another user: that needs root (else `None`, said).
+pub fn setpriv_as_root() -> Option<PathBuf> {
+    let setpriv = require_tool("setpriv")?;
+    if !is_root() {
+        eprintln!("skipping: acting as another user needs root");
+        return None;
+    }
+    Some(setpriv)
+}
+
 /// Run a command, returning stdout; panics with stderr on a spawn failure.
 pub fn run(cmd: &mut Command) -> (i32, Vec<u8>, Vec<u8>) {
     let out = cmd
