@@ -33,25 +33,10 @@ pub fn filter_spec(sbxfs_log: Option<&str>, rust_log: Option<&str>) -> String {
     spec
 }
 
-/// True when stderr is the journal: systemd sets `JOURNAL_STREAM=DEV:INODE` of the stream it
-/// connected, and a child whose stderr was redirected elsewhere must not be fooled by it.
-fn stderr_is_journal() -> bool {
-    let Some(v) = std::env::var_os("JOURNAL_STREAM") else {
-        return false;
-    };
-    let Some((dev, ino)) = v.to_str().and_then(|v| v.split_once(':')) else {
-        return false;
-    };
-    let Ok(st) = rustix::fs::fstat(std::io::stderr()) else {
-        return false;
-    };
-    dev.parse() == Ok(st.st_dev) && ino.parse() == Ok(st.st_ino)
-}
-
 /// A line for the user on stderr (an error that ends the program, a warning), with its syslog
 /// priority (3 error, 4 warning) in front when stderr is the journal, as log lines have.
 pub fn user_line(priority: u8, line: &str) {
-    if stderr_is_journal() {
+    if crate::mount::notify::stderr_is_journal() {
         eprintln!("<{priority}>{line}");
     } else {
         eprintln!("{line}");
@@ -97,7 +82,7 @@ pub fn init() {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    if stderr_is_journal() {
+    if crate::mount::notify::stderr_is_journal() {
         let format = tracing_subscriber::fmt::format()
             .without_time()
             .with_level(false)

@@ -74,7 +74,7 @@ pub fn release_stdin_and_stderr() {
         return;
     };
     let _ = rustix::stdio::dup2_stdin(null.as_fd());
-    if !stderr_is_journal() {
+    if !super::notify::stderr_is_journal() {
         let _ = rustix::stdio::dup2_stderr(null.as_fd());
     }
 }
@@ -84,15 +84,4 @@ pub fn release_stdout() {
     if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
         let _ = rustix::stdio::dup2_stdout(null.as_fd());
     }
-}
-
-/// systemd names the journal stream it connected as `$JOURNAL_STREAM` (`DEVICE:INODE`).
-fn stderr_is_journal() -> bool {
-    let Some(stream) = std::env::var_os("JOURNAL_STREAM") else {
-        return false;
-    };
-    let Ok(st) = rustix::fs::fstat(std::io::stderr()) else {
-        return false;
-    };
-    stream.to_str() == Some(&format!("{}:{}", st.st_dev, st.st_ino))
 }

@@ -1,6 +1,6 @@
-//! systemd's readiness protocol (`sd_notify(3)`): one datagram of `KEY=VALUE` lines to the
-//! socket named by `$NOTIFY_SOCKET` (a path, or a Linux abstract name written `@name`). Without
-//! that variable (not started by systemd with `Type=notify`) nothing is sent. Written here
+//! systemd's protocols: readiness (`sd_notify(3)`) and whether stderr is its journal. Readiness is
+//! one datagram of `KEY=VALUE` lines to the socket named by `$NOTIFY_SOCKET` (a path, or a
+//! Linux abstract name written `@name`). Without that variable (not started by systemd with `Type=notify`) nothing is sent. Written here
 //! rather than taken from a crate because the crates at hand do not reach abstract sockets,
 //! which systemd uses in containers.
 
@@ -32,6 +32,21 @@ pub fn tell(state: &str) {
     if let Err(e) = notify(state) {
         tracing::warn!("could not notify the service manager ({state}): {e}");
     }
+}
+
+/// True when stderr is the journal: systemd sets `JOURNAL_STREAM=DEV:INODE` of the stream it
+/// connected, and a child whose stderr was redirected elsewhere must not be fooled by it.
+pub fn stderr_is_journal() -> bool {
+    let Some(v) = std::env::var_os("JOURNAL_STREAM") else {
+        return false;
+    };
+    let Some((dev, ino)) = v.to_str().and_then(|v| v.split_once(':')) else {
+        return false;
+    };
+    let Ok(st) = rustix::fs::fstat(std::io::stderr()) else {
+        return false;
+    };
+    dev.parse() == Ok(st.st_dev) && ino.parse() == Ok(st.st_ino)
 }
 
 #[cfg(test)]
