@@ -128,8 +128,6 @@ impl Real {
                 attr_ttl: Duration::ZERO,
                 cache_bytes: 4 * 1024 * 1024,
                 staging_dir: staging.path().to_path_buf(),
-                uid: 0,
-                gid: 0,
             },
             root,
         );

@@ -296,6 +296,7 @@ async fn info(State(app): State<Shared>) -> Json<RemoteInfo> {
         protocol: PROTOCOL_VERSION,
         agent_version: env!("CARGO_PKG_VERSION").to_string(),
         root: app.ws.root_path().display().to_string(),
+        user: Some(crate::remote::Identity::of_this_process()),
     })
 }
 

@@ -199,8 +199,8 @@ pub(super) fn run_mount(a: MountArgs) -> i32 {
         }
         cfg.staging_dir = o.staging_dir.or(a.staging_dir);
         cfg.allow_other = o.allow_other;
-        // `default_permissions` is on whatever -o says (`o.default_permissions` only confirms
-        // it): without it nothing would check mode bits at all.
+        // Without it the daemon checks permissions itself (the mounting user as the sandbox's).
+        cfg.default_permissions = o.default_permissions;
         cfg.read_only = o.read_only.unwrap_or(false);
         cfg.no_exec = o.no_exec.unwrap_or(false);
         cfg.idmap = o.idmap.unwrap_or_default();

@@ -44,9 +44,6 @@ pub struct CoreConfig {
     pub cache_bytes: u64,
     /// Where staged writes live (private to the user, one directory per remote).
     pub staging_dir: PathBuf,
-    /// Owner every file appears to have (the mounting user).
-    pub uid: u32,
-    pub gid: u32,
 }
 
 /// What the kernel should forget (the adapter sends these through the FUSE notifier).
@@ -297,6 +294,18 @@ impl FsCore {
         self.inodes.remember(parent, name, attr, true)
     }
 
+    /// Attributes of `name` in `parent`, for a permission check: not a lookup (the kernel's
+    /// count of references is left alone).
+    pub async fn child_attr(&self, parent: NodeId, name: &[u8]) -> Result<Attr> {
+        match self.inodes.child(parent, name) {
+            Some(id) => Ok(self.getattr(id).await?.attr),
+            None => {
+                let path = self.path_of(parent)?.join(name)?;
+                self.stable_stat(&path).await
+            }
+        }
+    }
+
     pub fn forget(&self, node: NodeId, n: u64) {
         if node != ROOT {
             self.inodes.forget(node, n);
@@ -337,10 +346,11 @@ impl FsCore {
         atime_ns: Option<i64>,
         mtime_ns: Option<i64>,
     ) -> Result<NodeAttr> {
-        // Files show as the mounting user's: a chown that keeps them so is a no-op (editors do
-        // it before choosing their save path); any other is passed to the sandbox.
-        let uid = owner.0.filter(|u| *u != self.cfg.uid);
-        let gid = owner.1.filter(|g| *g != self.cfg.gid);
+        // A chown to the owner a file already has is a no-op (editors do it before choosing
+        // their save path); any other is passed to the sandbox. Owners are the sandbox's here.
+        let current = self.node(node)?.attr;
+        let uid = owner.0.filter(|u| *u != current.uid);
+        let gid = owner.1.filter(|g| *g != current.gid);
         if let Some(size) = size {
             if size > MAX_FILE_BYTES {
                 return Err(RemoteError::FileTooBig(self.path_of(node)?.display()));

@@ -18,7 +18,9 @@ use fuser::{
 use tokio::runtime::Handle;
 use tracing::Instrument;
 
+use super::access::XattrUse;
 use super::core::{FsCore, KernelCache, NodeAttr};
+use super::gate::{Caller, Gate, Owners};
 use super::inode::NodeId;
 use crate::remote::{FileKind, RemoteError, RenameMode, SpecialKind, XattrFlags};
 
@@ -29,6 +31,10 @@ pub struct SbxFs {
     pub mountpoint: String,
     pub socket: String,
     pub remote: String,
+    /// Who files show as owned by, and whether the daemon checks permissions.
+    pub owners: Arc<Owners>,
+    /// Other users may use the mount (`allow_other`).
+    pub allow_other: bool,
 }
 
 /// The one place a core error becomes an errno. Expected answers (a name that is not there,
@@ -80,7 +86,7 @@ fn reply_entry(reply: ReplyEntry, s: &Shared, op: &str, r: crate::remote::Result
     match r {
         Ok(na) => reply.entry_with_ttls(
             &Duration::ZERO,
-            &s.ttl,
+            &s.entry_ttl,
             &s.attr(&na, na.node.0),
             Generation(0),
         ),
@@ -130,8 +136,9 @@ fn time_ns(t: TimeOrNow, now: i64) -> i64 {
 /// What a reply task needs to build attributes without borrowing the adapter.
 pub struct Shared {
     ttl: Duration,
-    uid: u32,
-    gid: u32,
+    /// How long the kernel may reuse a name's lookup without asking again.
+    entry_ttl: Duration,
+    owners: Arc<Owners>,
 }
 
 impl Shared {
@@ -139,6 +146,7 @@ impl Shared {
     /// the sandbox's inode number in attribute replies).
     fn attr(&self, na: &NodeAttr, ino: u64) -> FileAttr {
         let a = &na.attr;
+        let (uid, gid) = self.owners.shown(a.uid, a.gid);
         FileAttr {
             ino: INodeNo(ino),
             size: a.size,
@@ -150,11 +158,20 @@ impl Shared {
             kind: kind(a.kind),
             perm: (a.mode & 0o7777) as u16,
             nlink: a.nlink.min(u32::MAX as u64) as u32,
-            uid: self.uid,
-            gid: self.gid,
+            uid,
+            gid,
             rdev: a.rdev as u32,
             blksize: 128 * 1024,
             flags: 0,
+        }
+    }
+
+    /// The permission gate for one request's caller.
+    fn gate<'a>(&'a self, core: &'a FsCore, caller: &'a Caller) -> Gate<'a> {
+        Gate {
+            core,
+            owners: &self.owners,
+            caller,
         }
     }
 
@@ -213,6 +230,11 @@ impl SbxFs {
         });
     }
 
+    /// Who is asking, as the permission checks see them.
+    fn caller(&self, req: &Request) -> Caller {
+        self.owners.caller(req.uid(), req.gid(), req.pid())
+    }
+
     fn ttl(&self) -> Duration {
         self.core.config().attr_ttl
     }
@@ -228,8 +250,14 @@ impl SbxFs {
     {
         let shared = Arc::new(Shared {
             ttl: self.ttl(),
-            uid: self.core.config().uid,
-            gid: self.core.config().gid,
+            // With the daemon checking and other users in, every path walk must reach it: the
+            // kernel reuses a cached name without checking search permission on its directory.
+            entry_ttl: if self.owners.checks && self.allow_other {
+                Duration::ZERO
+            } else {
+                self.ttl()
+            },
+            owners: self.owners.clone(),
         });
         let core = self.core.clone();
         let span = tracing::debug_span!("fuse", op, node);
@@ -293,15 +321,16 @@ impl Filesystem for SbxFs {
         reply.ioctl(0, &out);
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let name = name_bytes(name);
+        let caller = self.caller(req);
         self.spawn("lookup", parent.0, move |core, s| async move {
-            reply_entry(
-                reply,
-                &s,
-                "lookup",
-                core.lookup(NodeId(parent.0), &name).await,
-            )
+            let r = async {
+                s.gate(&core, &caller).lookup(NodeId(parent.0)).await?;
+                core.lookup(NodeId(parent.0), &name).await
+            }
+            .await;
+            reply_entry(reply, &s, "lookup", r)
         });
     }
 
@@ -320,7 +349,7 @@ impl Filesystem for SbxFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -336,21 +365,47 @@ impl Filesystem for SbxFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let caller = self.caller(req);
         self.spawn("setattr", ino.0, move |core, s| async move {
             let now = core.now_ns();
             let at = atime.map(|t| time_ns(t, now));
             let mt = mtime.map(|t| time_ns(t, now));
-            let r = core
-                .setattr(
+            let explicit_times = [atime, mtime]
+                .iter()
+                .flatten()
+                .any(|t| matches!(t, TimeOrNow::SpecificTime(_)));
+            let times = (atime.is_some() || mtime.is_some()).then_some(explicit_times);
+            // The mounting user acts as the sandbox's user: its chown is in the sandbox's
+            // numbers once mapped; anyone else's is checked in the numbers they see.
+            let (to_uid, to_gid) = s.owners.to_sandbox(uid, gid);
+            let (ask_uid, ask_gid) = match &caller {
+                Caller::Checked { raw: true, .. } => (to_uid, to_gid),
+                _ => (uid, gid),
+            };
+            let r = async {
+                let mode = s
+                    .gate(&core, &caller)
+                    .setattr(
+                        NodeId(ino.0),
+                        mode.map(|m| m & 0o7777),
+                        ask_uid,
+                        ask_gid,
+                        size.is_some() && fh.is_none(),
+                        times,
+                    )
+                    .await?;
+                core.setattr(
                     NodeId(ino.0),
                     fh.map(|f| f.0),
-                    mode.map(|m| m & 0o7777),
-                    (uid, gid),
+                    mode,
+                    (to_uid, to_gid),
                     size,
                     at,
                     mt,
                 )
-                .await;
+                .await
+            }
+            .await;
             match r {
                 Ok(na) => reply.attr(&s.ttl, &s.stat(&na)),
                 Err(e) => reply.error(fail("setattr", &e)),
@@ -366,7 +421,7 @@ impl Filesystem for SbxFs {
 
     fn mkdir(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
@@ -374,15 +429,20 @@ impl Filesystem for SbxFs {
         reply: ReplyEntry,
     ) {
         let name = name_bytes(name);
+        let caller = self.caller(req);
         self.spawn("mkdir", parent.0, move |core, s| async move {
-            let r = core.mkdir(NodeId(parent.0), &name, mode & !umask).await;
+            let r = async {
+                s.gate(&core, &caller).add(NodeId(parent.0)).await?;
+                core.mkdir(NodeId(parent.0), &name, mode & !umask).await
+            }
+            .await;
             reply_entry(reply, &s, "mkdir", r)
         });
     }
 
     fn mknod(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
@@ -399,7 +459,12 @@ impl Filesystem for SbxFs {
             _ => None,
         };
         let perm = mode & !umask & 0o7777;
+        let caller = self.caller(req);
         self.spawn("mknod", parent.0, move |core, s| async move {
+            if let Err(e) = s.gate(&core, &caller).add(NodeId(parent.0)).await {
+                reply.error(fail("mknod", &e));
+                return;
+            }
             let r = match kind {
                 Some(k) => {
                     core.mknod(NodeId(parent.0), &name, k, perm, u64::from(rdev))
@@ -412,23 +477,39 @@ impl Filesystem for SbxFs {
         });
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = name_bytes(name);
-        self.spawn("unlink", parent.0, move |core, _| async move {
-            reply_empty(reply, "unlink", core.unlink(NodeId(parent.0), &name).await)
+        let caller = self.caller(req);
+        self.spawn("unlink", parent.0, move |core, s| async move {
+            let r = async {
+                s.gate(&core, &caller)
+                    .delete(NodeId(parent.0), &name)
+                    .await?;
+                core.unlink(NodeId(parent.0), &name).await
+            }
+            .await;
+            reply_empty(reply, "unlink", r)
         });
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = name_bytes(name);
-        self.spawn("rmdir", parent.0, move |core, _| async move {
-            reply_empty(reply, "rmdir", core.rmdir(NodeId(parent.0), &name).await)
+        let caller = self.caller(req);
+        self.spawn("rmdir", parent.0, move |core, s| async move {
+            let r = async {
+                s.gate(&core, &caller)
+                    .delete(NodeId(parent.0), &name)
+                    .await?;
+                core.rmdir(NodeId(parent.0), &name).await
+            }
+            .await;
+            reply_empty(reply, "rmdir", r)
         });
     }
 
     fn symlink(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         link_name: &OsStr,
         target: &std::path::Path,
@@ -438,15 +519,20 @@ impl Filesystem for SbxFs {
             name_bytes(link_name),
             target.as_os_str().as_bytes().to_vec(),
         );
+        let caller = self.caller(req);
         self.spawn("symlink", parent.0, move |core, s| async move {
-            let r = core.symlink(NodeId(parent.0), &name, &target).await;
+            let r = async {
+                s.gate(&core, &caller).add(NodeId(parent.0)).await?;
+                core.symlink(NodeId(parent.0), &name, &target).await
+            }
+            .await;
             reply_entry(reply, &s, "symlink", r)
         });
     }
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -466,34 +552,51 @@ impl Filesystem for SbxFs {
             RenameMode::Replace
         };
         let (name, newname) = (name_bytes(name), name_bytes(newname));
-        self.spawn("rename", parent.0, move |core, _| async move {
-            let r = core
-                .rename(NodeId(parent.0), &name, NodeId(newparent.0), &newname, mode)
-                .await;
+        let caller = self.caller(req);
+        self.spawn("rename", parent.0, move |core, s| async move {
+            let (from, to) = (NodeId(parent.0), NodeId(newparent.0));
+            let r = async {
+                s.gate(&core, &caller)
+                    .rename(from, &name, to, &newname, mode == RenameMode::Exchange)
+                    .await?;
+                core.rename(from, &name, to, &newname, mode).await
+            }
+            .await;
             reply_empty(reply, "rename", r)
         });
     }
 
     fn link(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         newparent: INodeNo,
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
         let name = name_bytes(newname);
+        let caller = self.caller(req);
         self.spawn("link", ino.0, move |core, s| async move {
-            let r = core.link(NodeId(ino.0), NodeId(newparent.0), &name).await;
+            let r = async {
+                s.gate(&core, &caller).add(NodeId(newparent.0)).await?;
+                core.link(NodeId(ino.0), NodeId(newparent.0), &name).await
+            }
+            .await;
             reply_entry(reply, &s, "link", r)
         });
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let writable = !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY);
         let truncate = flags.0 & libc::O_TRUNC != 0;
-        self.spawn("open", ino.0, move |core, _| async move {
-            match core.open(NodeId(ino.0), writable, truncate).await {
+        let caller = self.caller(req);
+        self.spawn("open", ino.0, move |core, s| async move {
+            let r = async {
+                s.gate(&core, &caller).open(NodeId(ino.0), flags.0).await?;
+                core.open(NodeId(ino.0), writable, truncate).await
+            }
+            .await;
+            match r {
                 Ok((fh, keep)) => {
                     let f = if keep {
                         FopenFlags::FOPEN_KEEP_CACHE
@@ -588,11 +691,36 @@ impl Filesystem for SbxFs {
         });
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.core.opendir(NodeId(ino.0)) {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
-            Err(e) => reply.error(fail("opendir", &e)),
-        }
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let caller = self.caller(req);
+        self.spawn("opendir", ino.0, move |core, s| async move {
+            let r = async {
+                s.gate(&core, &caller)
+                    .may(NodeId(ino.0), super::access::READ)
+                    .await?;
+                core.opendir(NodeId(ino.0))
+            }
+            .await;
+            match r {
+                Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                Err(e) => reply.error(fail("opendir", &e)),
+            }
+        });
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        let want =
+            mask.bits() as u32 & (super::access::READ | super::access::WRITE | super::access::EXEC);
+        let caller = self.caller(req);
+        self.spawn("access", ino.0, move |core, s| async move {
+            let r = async {
+                // Existence (F_OK) is settled by the lookup that found the node.
+                s.gate(&core, &caller).may(NodeId(ino.0), want).await?;
+                core.getattr(NodeId(ino.0)).await.map(|_| ())
+            }
+            .await;
+            reply_empty(reply, "access", r)
+        });
     }
 
     fn releasedir(
@@ -667,7 +795,7 @@ impl Filesystem for SbxFs {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -680,13 +808,20 @@ impl Filesystem for SbxFs {
             create: flags & libc::XATTR_CREATE != 0,
             replace: flags & libc::XATTR_REPLACE != 0,
         };
-        self.spawn("setxattr", ino.0, move |core, _| async move {
-            let r = core.setxattr(NodeId(ino.0), &name, &value, flags).await;
+        let caller = self.caller(req);
+        self.spawn("setxattr", ino.0, move |core, s| async move {
+            let r = async {
+                s.gate(&core, &caller)
+                    .xattr(NodeId(ino.0), &name, XattrUse::Set)
+                    .await?;
+                core.setxattr(NodeId(ino.0), &name, &value, flags).await
+            }
+            .await;
             reply_empty(reply, "setxattr", r)
         });
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let name = name_bytes(name);
         // The kernel asks for file capabilities before every write (to drop them). The mount
         // is nosuid, so capabilities never apply: answered here, not by a round trip per write.
@@ -694,17 +829,27 @@ impl Filesystem for SbxFs {
             reply.error(Errno::from_i32(libc::ENODATA));
             return;
         }
-        self.spawn("getxattr", ino.0, move |core, _| async move {
-            let r = core.getxattr(NodeId(ino.0), &name).await;
+        let caller = self.caller(req);
+        self.spawn("getxattr", ino.0, move |core, s| async move {
+            let r = async {
+                let gate = s.gate(&core, &caller);
+                if !gate.xattr(NodeId(ino.0), &name, XattrUse::Get).await? {
+                    return Err(RemoteError::NoAttr(String::from_utf8_lossy(&name).into()));
+                }
+                core.getxattr(NodeId(ino.0), &name).await
+            }
+            .await;
             reply_xattr(reply, size, "getxattr", r)
         });
     }
 
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        self.spawn("listxattr", ino.0, move |core, _| async move {
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let caller = self.caller(req);
+        self.spawn("listxattr", ino.0, move |core, s| async move {
+            let gate = s.gate(&core, &caller);
             let r = core.listxattr(NodeId(ino.0)).await.map(|names| {
                 let mut out = Vec::new();
-                for n in names {
+                for n in names.into_iter().filter(|n| gate.lists_xattr(n)) {
                     out.extend_from_slice(&n);
                     out.push(0);
                 }
@@ -714,10 +859,17 @@ impl Filesystem for SbxFs {
         });
     }
 
-    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = name_bytes(name);
-        self.spawn("removexattr", ino.0, move |core, _| async move {
-            let r = core.removexattr(NodeId(ino.0), &name).await;
+        let caller = self.caller(req);
+        self.spawn("removexattr", ino.0, move |core, s| async move {
+            let r = async {
+                s.gate(&core, &caller)
+                    .xattr(NodeId(ino.0), &name, XattrUse::Set)
+                    .await?;
+                core.removexattr(NodeId(ino.0), &name).await
+            }
+            .await;
             reply_empty(reply, "removexattr", r)
         });
     }
@@ -772,7 +924,7 @@ impl Filesystem for SbxFs {
 
     fn create(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
@@ -784,10 +936,16 @@ impl Filesystem for SbxFs {
         let exclusive = flags & libc::O_EXCL != 0;
         let truncate = flags & libc::O_TRUNC != 0;
         let kernel = self.core.clone();
+        let caller = self.caller(req);
         self.spawn("create", parent.0, move |core, s| async move {
-            let r = core
-                .create(NodeId(parent.0), &name, mode & !umask, exclusive, truncate)
-                .await;
+            let r = async {
+                s.gate(&core, &caller)
+                    .create(NodeId(parent.0), &name, exclusive, flags)
+                    .await?;
+                core.create(NodeId(parent.0), &name, mode & !umask, exclusive, truncate)
+                    .await
+            }
+            .await;
             match r {
                 Ok((na, fh)) => {
                     reply.created(

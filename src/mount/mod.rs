@@ -19,11 +19,13 @@
 //! unmounts exactly once, itself, and only while its mount is still there (fuser's own unmount
 //! on drop never runs: see [`run`]).
 
+pub mod access;
 pub mod background;
 pub mod control_server;
 pub mod core;
 pub mod exit;
 pub mod fuse;
+pub mod gate;
 pub mod handles;
 pub mod health;
 pub mod inode;
@@ -75,14 +77,16 @@ pub struct MountConfig {
     pub staging_dir: Option<PathBuf>,
     /// Other users (and root) may use the mount (`-o allow_other`).
     pub allow_other: bool,
-    /// The kernel checks mode bits against the owner shown (on by default).
+    /// The kernel checks mode bits, everyone's against the owners shown (`-o
+    /// default_permissions`); by default the daemon checks, the mounting user as the sandbox's
+    /// user ([`gate`]).
     pub default_permissions: bool,
     /// A read-only mount: every write gets `EROFS` from the kernel (`-o ro`).
     pub read_only: bool,
     /// Programs on the mount cannot be executed (`-o noexec`).
     pub no_exec: bool,
-    /// Who files appear to be owned by. Only [`IdMap::User`] is implemented so far: every file
-    /// shows as owned by the mounting user.
+    /// Who files appear to be owned by: the sandbox's owners (`none`, the default), or its
+    /// user mapped to you (`user`).
     pub idmap: IdMap,
     /// Mount over a directory that is not empty (`-o nonempty`), hiding what is there.
     pub nonempty: bool,
@@ -102,10 +106,10 @@ impl MountConfig {
             cache_bytes: DEFAULT_CACHE_BYTES,
             staging_dir: None,
             allow_other: false,
-            default_permissions: true,
+            default_permissions: false,
             read_only: false,
             no_exec: false,
-            idmap: IdMap::User,
+            idmap: IdMap::None,
             nonempty: false,
             detached: false,
         }
@@ -228,6 +232,26 @@ fn unmount_once(mountpoint: &Path) {
     }
 }
 
+/// Whom the mounting user acts as: the agent's identity; an older agent that does not say is
+/// taken to run as the workspace root's owner. A list of groups longer than a process can have
+/// is cut.
+fn sandbox_user(
+    said: Option<crate::remote::Identity>,
+    root: &crate::remote::Attr,
+) -> crate::remote::Identity {
+    match said {
+        Some(mut id) => {
+            id.groups.truncate(gate::MAX_GROUPS);
+            id
+        }
+        None => crate::remote::Identity {
+            uid: root.uid,
+            gid: root.gid,
+            groups: vec![root.gid],
+        },
+    }
+}
+
 /// Mount and serve until a signal or an unmount; pending writes are pushed before leaving.
 pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     if cfg.detached {
@@ -237,9 +261,6 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     preflight::check_fuse()?;
     if cfg.allow_other {
         preflight::check_allow_other()?;
-    }
-    if cfg.idmap == IdMap::None {
-        tracing::warn!("idmap=none is not implemented yet: files show as owned by you");
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -254,7 +275,7 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
         .ok()
         .and_then(|v| v.parse().ok())
         .map_or(cfg.call_timeout, Duration::from_millis);
-    rt.block_on(crate::remote::reach::first_contact(
+    let info = rt.block_on(crate::remote::reach::first_contact(
         &cfg.remote_url,
         &token,
         call,
@@ -296,10 +317,21 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
             attr_ttl: cfg.attr_ttl,
             cache_bytes: cfg.cache_bytes,
             staging_dir: staging_path.clone(),
-            uid: rustix::process::getuid().as_raw(),
-            gid: rustix::process::getgid().as_raw(),
         },
-        root,
+        root.clone(),
+    );
+    let owners = Arc::new(gate::Owners {
+        idmap: cfg.idmap,
+        mount_uid: rustix::process::getuid().as_raw(),
+        mount_gid: rustix::process::getgid().as_raw(),
+        sandbox: sandbox_user(info.user, &root),
+        checks: !cfg.default_permissions,
+    });
+    tracing::info!(
+        uid = owners.sandbox.uid,
+        gid = owners.sandbox.gid,
+        idmap = cfg.idmap.as_str(),
+        "the sandbox's user"
     );
     let fs = fuse::SbxFs {
         core: core.clone(),
@@ -307,6 +339,8 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
         mountpoint: mountpoint.display().to_string(),
         socket: socket.display().to_string(),
         remote: cfg.remote_url.clone(),
+        owners: owners.clone(),
+        allow_other: cfg.allow_other,
     };
     let control = Arc::new(Control {
         core: core.clone(),
@@ -317,6 +351,8 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
             "read_only": cfg.read_only,
             "allow_other": cfg.allow_other,
             "idmap": cfg.idmap.as_str(),
+            "sandbox_user": owners.sandbox,
+            "permissions": if owners.checks { "sbxfs" } else { "kernel" },
         }),
         health: health.clone(),
     });

@@ -14,10 +14,11 @@ use std::path::PathBuf;
 /// Who files appear to be owned by.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum IdMap {
-    /// Every file shows as owned by the mounting user (what the mount does today).
-    #[default]
+    /// The sandbox's user and group show as the mounting user's (for sandboxes you trust: it
+    /// switches off ownership checks such as git's "dubious ownership" guard).
     User,
     /// The sandbox's own uids and gids, unmapped.
+    #[default]
     None,
 }
 

@@ -855,10 +855,20 @@ impl MemoryRemote {
 #[async_trait]
 impl Remote for MemoryRemote {
     async fn info(&self) -> Result<RemoteInfo> {
+        let (uid, gid) = {
+            let s = self.lock();
+            (s.uid, s.gid)
+        };
         Ok(RemoteInfo {
             protocol: super::wire::PROTOCOL_VERSION,
             agent_version: format!("memory {}", env!("CARGO_PKG_VERSION")),
             root: "memory:".into(),
+            // The owner of what it creates.
+            user: Some(super::Identity {
+                uid,
+                gid,
+                groups: vec![gid],
+            }),
         })
     }
 

@@ -379,6 +379,33 @@ pub struct RemoteInfo {
     pub protocol: u32,
     pub agent_version: String,
     pub root: String,
+    /// Who the agent runs as: the sandbox's user, whom the mounting user acts as. Absent from
+    /// an older agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<Identity>,
+}
+
+/// A process's credentials: who a permission check is about.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Identity {
+    pub uid: u32,
+    pub gid: u32,
+    /// Supplementary groups.
+    #[serde(default)]
+    pub groups: Vec<u32>,
+}
+
+impl Identity {
+    /// This process's own credentials.
+    pub fn of_this_process() -> Identity {
+        Identity {
+            uid: rustix::process::geteuid().as_raw(),
+            gid: rustix::process::getegid().as_raw(),
+            groups: rustix::process::getgroups()
+                .map(|g| g.into_iter().map(|g| g.as_raw()).collect())
+                .unwrap_or_default(),
+        }
+    }
 }
 
 /// The operations a sandbox backend provides. All paths are workspace-relative.

@@ -1,0 +1,412 @@
+//! Who may do what on the mount: the POSIX permission rules, decided from who is asking, the
+//! owners and mode of the file in question, and what is wanted. Pure: no I/O, so every rule is
+//! unit-tested here; the FUSE adapter (through [`super::gate`]) only fetches the attributes and
+//! maps the answer.
+//!
+//! The daemon checks instead of the kernel (`default_permissions`) because the mounting user
+//! acts as the sandbox's user, whose uid the kernel does not know: the mounting user's requests
+//! are checked as that identity against the sandbox's own owners, anyone else's (only with
+//! `allow_other`) as themselves against the owners shown. The rules are Linux's
+//! (`generic_permission`, `may_delete`, `setattr_prepare`, `xattr_permission`): root may do
+//! anything except execute a file with no x bit at all.
+
+use crate::remote::Identity;
+
+/// Read, write and search/execute, as the `rwx` bits of one class.
+pub const READ: u32 = 4;
+pub const WRITE: u32 = 2;
+pub const EXEC: u32 = 1;
+
+/// What a check needs of a file: its owners and mode as the caller is judged against them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Subject {
+    pub uid: u32,
+    pub gid: u32,
+    /// Permission bits with set-id and sticky (`0o7777`).
+    pub mode: u32,
+    pub is_dir: bool,
+    /// A regular file or directory (the only kinds that carry `user.*` attributes).
+    pub is_file_or_dir: bool,
+}
+
+/// Why not: `EACCES` (the mode bits say no) or `EPERM` (only the owner or root may).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Denied {
+    Access,
+    Perm,
+}
+
+pub type Verdict = Result<(), Denied>;
+
+const S_ISUID: u32 = 0o4000;
+const S_ISGID: u32 = 0o2000;
+const S_ISVTX: u32 = 0o1000;
+
+fn is_root(who: &Identity) -> bool {
+    who.uid == 0
+}
+
+fn in_group(who: &Identity, gid: u32) -> bool {
+    who.gid == gid || who.groups.contains(&gid)
+}
+
+/// `want` (a mask of [`READ`], [`WRITE`], [`EXEC`]) on `f`: the owner's class if the caller
+/// owns it, else the group's if the caller is in its group, else the others'.
+pub fn may(who: &Identity, f: &Subject, want: u32) -> Verdict {
+    if is_root(who) {
+        // Root searches any directory and executes any file with at least one x bit.
+        let exec_refused = want & EXEC != 0 && !f.is_dir && f.mode & 0o111 == 0;
+        return if exec_refused {
+            Err(Denied::Access)
+        } else {
+            Ok(())
+        };
+    }
+    let bits = if who.uid == f.uid {
+        (f.mode >> 6) & 7
+    } else if in_group(who, f.gid) {
+        (f.mode >> 3) & 7
+    } else {
+        f.mode & 7
+    };
+    if want & !bits == 0 {
+        Ok(())
+    } else {
+        Err(Denied::Access)
+    }
+}
+
+/// What `open(2)` flags ask of the file: the access mode, `O_TRUNC` (write) and an exec's
+/// open (`__FMODE_EXEC`, which the kernel passes in the flags).
+pub fn open_wants(flags: i32) -> u32 {
+    /// `__FMODE_EXEC`: set in the flags of the open `execve` makes.
+    const FMODE_EXEC: i32 = 0x20;
+    let mut want = match flags & libc::O_ACCMODE {
+        libc::O_RDONLY => READ,
+        libc::O_WRONLY => WRITE,
+        _ => READ | WRITE,
+    };
+    if flags & libc::O_TRUNC != 0 {
+        want |= WRITE;
+    }
+    if flags & FMODE_EXEC != 0 {
+        want |= EXEC;
+    }
+    want
+}
+
+/// Adding a name to directory `dir` (create, mkdir, mknod, symlink, link, a rename's target).
+pub fn may_add(who: &Identity, dir: &Subject) -> Verdict {
+    may(who, dir, WRITE | EXEC)
+}
+
+/// Removing `victim`'s name from `dir` (unlink, rmdir, a rename's source or replaced target):
+/// write and search on the directory, and in a sticky directory only the owner of the
+/// directory or of the file (or root) may (`EPERM` otherwise, as Linux answers).
+pub fn may_delete(who: &Identity, dir: &Subject, victim: &Subject) -> Verdict {
+    may(who, dir, WRITE | EXEC)?;
+    let sticky = dir.mode & S_ISVTX != 0;
+    if sticky && !is_root(who) && who.uid != dir.uid && who.uid != victim.uid {
+        return Err(Denied::Perm);
+    }
+    Ok(())
+}
+
+/// A directory moved to another parent: its `..` changes, so it must be writable too.
+pub fn may_reparent(who: &Identity, moved_dir: &Subject) -> Verdict {
+    may(who, moved_dir, WRITE)
+}
+
+/// `chmod` to `mode`: only the owner or root (`EPERM`). The mode actually set: set-group-ID
+/// is dropped when a non-root caller is not in the file's group (`gid`, the new group if the
+/// same call changes it). A change that only clears set-id bits (the kernel's own, after a
+/// write) is anyone's who may write.
+pub fn may_chmod(who: &Identity, f: &Subject, mode: u32, gid: u32) -> Result<u32, Denied> {
+    let only_clears_setid = mode == f.mode & !(S_ISUID | S_ISGID) && mode != f.mode;
+    if only_clears_setid {
+        return Ok(mode);
+    }
+    if !is_root(who) && who.uid != f.uid {
+        return Err(Denied::Perm);
+    }
+    if !is_root(who) && !in_group(who, gid) {
+        return Ok(mode & !S_ISGID);
+    }
+    Ok(mode)
+}
+
+/// `chown`: root changes anything; the owner may "change" the owner to itself and the group to
+/// one it is in; anyone else gets `EPERM` (as Linux answers even for a chown to the same owner).
+pub fn may_chown(who: &Identity, f: &Subject, uid: Option<u32>, gid: Option<u32>) -> Verdict {
+    if is_root(who) {
+        return Ok(());
+    }
+    let owner = who.uid == f.uid;
+    if uid.is_some_and(|u| !owner || u != f.uid) {
+        return Err(Denied::Perm);
+    }
+    if gid.is_some_and(|g| !owner || (g != f.gid && !in_group(who, g))) {
+        return Err(Denied::Perm);
+    }
+    Ok(())
+}
+
+/// Setting times: explicit times only by the owner or root (`EPERM`); "now" also by anyone
+/// who may write (`EACCES` otherwise).
+pub fn may_set_times(who: &Identity, f: &Subject, explicit: bool) -> Verdict {
+    if is_root(who) || who.uid == f.uid {
+        return Ok(());
+    }
+    if explicit {
+        return Err(Denied::Perm);
+    }
+    may(who, f, WRITE)
+}
+
+/// Which extended attribute is asked about, and whether to change it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XattrUse {
+    Get,
+    Set,
+}
+
+/// An extended attribute by name: `user.*` needs read (get) or write (set/remove) permission
+/// and exists only on regular files and directories (`EPERM` to set one elsewhere), and a
+/// sticky directory's only for its owner; `trusted.*` is root's (`EPERM` to set, "no such
+/// attribute" to read, as Linux answers). `Ok(false)`: answer "no such attribute".
+pub fn may_xattr(who: &Identity, f: &Subject, name: &[u8], what: XattrUse) -> Result<bool, Denied> {
+    if name.starts_with(b"trusted.") && !is_root(who) {
+        return match what {
+            XattrUse::Set => Err(Denied::Perm),
+            XattrUse::Get => Ok(false),
+        };
+    }
+    if !name.starts_with(b"user.") {
+        return Ok(true);
+    }
+    if !f.is_file_or_dir {
+        return match what {
+            XattrUse::Set => Err(Denied::Perm),
+            XattrUse::Get => Ok(false),
+        };
+    }
+    match what {
+        XattrUse::Get => may(who, f, READ)?,
+        XattrUse::Set => {
+            let sticky_dir = f.is_dir && f.mode & S_ISVTX != 0;
+            if sticky_dir && !is_root(who) && who.uid != f.uid {
+                return Err(Denied::Perm);
+            }
+            may(who, f, WRITE)?
+        }
+    }
+    Ok(true)
+}
+
+/// Whether `listxattr` shows `name` to this caller (`trusted.*` only to root).
+pub fn lists_xattr(who: &Identity, name: &[u8]) -> bool {
+    is_root(who) || !name.starts_with(b"trusted.")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn user(uid: u32, gid: u32, groups: &[u32]) -> Identity {
+        Identity {
+            uid,
+            gid,
+            groups: groups.to_vec(),
+        }
+    }
+
+    fn file(uid: u32, gid: u32, mode: u32) -> Subject {
+        Subject {
+            uid,
+            gid,
+            mode,
+            is_dir: false,
+            is_file_or_dir: true,
+        }
+    }
+
+    fn dir(uid: u32, gid: u32, mode: u32) -> Subject {
+        Subject {
+            is_dir: true,
+            ..file(uid, gid, mode)
+        }
+    }
+
+    const ROOT: Identity = Identity {
+        uid: 0,
+        gid: 0,
+        groups: Vec::new(),
+    };
+
+    #[test]
+    fn the_owner_class_applies_to_the_owner_even_when_the_others_have_more() {
+        let f = file(1000, 1000, 0o077);
+        assert_eq!(may(&user(1000, 1000, &[]), &f, READ), Err(Denied::Access));
+        assert_eq!(may(&user(2000, 2000, &[]), &f, READ | WRITE), Ok(()));
+    }
+
+    #[test]
+    fn the_group_class_applies_through_the_primary_or_a_supplementary_group() {
+        let f = file(1000, 50, 0o640);
+        assert_eq!(may(&user(2000, 50, &[]), &f, READ), Ok(()));
+        assert_eq!(may(&user(2000, 7, &[50]), &f, READ), Ok(()));
+        assert_eq!(may(&user(2000, 7, &[50]), &f, WRITE), Err(Denied::Access));
+        assert_eq!(may(&user(2000, 7, &[8]), &f, READ), Err(Denied::Access));
+    }
+
+    #[test]
+    fn root_reads_and_writes_anything_but_executes_only_a_file_with_an_x_bit() {
+        assert_eq!(may(&ROOT, &file(5, 5, 0o000), READ | WRITE), Ok(()));
+        assert_eq!(may(&ROOT, &file(5, 5, 0o600), EXEC), Err(Denied::Access));
+        assert_eq!(may(&ROOT, &file(5, 5, 0o001), EXEC), Ok(()));
+        assert_eq!(may(&ROOT, &dir(5, 5, 0o000), EXEC), Ok(()));
+    }
+
+    #[test]
+    fn open_flags_ask_for_read_write_and_exec_as_the_call_does() {
+        assert_eq!(open_wants(libc::O_RDONLY), READ);
+        assert_eq!(open_wants(libc::O_WRONLY), WRITE);
+        assert_eq!(open_wants(libc::O_RDWR), READ | WRITE);
+        assert_eq!(open_wants(libc::O_RDONLY | libc::O_TRUNC), READ | WRITE);
+        assert_eq!(open_wants(libc::O_RDONLY | 0x20), READ | EXEC);
+    }
+
+    #[test]
+    fn adding_a_name_needs_write_and_search_on_the_directory() {
+        let d = dir(1000, 1000, 0o755);
+        assert_eq!(may_add(&user(1000, 1000, &[]), &d), Ok(()));
+        assert_eq!(may_add(&user(2000, 2000, &[]), &d), Err(Denied::Access));
+        let write_only = dir(1000, 1000, 0o300);
+        assert_eq!(may_add(&user(1000, 1000, &[]), &write_only), Ok(()));
+        let no_search = dir(1000, 1000, 0o600);
+        assert_eq!(
+            may_add(&user(1000, 1000, &[]), &no_search),
+            Err(Denied::Access)
+        );
+    }
+
+    #[test]
+    fn in_a_sticky_directory_only_the_owners_or_root_delete() {
+        let tmp = dir(0, 0, 0o1777);
+        let theirs = file(1000, 1000, 0o666);
+        assert_eq!(
+            may_delete(&user(2000, 2000, &[]), &tmp, &theirs),
+            Err(Denied::Perm)
+        );
+        assert_eq!(may_delete(&user(1000, 1000, &[]), &tmp, &theirs), Ok(()));
+        assert_eq!(may_delete(&ROOT, &tmp, &theirs), Ok(()));
+        let own_sticky = dir(2000, 2000, 0o1777);
+        assert_eq!(
+            may_delete(&user(2000, 2000, &[]), &own_sticky, &theirs),
+            Ok(())
+        );
+        // Without the sticky bit, write on the directory is all it takes.
+        let open = dir(0, 0, 0o777);
+        assert_eq!(may_delete(&user(2000, 2000, &[]), &open, &theirs), Ok(()));
+        let closed = dir(0, 0, 0o755);
+        assert_eq!(
+            may_delete(&user(1000, 1000, &[]), &closed, &theirs),
+            Err(Denied::Access)
+        );
+    }
+
+    #[test]
+    fn chmod_is_the_owners_and_drops_setgid_outside_the_group() {
+        let f = file(1000, 50, 0o644);
+        assert_eq!(
+            may_chmod(&user(2000, 50, &[]), &f, 0o600, 50),
+            Err(Denied::Perm)
+        );
+        assert_eq!(may_chmod(&user(1000, 1000, &[]), &f, 0o2755, 50), Ok(0o755));
+        assert_eq!(
+            may_chmod(&user(1000, 1000, &[50]), &f, 0o2755, 50),
+            Ok(0o2755)
+        );
+        assert_eq!(may_chmod(&ROOT, &f, 0o6755, 50), Ok(0o6755));
+    }
+
+    #[test]
+    fn clearing_set_id_bits_after_a_write_is_not_a_chmod() {
+        let f = file(1000, 50, 0o6777);
+        assert_eq!(may_chmod(&user(2000, 2000, &[]), &f, 0o777, 50), Ok(0o777));
+        assert_eq!(
+            may_chmod(&user(2000, 2000, &[]), &f, 0o6755, 50),
+            Err(Denied::Perm)
+        );
+    }
+
+    #[test]
+    fn chown_is_roots_and_chgrp_the_owners_to_a_group_of_theirs() {
+        let f = file(1000, 1000, 0o644);
+        let owner = user(1000, 1000, &[50]);
+        assert_eq!(may_chown(&owner, &f, Some(2000), None), Err(Denied::Perm));
+        assert_eq!(may_chown(&owner, &f, Some(1000), Some(50)), Ok(()));
+        assert_eq!(may_chown(&owner, &f, None, Some(60)), Err(Denied::Perm));
+        assert_eq!(
+            may_chown(&user(2000, 50, &[]), &f, None, Some(50)),
+            Err(Denied::Perm)
+        );
+        // Linux refuses a non-owner's chown even to the owner the file already has.
+        assert_eq!(
+            may_chown(&user(2000, 2000, &[]), &f, Some(1000), None),
+            Err(Denied::Perm)
+        );
+        assert_eq!(may_chown(&ROOT, &f, Some(7), Some(7)), Ok(()));
+    }
+
+    #[test]
+    fn times_are_set_by_the_owner_and_now_by_anyone_who_may_write() {
+        let f = file(1000, 1000, 0o666);
+        let other = user(2000, 2000, &[]);
+        assert_eq!(may_set_times(&other, &f, true), Err(Denied::Perm));
+        assert_eq!(may_set_times(&other, &f, false), Ok(()));
+        let ro = file(1000, 1000, 0o644);
+        assert_eq!(may_set_times(&other, &ro, false), Err(Denied::Access));
+        assert_eq!(may_set_times(&user(1000, 1, &[]), &ro, true), Ok(()));
+    }
+
+    #[test]
+    fn user_xattrs_follow_the_mode_and_trusted_ones_are_roots() {
+        let f = file(1000, 1000, 0o644);
+        let other = user(2000, 2000, &[]);
+        assert_eq!(may_xattr(&other, &f, b"user.k", XattrUse::Get), Ok(true));
+        assert_eq!(
+            may_xattr(&other, &f, b"user.k", XattrUse::Set),
+            Err(Denied::Access)
+        );
+        let private = file(1000, 1000, 0o600);
+        assert_eq!(
+            may_xattr(&other, &private, b"user.k", XattrUse::Get),
+            Err(Denied::Access)
+        );
+        assert_eq!(
+            may_xattr(&other, &f, b"trusted.k", XattrUse::Set),
+            Err(Denied::Perm)
+        );
+        assert_eq!(
+            may_xattr(&other, &f, b"trusted.k", XattrUse::Get),
+            Ok(false)
+        );
+        assert_eq!(may_xattr(&ROOT, &f, b"trusted.k", XattrUse::Set), Ok(true));
+        let fifo = Subject {
+            is_file_or_dir: false,
+            ..f
+        };
+        assert_eq!(
+            may_xattr(&user(1000, 1000, &[]), &fifo, b"user.k", XattrUse::Set),
+            Err(Denied::Perm)
+        );
+        let sticky = dir(1000, 1000, 0o1777);
+        assert_eq!(
+            may_xattr(&other, &sticky, b"user.k", XattrUse::Set),
+            Err(Denied::Perm)
+        );
+        assert!(!lists_xattr(&other, b"trusted.k"));
+        assert!(lists_xattr(&other, b"user.k"));
+    }
+}
