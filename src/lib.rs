@@ -13,8 +13,10 @@
 //!   to its root by `openat2(RESOLVE_BENEATH)` ([`agent::workspace`]); a change feed
 //!   ([`agent::watch`]).
 //! - [`mount`]: `sbxfs mount`, a FUSE filesystem over any `Remote`: a thin adapter
-//!   ([`mount::fuse`]) over the filesystem operations ([`mount::core`]), which work over the
-//!   inode table ([`mount::inode`]: own node ids, names as links, orphans), listings
+//!   ([`mount::fuse`]) over the filesystem operations ([`mount::core`]); before each operation
+//!   the permission gate ([`mount::gate`]) applies the POSIX rules ([`mount::access`]), the
+//!   mounting user acting as the sandbox's user, whose owners the mount shows. The operations
+//!   work over the inode table ([`mount::inode`]: own node ids, names as links, orphans), listings
 //!   ([`mount::meta`]), the page cache ([`mount::pages`]), open handles ([`mount::handles`]) and
 //!   write-back ([`mount::writeback`]: pushes, retries, conflicts) of durable staged images
 //!   ([`mount::staging`]) in a private directory ([`mount::state`]). Every remote call has a
