@@ -153,13 +153,55 @@ fn git_in_the_mount_refuses_a_sandbox_repository_so_its_fsmonitor_never_runs() {
     assert!(err.contains("dubious ownership"), "{err}");
     assert!(!marker.exists(), "the sandbox ran a command on the laptop");
     // Always nosuid,nodev.
-    let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let line = mountinfo
+    let line = mountinfo_line(&m.dir);
+    assert!(line.contains("nosuid") && line.contains("nodev"), "{line}");
+    // The daemon checks, not the kernel.
+    assert!(!line.contains("default_permissions"), "{line}");
+}
+
+fn mountinfo_line(dir: &Path) -> String {
+    let needle = format!(" {} ", dir.display());
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
         .lines()
         .rev()
-        .find(|l| l.contains(&format!(" {} ", m.dir.display())))
-        .unwrap();
-    assert!(line.contains("nosuid") && line.contains("nodev"), "{line}");
+        .find(|l| l.contains(&needle))
+        .unwrap_or_else(|| panic!("{} is not mounted", dir.display()))
+        .to_string()
+}
+
+fn status(m: &MountProcess) -> serde_json::Value {
+    let (code, out, err) = run(Command::new(sbxfs_bin())
+        .arg("ctl")
+        .arg("--mount")
+        .arg(&m.dir)
+        .args(["status", "--json"]));
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+    serde_json::from_slice(&out).unwrap()
+}
+
+#[test]
+fn default_permissions_hands_the_checks_to_the_kernel_against_the_owners_shown() {
+    let Some(setpriv) = setpriv_as_root() else {
+        return;
+    };
+    let (_base, ws) = workspace();
+    fs::write(ws.join("secret.txt"), "secret\n").unwrap();
+    fs::write(ws.join("public.txt"), "public\n").unwrap();
+    chown_tree(&ws, SANDBOX_UID, SANDBOX_UID);
+    set_mode(&ws.join("secret.txt"), 0o600);
+    let agent = AgentAs::start(&setpriv, &ws);
+    let m = agent.mount(&["-o", "allow_other,default_permissions"]);
+    assert!(mountinfo_line(&m.dir).contains("default_permissions"));
+    let v = status(&m);
+    assert_eq!(v["mount"]["permissions"], "kernel");
+    assert_eq!(v["mount"]["idmap"], "none");
+    let meta = fs::metadata(m.dir.join("secret.txt")).unwrap();
+    assert_eq!(meta.uid(), SANDBOX_UID);
+    let (code, err) = as_other(&setpriv, &[], &m.dir, "cat secret.txt");
+    assert_ne!(code, 0);
+    assert!(err.contains("Permission denied"), "{err}");
+    assert_eq!(as_other(&setpriv, &[], &m.dir, "cat public.txt").0, 0);
 }
 
 #[test]
@@ -196,13 +238,8 @@ fn with_idmap_user_files_show_as_yours_and_git_trusts_the_repository() {
     let inside = fs::metadata(ws.join("repo/README")).unwrap();
     assert_eq!((inside.uid(), inside.gid()), (SANDBOX_UID, SANDBOX_UID));
     // The status names the mapping and the sandbox's identity.
-    let (code, out, err) = run(Command::new(sbxfs_bin())
-        .arg("ctl")
-        .arg("--mount")
-        .arg(&m.dir)
-        .args(["status", "--json"]));
-    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
-    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let v = status(&m);
+    assert_eq!(v["mount"]["permissions"], "sbxfs");
     assert_eq!(v["mount"]["idmap"], "user");
     assert_eq!(v["mount"]["sandbox_user"]["uid"], SANDBOX_UID);
     assert_eq!(v["mount"]["sandbox_user"]["gid"], SANDBOX_UID);
@@ -241,6 +278,7 @@ fn another_local_user_gets_the_posix_checks_against_the_owners_shown() {
     fs::create_dir(ws.join("sticky")).unwrap();
     fs::write(ws.join("sticky/victim.txt"), "victim\n").unwrap();
     fs::write(ws.join("group.txt"), "").unwrap();
+    fs::write(ws.join("run.sh"), "#!/bin/sh\necho ran\n").unwrap();
     chown_tree(&ws, SANDBOX_UID, SANDBOX_UID);
     std::os::unix::fs::chown(ws.join("group.txt"), None, Some(SHARED_GID)).unwrap();
     set_mode(&ws, 0o755);
@@ -250,6 +288,7 @@ fn another_local_user_gets_the_posix_checks_against_the_owners_shown() {
     set_mode(&ws.join("sticky"), 0o1777);
     set_mode(&ws.join("sticky/victim.txt"), 0o666);
     set_mode(&ws.join("group.txt"), 0o660);
+    set_mode(&ws.join("run.sh"), 0o744);
     let agent = AgentAs::start(&setpriv, &ws);
     let m = agent.mount(&["-o", "allow_other"]);
     let denied = |what: &str, (code, err): (i32, String), says: &str| {
@@ -313,6 +352,37 @@ fn another_local_user_gets_the_posix_checks_against_the_owners_shown() {
         "Permission denied",
     );
     assert!(!ws.join("new.txt").exists());
+    // Executing needs the x bit of the caller's class, not just any x bit.
+    denied(
+        "executing a 0744 file of the sandbox user",
+        as_other(&setpriv, &[], d, "./run.sh"),
+        "Permission denied",
+    );
+    allowed(
+        "executing it as the mounting user",
+        (run(&mut Command::new(d.join("run.sh"))).0, String::new()),
+    );
+    // Queries run in the sandbox as its user: not for another local user.
+    let bin_dir = tempfile::tempdir().unwrap();
+    set_mode(bin_dir.path(), 0o755);
+    let bin = bin_dir.path().join("sbxfs");
+    fs::copy(sbxfs_bin(), &bin).unwrap();
+    let (_, out, err) = run(Command::new(&setpriv)
+        .arg(format!("--reuid={OTHER_UID}"))
+        .arg(format!("--regid={OTHER_UID}"))
+        .arg("--clear-groups")
+        .arg(&bin)
+        .args(["grep", "secret", "."])
+        .current_dir(d));
+    let (out, err) = (String::from_utf8_lossy(&out), String::from_utf8_lossy(&err));
+    assert!(
+        !out.contains("secret.txt"),
+        "another user's query read it: {out}"
+    );
+    assert!(
+        !err.contains("No such file"),
+        "the query did not run: {err}"
+    );
     // A world-writable directory takes its new file; the agent makes it, so it is the
     // sandbox user's (as a file made over sshfs is the remote login's).
     allowed(

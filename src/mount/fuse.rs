@@ -279,7 +279,7 @@ impl Filesystem for SbxFs {
 
     fn ioctl(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         _flags: fuser::IoctlFlags,
@@ -288,6 +288,14 @@ impl Filesystem for SbxFs {
         out_size: u32,
         reply: fuser::ReplyIoctl,
     ) {
+        // A query runs in the sandbox as its user: like the control socket, only for the
+        // mount's owner and root, never for another user let in by allow_other.
+        let owner_or_root = req.uid() == self.owners.mount_uid || req.uid() == 0;
+        let ours = cmd == crate::control::IOC_QUERY || cmd == crate::control::IOC_INFO;
+        if ours && !owner_or_root {
+            reply.error(Errno::from_i32(libc::EACCES));
+            return;
+        }
         if cmd == crate::control::IOC_QUERY {
             self.ioctl_query(NodeId(ino.0), in_data, out_size, reply);
             return;
