@@ -383,6 +383,13 @@ fn another_local_user_gets_the_posix_checks_against_the_owners_shown() {
         !err.contains("No such file"),
         "the query did not run: {err}"
     );
+    // A hard link to a file it may not write is refused (protected_hardlinks).
+    denied(
+        "a hard link to another's 0644 file",
+        as_other(&setpriv, &[], d, "ln public.txt sticky/pinned"),
+        "Operation not permitted",
+    );
+    assert!(!ws.join("sticky/pinned").exists());
     // A world-writable directory takes its new file; the agent makes it, so it is the
     // sandbox user's (as a file made over sshfs is the remote login's).
     allowed(
@@ -424,6 +431,13 @@ fn the_mounting_user_acts_as_the_sandbox_user_not_as_itself() {
     set_mode(&ws.join("roots.txt"), 0o400);
     set_mode(&ws.join("read_only.txt"), 0o444);
     let agent = AgentAs::start(&setpriv, &ws);
+    // The agent says who it runs as.
+    let client = sbxfs::remote::client::AgentClient::new(&agent.url, &agent.token).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let info = rt.block_on(sbxfs::remote::Remote::info(&client)).unwrap();
+    let user = info.user.expect("the agent's identity");
+    assert_eq!((user.uid, user.gid), (SANDBOX_UID, SANDBOX_UID));
+    assert!(user.groups.is_empty(), "{:?}", user.groups);
     let m = agent.mount(&[]);
     // A file of the sandbox user, shown under its uid, is writable by the mounting user.
     fs::write(m.dir.join("theirs.txt"), "new\n").unwrap();
@@ -445,6 +459,18 @@ fn the_mounting_user_acts_as_the_sandbox_user_not_as_itself() {
         std::io::ErrorKind::PermissionDenied
     );
     assert!(fs::read(m.dir.join("roots.txt")).is_err());
+    // access(2) answers as the sandbox user too.
+    let c = std::ffi::CString::new(
+        m.dir
+            .join("read_only.txt")
+            .into_os_string()
+            .into_encoded_bytes(),
+    )
+    .unwrap();
+    // SAFETY: a NUL-terminated path that outlives the call.
+    assert_eq!(unsafe { libc::access(c.as_ptr(), libc::W_OK) }, -1);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::access(c.as_ptr(), libc::R_OK) }, 0);
     // chmod of its own file works; of root's, not.
     fs::set_permissions(
         m.dir.join("read_only.txt"),

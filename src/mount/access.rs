@@ -112,6 +112,21 @@ pub fn may_delete(who: &Identity, dir: &Subject, victim: &Subject) -> Verdict {
     Ok(())
 }
 
+/// The file a hard link is made to (Linux's `protected_hardlinks`, on by default): its owner,
+/// root, or someone who may read and write it, and never a set-user-ID file or an executable
+/// set-group-ID one (`EPERM`) — so nobody pins a file they could not change where its owner
+/// does not expect it.
+pub fn may_link_to(who: &Identity, f: &Subject) -> Verdict {
+    if is_root(who) || who.uid == f.uid {
+        return Ok(());
+    }
+    let setid = f.mode & S_ISUID != 0 || f.mode & (S_ISGID | 0o010) == S_ISGID | 0o010;
+    if f.is_dir || setid || may(who, f, READ | WRITE).is_err() {
+        return Err(Denied::Perm);
+    }
+    Ok(())
+}
+
 /// A directory moved to another parent: its `..` changes, so it must be writable too.
 pub fn may_reparent(who: &Identity, moved_dir: &Subject) -> Verdict {
     may(who, moved_dir, WRITE)
@@ -313,6 +328,25 @@ mod tests {
             may_delete(&user(1000, 1000, &[]), &closed, &theirs),
             Err(Denied::Access)
         );
+    }
+
+    #[test]
+    fn a_hard_link_is_to_a_file_of_ones_own_or_one_that_may_be_read_and_written() {
+        let other = user(2000, 2000, &[]);
+        assert_eq!(
+            may_link_to(&other, &file(1000, 1000, 0o644)),
+            Err(Denied::Perm)
+        );
+        assert_eq!(may_link_to(&other, &file(1000, 1000, 0o666)), Ok(()));
+        assert_eq!(
+            may_link_to(&other, &file(1000, 1000, 0o4777)),
+            Err(Denied::Perm)
+        );
+        assert_eq!(
+            may_link_to(&user(1000, 1, &[]), &file(1000, 1000, 0o400)),
+            Ok(())
+        );
+        assert_eq!(may_link_to(&ROOT, &file(1000, 1000, 0o4700)), Ok(()));
     }
 
     #[test]

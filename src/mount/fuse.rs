@@ -586,7 +586,9 @@ impl Filesystem for SbxFs {
         let caller = self.caller(req);
         self.spawn("link", ino.0, move |core, s| async move {
             let r = async {
-                s.gate(&core, &caller).add(NodeId(newparent.0)).await?;
+                s.gate(&core, &caller)
+                    .link(NodeId(ino.0), NodeId(newparent.0))
+                    .await?;
                 core.link(NodeId(ino.0), NodeId(newparent.0), &name).await
             }
             .await;
@@ -723,8 +725,7 @@ impl Filesystem for SbxFs {
         self.spawn("access", ino.0, move |core, s| async move {
             let r = async {
                 // Existence (F_OK) is settled by the lookup that found the node.
-                s.gate(&core, &caller).may(NodeId(ino.0), want).await?;
-                core.getattr(NodeId(ino.0)).await.map(|_| ())
+                s.gate(&core, &caller).access(NodeId(ino.0), want).await
             }
             .await;
             reply_empty(reply, "access", r)

@@ -229,6 +229,27 @@ impl Gate<'_> {
         }
     }
 
+    /// A hard link to `node` in `dir`.
+    pub async fn link(&self, node: NodeId, dir: NodeId) -> Result<()> {
+        let Some((who, f)) = self.subject(node).await? else {
+            return Ok(());
+        };
+        self.add(dir).await?;
+        access::may_link_to(&who, &f).map_err(|e| refused(self.core, node, e))
+    }
+
+    /// `access(2)`: as [`Gate::may`]; a caller nothing is checked for is root, who still
+    /// executes only a file with an x bit.
+    pub async fn access(&self, node: NodeId, want: u32) -> Result<()> {
+        if let Caller::Unchecked = self.caller {
+            let attr = self.core.getattr(node).await?.attr;
+            let root = Identity::default();
+            return access::may(&root, &self.owners.subject(&attr, true), want)
+                .map_err(|d| refused(self.core, node, d));
+        }
+        self.may(node, want).await
+    }
+
     /// Removing `name` from `dir`.
     pub async fn delete(&self, dir: NodeId, name: &[u8]) -> Result<()> {
         let Some((who, d)) = self.subject(dir).await? else {

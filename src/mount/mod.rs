@@ -467,3 +467,32 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
         staging_path.display()
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_agent_that_does_not_say_who_it_is_is_taken_as_the_workspace_owner() {
+        // What an older agent answers: no `user`.
+        let info: crate::remote::RemoteInfo =
+            serde_json::from_str(r#"{"protocol":1,"agent_version":"0.1","root":"/w"}"#).unwrap();
+        assert_eq!(info.user, None);
+        let root: crate::remote::Attr = serde_json::from_value(serde_json::json!({
+            "kind": "dir", "size": 0, "mode": 0o755, "uid": 1234, "gid": 99,
+            "atime_ns": 0, "mtime_ns": 0, "ctime_ns": 0, "ino": 2, "nlink": 2, "version": "v"
+        }))
+        .unwrap();
+        let id = sandbox_user(info.user, &root);
+        assert_eq!((id.uid, id.gid, id.groups), (1234, 99, vec![99]));
+        let said = crate::remote::Identity {
+            uid: 7,
+            gid: 8,
+            groups: vec![0; gate::MAX_GROUPS + 10],
+        };
+        assert_eq!(
+            sandbox_user(Some(said), &root).groups.len(),
+            gate::MAX_GROUPS
+        );
+    }
+}
