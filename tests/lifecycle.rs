@@ -118,7 +118,7 @@ fn allow_other_lets_another_user_in_and_without_it_they_are_refused() {
     let (code, out, err) = as_nobody(&["ls"], &shared.dir);
     assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
     assert_eq!(String::from_utf8_lossy(&out), "hello.txt\n");
-    // default_permissions: the mode bits still apply to that user (the root is 0755, not theirs).
+    // The mode bits still apply to that user (the root is 0755, not theirs): the daemon checks.
     let (code, _, _) = as_nobody(&["touch"], &shared.dir.join("new.txt"));
     assert_ne!(code, 0);
     assert!(!s.root.join("new.txt").exists());

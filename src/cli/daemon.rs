@@ -66,7 +66,7 @@ pub(super) struct MountArgs {
     /// The empty directory to mount on.
     mountpoint: PathBuf,
     /// Mount options, comma-separated: allow_other, default_permissions, ro, noexec,
-    /// idmap=user|none, nonempty, timeout_ms=MS, token_file=FILE, and every long flag below as
+    /// idmap=none|user, nonempty, timeout_ms=MS, token_file=FILE, and every long flag below as
     /// KEY=VALUE (see README "Mount options"; mount(8)'s own options are accepted and ignored).
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
