@@ -326,6 +326,13 @@ fn another_local_user_gets_the_posix_checks_against_the_owners_shown() {
         as_other(&setpriv, &[], d, "stat private/inside.txt"),
         "Permission denied",
     );
+    // Nor a name the mounting user has just created there.
+    fs::write(d.join("private/fresh.txt"), "fresh\n").unwrap();
+    denied(
+        "a lookup of a new name in a 0700 directory",
+        as_other(&setpriv, &[], d, "cat private/fresh.txt"),
+        "Permission denied",
+    );
     denied(
         "listing a 0700 directory",
         as_other(&setpriv, &[], d, "ls private"),

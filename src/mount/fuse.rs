@@ -957,8 +957,10 @@ impl Filesystem for SbxFs {
             .await;
             match r {
                 Ok((na, fh)) => {
+                    // One TTL for the entry and its attributes: the entry's (a name cached
+                    // longer would skip the checks of another user's path walk).
                     reply.created(
-                        &s.ttl,
+                        &s.entry_ttl,
                         &s.attr(&na, na.node.0),
                         Generation(0),
                         FileHandle(fh),
