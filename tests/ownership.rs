@@ -390,6 +390,28 @@ fn another_local_user_gets_the_posix_checks_against_the_owners_shown() {
         !err.contains("No such file"),
         "the query did not run: {err}"
     );
+    // user.* attributes follow the mode; an ACL is the owner's to set.
+    let setxattr = |name: &str, hex: &str| {
+        format!(
+            "python3 -c \"import os; os.setxattr('public.txt', '{name}', bytes.fromhex('{hex}'))\""
+        )
+    };
+    denied(
+        "a user.* attribute on a file it may not write",
+        as_other(&setpriv, &[], d, &setxattr("user.k", "76")),
+        "Permission denied",
+    );
+    // A valid ACL (user::rw-, group::r--, other::rw-): the kernel refuses a malformed one itself.
+    let acl = "0200000001000600ffffffff04000400ffffffff20000600ffffffff";
+    denied(
+        "an ACL on a file it does not own",
+        as_other(&setpriv, &[], d, &setxattr("system.posix_acl_access", acl)),
+        "Operation not permitted",
+    );
+    assert_eq!(
+        fs::metadata(ws.join("public.txt")).unwrap().mode() & 0o777,
+        0o644
+    );
     // A hard link to a file it may not write is refused (protected_hardlinks).
     denied(
         "a hard link to another's 0644 file",

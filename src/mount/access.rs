@@ -188,7 +188,8 @@ pub enum XattrUse {
 /// An extended attribute by name: `user.*` needs read (get) or write (set/remove) permission
 /// and exists only on regular files and directories (`EPERM` to set one elsewhere), and a
 /// sticky directory's only for its owner; `trusted.*` is root's (`EPERM` to set, "no such
-/// attribute" to read, as Linux answers). `Ok(false)`: answer "no such attribute".
+/// attribute" to read, as Linux answers); any other namespace (ACLs, `security.*`) is changed
+/// only by the owner or root. `Ok(false)`: answer "no such attribute".
 pub fn may_xattr(who: &Identity, f: &Subject, name: &[u8], what: XattrUse) -> Result<bool, Denied> {
     if name.starts_with(b"trusted.") && !is_root(who) {
         return match what {
@@ -197,7 +198,13 @@ pub fn may_xattr(who: &Identity, f: &Subject, name: &[u8], what: XattrUse) -> Re
         };
     }
     if !name.starts_with(b"user.") {
-        return Ok(true);
+        // ACLs (`system.posix_acl_*`) and `security.*`: read by anyone, changed only by the
+        // owner or root (an ACL is a chmod by other means).
+        let owner = is_root(who) || who.uid == f.uid;
+        return match what {
+            XattrUse::Set if !owner => Err(Denied::Perm),
+            _ => Ok(true),
+        };
     }
     if !f.is_file_or_dir {
         return match what {
@@ -439,6 +446,23 @@ mod tests {
         assert_eq!(
             may_xattr(&other, &sticky, b"user.k", XattrUse::Set),
             Err(Denied::Perm)
+        );
+        assert_eq!(
+            may_xattr(&other, &f, b"system.posix_acl_access", XattrUse::Set),
+            Err(Denied::Perm)
+        );
+        assert_eq!(
+            may_xattr(&other, &f, b"system.posix_acl_access", XattrUse::Get),
+            Ok(true)
+        );
+        assert_eq!(
+            may_xattr(
+                &user(1000, 1, &[]),
+                &f,
+                b"system.posix_acl_access",
+                XattrUse::Set
+            ),
+            Ok(true)
         );
         assert!(!lists_xattr(&other, b"trusted.k"));
         assert!(lists_xattr(&other, b"user.k"));
