@@ -265,6 +265,32 @@ mod tests {
         groups: Vec::new(),
     };
 
+    proptest::proptest! {
+        /// Whoever asks, a non-root caller is never granted a bit its class does not have,
+        /// and root is refused only execution of a file with no x bit.
+        #[test]
+        fn no_caller_gets_more_than_its_class(
+            uid in 0u32..4, gid in 0u32..4, groups in proptest::collection::vec(0u32..4, 0..3),
+            fuid in 0u32..4, fgid in 0u32..4, mode in 0u32..0o10000, is_dir: bool, want in 0u32..8,
+        ) {
+            let who = user(uid, gid, &groups);
+            let f = Subject { uid: fuid, gid: fgid, mode, is_dir, is_file_or_dir: true };
+            let class = if uid == fuid {
+                mode >> 6
+            } else if gid == fgid || groups.contains(&fgid) {
+                mode >> 3
+            } else {
+                mode
+            } & 7;
+            let allowed = may(&who, &f, want).is_ok();
+            if uid == 0 {
+                proptest::prop_assert_eq!(allowed, want & EXEC == 0 || is_dir || mode & 0o111 != 0);
+            } else {
+                proptest::prop_assert_eq!(allowed, want & !class == 0);
+            }
+        }
+    }
+
     #[test]
     fn the_owner_class_applies_to_the_owner_even_when_the_others_have_more() {
         let f = file(1000, 1000, 0o077);

@@ -405,6 +405,14 @@ mod tests {
         ));
     }
 
+    proptest::proptest! {
+        /// A status file is the kernel's, but a parser never panics on any text.
+        #[test]
+        fn any_status_text_parses_to_at_most_max_groups(text in ".{0,400}") {
+            proptest::prop_assert!(parse_groups(&text).len() <= MAX_GROUPS);
+        }
+    }
+
     #[test]
     fn supplementary_groups_are_read_from_the_status_line() {
         let status = "Name:\tbash\nUid:\t1\t1\t1\t1\nGroups:\t4 27 1000 \nNgid:\t0\n";
