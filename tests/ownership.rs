@@ -524,3 +524,88 @@ fn the_mounting_user_acts_as_the_sandbox_user_not_as_itself() {
         0o644
     );
 }
+
+/// A mount made by [`OTHER_UID`] through `fusermount3`, as a developer's mount is: unmounted
+/// and stopped by pid on drop.
+fn mount_as_other(setpriv: &Path, agent: &AgentAs, base: &Path) -> common::MountedChild {
+    use std::io::BufRead;
+    let mnt = base.join("user-mnt");
+    let cache = base.join("user-cache");
+    let runtime = base.join("user-runtime");
+    for d in [&mnt, &cache, &runtime] {
+        fs::create_dir(d).unwrap();
+        std::os::unix::fs::chown(d, Some(OTHER_UID), Some(OTHER_UID)).unwrap();
+    }
+    set_mode(&runtime, 0o700);
+    let mut child = Command::new(setpriv)
+        .arg(format!("--reuid={OTHER_UID}"))
+        .arg(format!("--regid={OTHER_UID}"))
+        .arg("--clear-groups")
+        .arg(sbxfs_bin())
+        .arg("mount")
+        .arg(&agent.url)
+        .arg(&mnt)
+        .env("SBXFS_TOKEN", &agent.token)
+        .env("XDG_CACHE_HOME", &cache)
+        .env("XDG_RUNTIME_DIR", &runtime)
+        .env("HOME", base)
+        .stdout(std::process::Stdio::piped())
+        .stderr(fs::File::create(base.join("user-mount.log")).unwrap())
+        .spawn()
+        .expect("start sbxfs mount as another user");
+    let stdout = child.stdout.take().unwrap();
+    let m = common::MountedChild { child, dir: mnt };
+    let mut line = String::new();
+    std::io::BufReader::new(stdout)
+        .read_line(&mut line)
+        .unwrap();
+    assert!(
+        line.contains("mounted"),
+        "the user's mount did not start: {line:?}: {}",
+        fs::read_to_string(base.join("user-mount.log")).unwrap_or_default()
+    );
+    m
+}
+
+#[test]
+fn a_users_own_mount_acts_as_the_sandbox_user_and_git_still_refuses_the_repository() {
+    let Some(setpriv) = setpriv_as_root() else {
+        return;
+    };
+    // fusermount3 opens /dev/fuse as the user: where it is root's alone, no user can mount.
+    let dev = fs::metadata("/dev/fuse").map(|m| m.mode()).unwrap_or(0);
+    if dev & 0o006 != 0o006 {
+        eprintln!("skipping: /dev/fuse is not open to other users here (mode {dev:o})");
+        return;
+    }
+    let (base, ws) = workspace();
+    let home = base.path().join("home");
+    fs::create_dir(&home).unwrap();
+    let marker = base.path().join("PWNED");
+    hostile_repository(&ws, &home, &marker);
+    fs::write(ws.join("theirs.txt"), "old\n").unwrap();
+    chown_tree(&ws.join("theirs.txt"), SANDBOX_UID, SANDBOX_UID);
+    fs::write(ws.join("roots.txt"), "root's\n").unwrap();
+    set_mode(&ws.join("roots.txt"), 0o600);
+    let agent = AgentAs::start(&setpriv, &ws);
+    let m = mount_as_other(&setpriv, &agent, base.path());
+    let d = &m.dir;
+    // The user writes the sandbox user's 0644 file (shown as uid 4242, not theirs) ...
+    let (code, err) = as_other(&setpriv, &[], d, "echo new > theirs.txt");
+    assert_eq!(code, 0, "{err}");
+    // ... but not what the sandbox user could not read.
+    let (code, err) = as_other(&setpriv, &[], d, "cat roots.txt");
+    assert_ne!(code, 0);
+    assert!(err.contains("Permission denied"), "{err}");
+    // git run by that user in the mount refuses the sandbox's repository.
+    let script = format!(
+        "HOME={} GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null git -C repo status",
+        home.display()
+    );
+    let (code, err) = as_other(&setpriv, &[], d, &script);
+    assert_ne!(code, 0, "git accepted the sandbox's repository");
+    assert!(err.contains("dubious ownership"), "{err}");
+    assert!(!marker.exists(), "the sandbox ran a command on the laptop");
+    drop(m);
+    assert_eq!(fs::read_to_string(ws.join("theirs.txt")).unwrap(), "new\n");
+}
