@@ -134,11 +134,11 @@ pub fn may_reparent(who: &Identity, moved_dir: &Subject) -> Verdict {
 
 /// `chmod` to `mode`: only the owner or root (`EPERM`). The mode actually set: set-group-ID
 /// is dropped when a non-root caller is not in the file's group (`gid`, the new group if the
-/// same call changes it). A change that only clears set-id bits (the kernel's own, after a
-/// write) is anyone's who may write.
+/// same call changes it). A change that only clears a file's set-id bits (the kernel's own,
+/// after a write) is anyone's who may write the file.
 pub fn may_chmod(who: &Identity, f: &Subject, mode: u32, gid: u32) -> Result<u32, Denied> {
     let only_clears_setid = mode == f.mode & !(S_ISUID | S_ISGID) && mode != f.mode;
-    if only_clears_setid {
+    if only_clears_setid && !f.is_dir && may(who, f, WRITE).is_ok() {
         return Ok(mode);
     }
     if !is_root(who) && who.uid != f.uid {
@@ -401,6 +401,17 @@ mod tests {
     fn clearing_set_id_bits_after_a_write_is_not_a_chmod() {
         let f = file(1000, 50, 0o6777);
         assert_eq!(may_chmod(&user(2000, 2000, &[]), &f, 0o777, 50), Ok(0o777));
+        // Not for one who could not have written, nor on a directory.
+        let ro = file(1000, 50, 0o6755);
+        assert_eq!(
+            may_chmod(&user(2000, 2000, &[]), &ro, 0o755, 50),
+            Err(Denied::Perm)
+        );
+        let d = dir(1000, 50, 0o2777);
+        assert_eq!(
+            may_chmod(&user(2000, 2000, &[]), &d, 0o777, 50),
+            Err(Denied::Perm)
+        );
         assert_eq!(
             may_chmod(&user(2000, 2000, &[]), &f, 0o6755, 50),
             Err(Denied::Perm)
