@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
@@ -85,6 +85,9 @@ pub struct FsCore {
     kernel: Mutex<Option<Arc<dyn KernelCache>>>,
     /// The last remote call reached the sandbox (for `ctl status` and logs).
     reachable: AtomicBool,
+    /// The workspace's absolute path in the sandbox (`/v1/info`'s `root`), for showing
+    /// symlink targets ([`super::links`]); unset, every absolute target counts as outside.
+    workspace_root: OnceLock<Vec<u8>>,
     pub stats: CoreStats,
 }
 
@@ -120,8 +123,14 @@ impl FsCore {
             failures: Failures::default(),
             kernel: Mutex::new(None),
             reachable: AtomicBool::new(true),
+            workspace_root: OnceLock::new(),
             stats: CoreStats::default(),
         })
+    }
+
+    /// Where the workspace is in the sandbox; set once, before the mount serves.
+    pub fn set_workspace_root(&self, root: &[u8]) {
+        let _ = self.workspace_root.set(root.to_vec());
     }
 
     pub fn set_kernel_cache(&self, k: Arc<dyn KernelCache>) {
@@ -238,10 +247,14 @@ impl FsCore {
         self.staged.lock().expect("staged lock").get(&node).cloned()
     }
 
-    /// The attributes to report for a node: staged size and mtime while writes are staged.
+    /// The attributes to report for a node: staged size and mtime while writes are staged; a
+    /// symlink's size is that of the target shown ([`Self::readlink`]).
     pub(super) fn with_staged(&self, node: NodeId, mut attr: Attr) -> Attr {
         if let Some(s) = self.staged_of(node) {
             s.overlay(&mut attr);
+        }
+        if let (Some(t), Ok(path)) = (&attr.symlink_target, self.path_of(node)) {
+            attr.size = self.shown_target(&path, &t.0).len() as u64;
         }
         if self.inodes.path_of(node).is_none() && node != ROOT {
             attr.nlink = 0;
@@ -825,6 +838,7 @@ impl FsCore {
         let attr = self.note(self.remote.symlink(&path, target).await)?;
         self.dir_changed(parent);
         let node = self.inodes.remember(parent, name, attr.clone(), true);
+        let attr = self.with_staged(node, attr);
         Ok(NodeAttr { node, attr })
     }
 
@@ -976,13 +990,26 @@ impl FsCore {
         Ok(())
     }
 
+    /// The target as the laptop sees it: never a way out of the mount ([`super::links`]).
     pub async fn readlink(&self, node: NodeId) -> Result<Vec<u8>> {
+        let path = self.path_of(node)?;
+        let raw = self.raw_readlink(node).await?;
+        Ok(self.shown_target(&path, &raw))
+    }
+
+    /// The sandbox's own target, unaltered (for `sbxfs ctl readlink`).
+    pub async fn raw_readlink(&self, node: NodeId) -> Result<Vec<u8>> {
         let n = self.node(node)?;
         if let Some(t) = n.attr.symlink_target.clone() {
             return Ok(t.0);
         }
         let path = self.path_of(node)?;
         self.note(self.remote.readlink(&path).await)
+    }
+
+    fn shown_target(&self, link: &RemotePath, raw: &[u8]) -> Vec<u8> {
+        let root = self.workspace_root.get().map(Vec::as_slice);
+        super::links::present_target(root, link.as_bytes(), raw)
     }
 
     pub async fn statfs(&self) -> Result<StatFs> {

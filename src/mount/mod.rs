@@ -3,7 +3,8 @@
 //! [`fuse`] is the thin adapter over [`core`], the filesystem operations, which work over
 //! [`inode`] (the inode table), [`meta`] (listings), [`pages`] (the page cache), [`handles`]
 //! (open files and directories) and [`writeback`] (pushes, retries, conflicts) with
-//! [`staging`] (the durable image of a file being written). Around them: [`control_server`]
+//! [`staging`] (the durable image of a file being written); [`links`] shows symlink targets so
+//! none leads out of the mount. Around them: [`control_server`]
 //! answers the control socket, [`health`] keeps what is known of the sandbox's reachability,
 //! [`options`] reads `-o`, [`mounts`] reads mountinfo, [`state`] keeps private local state,
 //! [`preflight`] refuses mistakes before anything is created, [`kernel`] asks the kernel for
@@ -28,6 +29,7 @@ pub mod handles;
 pub mod health;
 pub mod inode;
 pub mod kernel;
+pub mod links;
 pub mod meta;
 pub mod mounts;
 pub mod notify;
@@ -254,7 +256,7 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
         .ok()
         .and_then(|v| v.parse().ok())
         .map_or(cfg.call_timeout, Duration::from_millis);
-    rt.block_on(crate::remote::reach::first_contact(
+    let info = rt.block_on(crate::remote::reach::first_contact(
         &cfg.remote_url,
         &token,
         call,
@@ -301,6 +303,7 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
         },
         root,
     );
+    core.set_workspace_root(info.root.as_bytes());
     let fs = fuse::SbxFs {
         core: core.clone(),
         rt: rt.handle().clone(),
