@@ -98,6 +98,11 @@ pub enum Request {
         path: crate::remote::WireBytes,
     },
     Status,
+    /// A symlink's target as the sandbox has it (the mount shows outside targets under a path
+    /// that cannot resolve: see [`crate::mount::links`]). Answer: `{"target", "shown"}`.
+    Readlink {
+        path: crate::remote::WireBytes,
+    },
 }
 
 impl Request {
@@ -121,6 +126,7 @@ impl Request {
                 replace_all,
             },
             Request::Invalidate { .. } => Request::Invalidate { path: w },
+            Request::Readlink { .. } => Request::Readlink { path: w },
             other => other,
         }
     }

@@ -654,6 +654,14 @@ impl FsCore {
         if self.inodes.path_of(node).is_none() && !staged {
             return Err(RemoteError::NotFound(self.path_of(node)?.display()));
         }
+        // Staging tracks the file page by page: a size past the write limit (or a sandbox
+        // claiming 2^63 - 1 bytes) is refused before anything is sized by it.
+        if !staged && attr.size > MAX_FILE_BYTES {
+            return Err(RemoteError::FileTooBig(format!(
+                "{}: files in the mount are limited to {MAX_FILE_BYTES} bytes",
+                self.path_of(node)?.display()
+            )));
+        }
         let s = self.stage(node, attr, true)?;
         let mut g = s.lock().await;
         if truncate && g.len > 0 {
@@ -1007,7 +1015,8 @@ impl FsCore {
         self.note(self.remote.readlink(&path).await)
     }
 
-    fn shown_target(&self, link: &RemotePath, raw: &[u8]) -> Vec<u8> {
+    /// What the mount shows for a link at `link` whose sandbox target is `raw`.
+    pub fn shown_target(&self, link: &RemotePath, raw: &[u8]) -> Vec<u8> {
         let root = self.workspace_root.get().map(Vec::as_slice);
         super::links::present_target(root, link.as_bytes(), raw)
     }
