@@ -162,7 +162,7 @@ pub async fn serve(listener: UnixListener, control: Arc<Control>) {
             Ok((stream, _)) => stream,
             Err(e) => {
                 // Logged on the first failure of a run and every 100th after, not 10 per second.
-                if failures % 100 == 0 {
+                if failures.is_multiple_of(100) {
                     tracing::warn!("control socket: accept failed ({e}); retrying");
                 }
                 failures += 1;
