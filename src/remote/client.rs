@@ -840,4 +840,60 @@ mod tests {
         assert_eq!(whole.len(), 2, "ends at its last line");
         assert!(whole.iter().all(Result::is_ok));
     }
+
+    /// A response whose body is `chunks`, as a server would stream it.
+    fn response(chunks: Vec<Bytes>) -> reqwest::Response {
+        let body = reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks.into_iter().map(Ok::<_, std::io::Error>),
+        ));
+        reqwest::Response::from(http::Response::new(body))
+    }
+
+    #[tokio::test]
+    async fn an_answer_past_its_limit_is_refused_while_it_arrives() {
+        // 64 MiB of an endless array against a 1 MiB limit: refused after about 1 MiB.
+        let mut chunks = vec![Bytes::from_static(b"[")];
+        chunks.extend(std::iter::repeat_n(
+            Bytes::from(b"1,".repeat(512 * 1024)),
+            64,
+        ));
+        let r = json_answer::<Vec<u32>>(response(chunks), 1024 * 1024).await;
+        match r {
+            Err(RemoteError::Transport(m)) => assert!(m.contains("larger than"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        let ok = json_answer::<Vec<u32>>(response(vec![Bytes::from_static(b"[1, 2]")]), 16).await;
+        assert_eq!(ok.unwrap(), vec![1, 2]);
+    }
+
+    #[derive(Deserialize, Debug)]
+    struct Listing {
+        #[serde(deserialize_with = "capped_entries")]
+        #[allow(dead_code)]
+        entries: Vec<DirEntry>,
+    }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn any_bytes_as_a_listing_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
+            let _ = serde_json::from_slice::<Listing>(&bytes);
+        }
+
+        #[test]
+        fn a_deeply_nested_listing_is_an_error(depth in 100usize..50_000) {
+            let l = format!(r#"{{"entries": {}{}}}"#, "[".repeat(depth), "]".repeat(depth));
+            prop_assert!(serde_json::from_str::<Listing>(&l).is_err());
+        }
+
+        #[test]
+        fn impossible_entry_names_are_named(name in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let ok = !name.is_empty()
+                && name != b"." && name != b".."
+                && !name.contains(&b'/') && !name.contains(&0)
+                && name.len() <= MAX_NAME_BYTES;
+            prop_assert_eq!(check_entry_name(&name).is_ok(), ok);
+        }
+    }
 }
