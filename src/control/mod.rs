@@ -117,7 +117,8 @@ pub enum Request {
     },
     Status,
     /// A symlink's target as the sandbox has it (the mount shows outside targets under a path
-    /// that cannot resolve: see [`crate::mount::links`]). Answer: `{"target", "shown"}`.
+    /// that cannot resolve: see [`crate::mount::links`]). Answer: `{"target", "shown"}`. By
+    /// ioctl, `path` is relative to the directory the ioctl is called on.
     Readlink {
         path: crate::remote::WireBytes,
     },
@@ -144,7 +145,20 @@ impl Request {
                 replace_all,
             },
             Request::Invalidate { .. } => Request::Invalidate { path: w },
-            Request::Readlink { .. } => Request::Readlink { path: w },
+            // A link cannot be opened for an ioctl (open follows it): the ioctl names its
+            // directory, and the request the link's path relative to that directory.
+            Request::Readlink { path } => {
+                let mut p = w.0;
+                if !path.0.is_empty() {
+                    if !p.is_empty() {
+                        p.push(b'/');
+                    }
+                    p.extend_from_slice(&path.0);
+                }
+                Request::Readlink {
+                    path: crate::remote::WireBytes(p),
+                }
+            }
             other => other,
         }
     }
@@ -186,7 +200,10 @@ mod tests {
     #[test]
     fn a_query_without_a_path_is_about_the_ioctls_file() {
         let r = decode_query(&buffer(br#"{"v":1,"op":"readlink"}"#)).unwrap();
-        assert!(matches!(r, Request::Readlink { path } if path.0.is_empty()));
+        assert!(matches!(r, Request::Readlink { ref path } if path.0.is_empty()));
+        assert!(matches!(r.at(b"d".to_vec()), Request::Readlink { path } if path.0 == b"d"));
+        let r = decode_query(&buffer(br#"{"v":1,"op":"readlink","path":"ln"}"#)).unwrap();
+        assert!(matches!(r.at(b"d".to_vec()), Request::Readlink { path } if path.0 == b"d/ln"));
         assert!(decode_query(&buffer(br#"{"v":2,"op":"status"}"#)).is_none());
         assert!(
             decode_query(br#"{"v":1,"op":"status"}"#).is_none(),
