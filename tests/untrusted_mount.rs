@@ -90,6 +90,16 @@ fn a_symlink_out_of_the_workspace_never_reaches_a_local_file() {
     let (code, out, err) = ctl(m, &["readlink", "a/b/up"]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(out, b"../../../secret\n");
+    // And through the QUERY ioctl on the link's directory.
+    let v = sbxfs::control::client::ioctl_query(
+        &m.join("a/b"),
+        &sbxfs::control::Request::Readlink {
+            path: sbxfs::remote::WireBytes(b"up".to_vec()),
+        },
+    )
+    .unwrap();
+    assert_eq!(v["target"], "../../../secret", "{v}");
+    assert_eq!(v["shown"], "/dev/null/sbxfs-outside/../../../secret", "{v}");
     // The sandbox's link is untouched too.
     assert_eq!(fs::read_link(s.root.join("evil")).unwrap(), secret);
 }

@@ -36,6 +36,8 @@ pub const ATTEMPTS: u32 = 3;
 /// honest answer but a listing, and a bound on what a broken or hostile agent can make the
 /// daemon hold. Answers are parsed as they arrive, never buffered whole.
 pub const MAX_JSON_ANSWER: u64 = 64 * 1024 * 1024;
+/// An answer at most this long, its length given, is read whole before it is parsed.
+const SMALL_ANSWER: u64 = 1024 * 1024;
 /// Largest directory listing answer (bytes): a million entries of about 400 bytes each.
 pub const MAX_LISTING_ANSWER: u64 = 512 * 1024 * 1024;
 /// Most entries one directory listing may have: more than any real directory one browses
@@ -201,8 +203,16 @@ async fn json_answer<T: DeserializeOwned + Send + 'static>(
     resp: reqwest::Response,
     limit: u64,
 ) -> Result<T> {
-    if resp.content_length().is_some_and(|n| n > limit) {
-        return Err(RemoteError::Transport(TooLong(limit).to_string()));
+    match resp.content_length() {
+        Some(n) if n > limit => return Err(RemoteError::Transport(TooLong(limit).to_string())),
+        // Most answers are small and say their length (which hyper holds the body to): read
+        // them at once, without a blocking thread.
+        Some(n) if n <= SMALL_ANSWER => {
+            let body = resp.bytes().await.map_err(transport)?;
+            return serde_json::from_slice(&body)
+                .map_err(|e| RemoteError::Transport(format!("bad answer: {e}")));
+        }
+        _ => {}
     }
     let reader = tokio_util::io::StreamReader::new(limited_body(resp, limit));
     let bridge = tokio_util::io::SyncIoBridge::new(reader);
@@ -864,6 +874,18 @@ mod tests {
         }
         let ok = json_answer::<Vec<u32>>(response(vec![Bytes::from_static(b"[1, 2]")]), 16).await;
         assert_eq!(ok.unwrap(), vec![1, 2]);
+        // With a length: refused before reading when it is over the limit, read whole when small.
+        let sized = |b: &'static [u8]| reqwest::Response::from(http::Response::new(b));
+        let r = json_answer::<Vec<u32>>(sized(b"[1, 2, 3]"), 4).await;
+        assert!(
+            matches!(r, Err(RemoteError::Transport(ref m)) if m.contains("larger than")),
+            "{r:?}"
+        );
+        assert_eq!(
+            json_answer::<Vec<u32>>(sized(b"[3]"), 16).await.unwrap(),
+            vec![3]
+        );
+        assert!(json_answer::<Vec<u32>>(sized(b"[3"), 16).await.is_err());
     }
 
     #[derive(Deserialize, Debug)]
