@@ -253,6 +253,18 @@ fn a_hostile_agent_gets_errors_and_cannot_take_the_mount_down() {
         assert_eq!(errno_of(&e), libc::EIO, "{dir}: {e}");
         alive(dir);
     }
+    // Reads that never match the file's stat: a few tries, then EIO, never a read that spins.
+    // (The deadline only stops a hung test.)
+    let (tx, rx) = std::sync::mpsc::channel();
+    let flapping = m.join("flapping");
+    std::thread::spawn(move || tx.send(fs::read(flapping)));
+    let e = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("a read of a flapping file hung")
+        .unwrap_err();
+    assert_eq!(errno_of(&e), libc::EIO, "{e}");
+    alive("reads that never match the stat");
+
     // The honest parts still work.
     assert_eq!(fs::read_to_string(m.join("fine.txt")).unwrap(), "hello\n");
 

@@ -33,6 +33,10 @@ use crate::remote::{
     StatFs, XattrFlags,
 };
 
+/// How many times one read follows a file that changed in place before it gives up: a file
+/// rewritten faster than it can be read, or an agent whose reads never match its stat.
+const MAX_READ_FOLLOWS: u32 = 8;
+
 /// Largest file the mount writes: the agent's commit limit (a larger write is EFBIG).
 pub const MAX_FILE_BYTES: u64 = 64 * 1024 * 1024 * 1024;
 
@@ -594,6 +598,7 @@ impl FsCore {
             return self.read_staged(h.node, &s, offset, size as u64).await;
         }
         let path = self.path_of(h.node)?;
+        let mut follows = 0;
         'again: loop {
             let version = h.version();
             let end = offset + size as u64;
@@ -610,6 +615,15 @@ impl FsCore {
                         let a = self.stable_stat(&path).await?;
                         if RemoteId::of(&a) != h.remote() {
                             return Err(RemoteError::Stale(path.display()));
+                        }
+                        // A file that changes on every read (or an agent whose reads never
+                        // match its stat) would be followed for ever: a few times, then EIO.
+                        follows += 1;
+                        if follows > MAX_READ_FOLLOWS {
+                            return Err(RemoteError::Io(
+                                path.display(),
+                                format!("changed in the sandbox {follows} times during one read"),
+                            ));
                         }
                         h.follow(&a);
                         continue 'again;

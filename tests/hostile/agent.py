@@ -7,11 +7,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 ATTR = {"mode": 0o755, "uid": 0, "gid": 0, "atime_ns": 0, "mtime_ns": 0, "ctime_ns": 0,
-        "dev": 1, "nlink": 1, "version": "v1"}
+        "dev": 1, "nlink": 1}
 
 
 def attr(kind, size, ino):
-    return dict(ATTR, kind=kind, size=size, ino=ino)
+    # Versions name the file, as the real agent's do (the page cache is keyed by them).
+    return dict(ATTR, kind=kind, size=size, ino=ino, version="v%d" % ino)
 
 
 FILES = {
@@ -22,7 +23,9 @@ FILES = {
     "slash": attr("dir", 4096, 5),
     "dotdot": attr("dir", 4096, 6),
     "fine.txt": attr("file", 6, 7),
+    "flapping": attr("file", 6, 8),
 }
+READS = [0]
 CHUNK = 1 << 20
 
 
@@ -80,11 +83,14 @@ class Handler(BaseHTTPRequestHandler):
                 # 1.5 GB answering a read of at most 128 KiB.
                 block = b"x" * CHUNK
                 return self.until_close((block for _ in range(1536)),
-                                        [("x-sbxfs-version", "v1")])
-            if path in ("huge_size", "fine.txt"):
+                                        [("x-sbxfs-version", FILES[path]["version"])])
+            if path in ("huge_size", "fine.txt", "flapping"):
                 body = b"hello\n"
+                # "flapping": every read is of a version its stat never shows.
+                READS[0] += 1
+                version = FILES[path]["version"] if path != "flapping" else "r%d" % READS[0]
                 self.send_response(200)
-                self.send_header("x-sbxfs-version", "v1")
+                self.send_header("x-sbxfs-version", version)
                 self.send_header("content-length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
