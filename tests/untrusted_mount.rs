@@ -265,6 +265,11 @@ fn a_hostile_agent_gets_errors_and_cannot_take_the_mount_down() {
     assert_eq!(errno_of(&e), libc::EIO, "{e}");
     alive("reads that never match the stat");
 
+    // A redirect is not followed anywhere.
+    let e = fs::read(m.join("redirected")).unwrap_err();
+    assert_eq!(errno_of(&e), libc::EIO, "{e}");
+    alive("a redirect");
+
     // The honest parts still work.
     assert_eq!(fs::read_to_string(m.join("fine.txt")).unwrap(), "hello\n");
 

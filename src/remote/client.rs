@@ -60,6 +60,9 @@ impl AgentClient {
             .pool_max_idle_per_host(64)
             .tcp_nodelay(true)
             .tcp_keepalive(Duration::from_secs(30))
+            // An agent never redirects; one that does is not followed elsewhere (to a service
+            // on this machine, say): the 3xx is an error.
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| RemoteError::Transport(e.to_string()))?;
         Ok(AgentClient {

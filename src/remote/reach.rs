@@ -274,6 +274,7 @@ pub async fn first_contact(
     let base = url.trim_end_matches('/').to_string();
     let http = reqwest::Client::builder()
         .connect_timeout(timeout)
+        .redirect(reqwest::redirect::Policy::none())
         .build()
         .map_err(|e| ReachError::Other {
             url: base.clone(),

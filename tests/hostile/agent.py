@@ -24,6 +24,7 @@ FILES = {
     "dotdot": attr("dir", 4096, 6),
     "fine.txt": attr("file", 6, 7),
     "flapping": attr("file", 6, 8),
+    "redirected": attr("file", 6, 9),
 }
 READS = [0]
 CHUNK = 1 << 20
@@ -78,7 +79,22 @@ class Handler(BaseHTTPRequestHandler):
                 return self.json({"entries": [{"name": "..", "attr": FILES["fine.txt"]}]})
             if path == "many":
                 return self.until_close(many_entries())
+        if url.path == "/elsewhere":
+            # Where a redirect points: a service on the developer's machine, say.
+            body = b"LOCAL\n"
+            self.send_response(200)
+            self.send_header("x-sbxfs-version", FILES["redirected"]["version"])
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         if op == "read":
+            if path == "redirected":
+                self.send_response(302)
+                self.send_header("location", "/elsewhere")
+                self.send_header("content-length", "0")
+                self.end_headers()
+                return
             if path == "endless":
                 # 1.5 GB answering a read of at most 128 KiB.
                 block = b"x" * CHUNK
