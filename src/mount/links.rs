@@ -181,4 +181,69 @@ mod tests {
             );
         }
     }
+
+    use proptest::prelude::*;
+
+    /// Where `target`, read from a link in the directory `dir` (components), leads when every
+    /// name is a plain directory: `None` if it climbs above the root.
+    fn resolve(dir: &[&[u8]], target: &[u8]) -> Option<Vec<Vec<u8>>> {
+        let mut at: Vec<Vec<u8>> = if target.first() == Some(&b'/') {
+            Vec::new()
+        } else {
+            dir.iter().map(|c| c.to_vec()).collect()
+        };
+        for c in target.split(|&b| b == b'/') {
+            match c {
+                b"" | b"." => {}
+                b".." => {
+                    at.pop()?;
+                }
+                n => at.push(n.to_vec()),
+            }
+        }
+        Some(at)
+    }
+
+    proptest! {
+        #[test]
+        fn a_shown_target_stays_in_the_mount_or_cannot_resolve(
+            link in proptest::collection::vec("[a-c]{1,2}", 1..5),
+            target in "[/.a-c]{0,24}",
+        ) {
+            let link = link.join("/");
+            let shown = present_target(Some(b"/ws"), link.as_bytes(), target.as_bytes());
+            if shown.first() == Some(&b'/') {
+                prop_assert!(shown.starts_with(OUTSIDE_PREFIX));
+            } else {
+                let parts: Vec<&[u8]> = link.as_bytes().split(|&b| b == b'/').collect();
+                let dir = &parts[..parts.len() - 1];
+                prop_assert!(resolve(dir, &shown).is_some(), "{link} → {}", String::from_utf8_lossy(&shown));
+            }
+        }
+
+        #[test]
+        fn an_absolute_target_inside_leads_where_it_pointed(
+            link in proptest::collection::vec("[a-c]{1,2}", 1..5),
+            inside in proptest::collection::vec("[a-c]{1,2}", 0..5),
+        ) {
+            let link = link.join("/");
+            let target = format!("/ws/{}", inside.join("/"));
+            let shown = present_target(Some(b"/ws"), link.as_bytes(), target.as_bytes());
+            let parts: Vec<&[u8]> = link.as_bytes().split(|&b| b == b'/').collect();
+            let dir = &parts[..parts.len() - 1];
+            let want: Vec<Vec<u8>> = inside.iter().map(|c| c.as_bytes().to_vec()).collect();
+            prop_assert_eq!(resolve(dir, &shown), Some(want));
+        }
+
+        #[test]
+        fn any_bytes_are_shown_without_panicking(
+            root in proptest::collection::vec(any::<u8>(), 0..20),
+            link in proptest::collection::vec(any::<u8>(), 0..40),
+            target in proptest::collection::vec(any::<u8>(), 0..60),
+        ) {
+            let shown = present_target(Some(&root), &link, &target);
+            // Never an absolute path of the laptop's, whatever the root.
+            prop_assert!(shown.first() != Some(&b'/') || shown.starts_with(OUTSIDE_PREFIX));
+        }
+    }
 }
