@@ -272,6 +272,11 @@ fn a_hostile_agent_gets_errors_and_cannot_take_the_mount_down() {
 
     // The honest parts still work.
     assert_eq!(fs::read_to_string(m.join("fine.txt")).unwrap(), "hello\n");
+    let names: Vec<_> = fs::read_dir(&m)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(names.contains(&"fine.txt".to_string()), "{names:?}");
 
     let peak = peak_rss_kib(pid);
     eprintln!("daemon peak RSS: {peak} KiB");
