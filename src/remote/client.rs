@@ -217,7 +217,12 @@ async fn json_answer<T: DeserializeOwned + Send + 'static>(
         }
         _ => {}
     }
-    let reader = tokio_util::io::StreamReader::new(limited_body(resp, limit));
+    // A caller that gives up (a deadline) ends the body, so the parsing thread is not held by
+    // an agent that trickles its answer.
+    let abandoned = tokio_util::sync::CancellationToken::new();
+    let _abandon_on_drop = abandoned.clone().drop_guard();
+    let body = limited_body(resp, limit).take_until(abandoned.cancelled_owned());
+    let reader = tokio_util::io::StreamReader::new(Box::pin(body));
     let bridge = tokio_util::io::SyncIoBridge::new(reader);
     tokio::task::spawn_blocking(move || {
         serde_json::from_reader::<_, T>(std::io::BufReader::new(bridge)).map_err(|e| {
@@ -860,6 +865,30 @@ mod tests {
             chunks.into_iter().map(Ok::<_, std::io::Error>),
         ));
         reqwest::Response::from(http::Response::new(body))
+    }
+
+    #[tokio::test]
+    async fn an_abandoned_answer_frees_its_parsing_thread() {
+        // A body that never ends: the caller gives up, and the parse ends with it.
+        let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(1);
+        tx.send(Ok(Bytes::from_static(b"[1,"))).await.unwrap();
+        let body = reqwest::Body::wrap_stream(tokio_stream_of(rx));
+        let resp = reqwest::Response::from(http::Response::new(body));
+        let parse = json_answer::<Vec<u32>>(resp, 1024);
+        assert!(tokio::time::timeout(Duration::from_millis(50), parse)
+            .await
+            .is_err());
+        // The sender sees its receiver gone once the parsing thread has let go of the body
+        // (the deadline only stops a hung test).
+        tokio::time::timeout(Duration::from_secs(60), tx.closed())
+            .await
+            .expect("the parsing thread still holds the body");
+    }
+
+    fn tokio_stream_of(
+        mut rx: tokio::sync::mpsc::Receiver<std::io::Result<Bytes>>,
+    ) -> impl futures_util::Stream<Item = std::io::Result<Bytes>> {
+        futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
     }
 
     #[tokio::test]
