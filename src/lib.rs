@@ -20,7 +20,10 @@
 //!   ([`mount::meta`]), the page cache ([`mount::pages`]), open handles ([`mount::handles`]) and
 //!   write-back ([`mount::writeback`]: pushes, retries, conflicts) of durable staged images
 //!   ([`mount::staging`]) in a private directory ([`mount::state`]). Every remote call has a
-//!   deadline ([`remote::deadline`]). Around them: the daemon side of the control socket
+//!   deadline ([`remote::deadline`]), and every answer is bounded before it is held (the
+//!   client parses JSON as it streams, with caps on size, entries and names; a read answer is
+//!   never longer than asked). Symlink targets are shown so none leads out of the mount
+//!   ([`mount::links`]). Around them: the daemon side of the control socket
 //!   ([`mount::control_server`]), the sandbox's reachability as last seen ([`mount::health`]),
 //!   `-o` options ([`mount::options`]) and what mountinfo says ([`mount::mounts`]). Starting:
 //!   checks before anything is made ([`mount::preflight`]), the `fuse.sbxfs` mount itself

@@ -14,6 +14,7 @@ Examples:
   cd ~/sb/src && sbxfs ctl stats           # the mount holding the current directory
   sbxfs ctl --mount ~/sb flush --json      # push pending writes now; JSON answer
   sbxfs ctl --mount ~/sb invalidate src/main.rs   # PATH relative to --mount (here the root)
+  sbxfs ctl --mount ~/sb readlink evil     # a symlink's target as the sandbox has it
 
 Exit code 0 on success; 2 when no mount answers, or when flush could not push everything.
 
@@ -51,6 +52,13 @@ pub(super) enum CtlAction {
     },
     /// Which remote, whether it answered lately, what is pending (never waits for the sandbox).
     Status,
+    /// Print a symlink's target as the sandbox has it (the mount itself shows targets outside
+    /// the workspace under /dev/null/sbxfs-outside, so they never reach a local file).
+    Readlink {
+        /// The symlink: relative to --mount's root when --mount is given, else to the current
+        /// directory.
+        path: PathBuf,
+    },
 }
 
 pub(super) fn run_ctl(a: CtlArgs) -> i32 {
@@ -80,11 +88,19 @@ pub(super) fn run_ctl(a: CtlArgs) -> i32 {
             Ok(None) => return fail(format!("{} is not in a live sbxfs mount", path.display())),
             Err(e) => return fail(e.to_string()),
         },
+        CtlAction::Readlink { path } => match link_route(&route_args, path) {
+            Ok(p) => crate::control::Request::Readlink {
+                path: crate::remote::WireBytes(p),
+            },
+            Err(m) => return fail(m),
+        },
     };
     match ask(&route, req) {
         Ok(v) => {
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            } else if matches!(a.action, CtlAction::Readlink { .. }) {
+                print_target(&v);
             } else {
                 print!("{}", table(&v));
             }
@@ -95,6 +111,41 @@ pub(super) fn run_ctl(a: CtlArgs) -> i32 {
         }
         Err(e) => fail(e.to_string()),
     }
+}
+
+/// The workspace path of the link `path` names, found through its directory: the link itself
+/// is never followed (its target may be a path that cannot resolve).
+fn link_route(route_args: &RouteArgs, path: &std::path::Path) -> Result<Vec<u8>, String> {
+    use std::os::unix::ffi::OsStrExt;
+    let name = path
+        .file_name()
+        .filter(|n| *n != "..")
+        .ok_or_else(|| format!("{}: not a symlink's path", path.display()))?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    let mut p = match route_args.route(dir) {
+        Ok(Some(r)) => r.path,
+        Ok(None) => return Err(format!("{} is not in a live sbxfs mount", path.display())),
+        Err(e) => return Err(e.to_string()),
+    };
+    if !p.is_empty() {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name.as_bytes());
+    Ok(p)
+}
+
+/// A readlink answer as `readlink` prints it: the raw target bytes and a newline.
+fn print_target(v: &serde_json::Value) {
+    use std::io::Write;
+    let target = serde_json::from_value::<crate::remote::WireBytes>(v["target"].clone())
+        .map(|w| w.0)
+        .unwrap_or_default();
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(&target);
+    let _ = out.write_all(b"\n");
 }
 
 /// A JSON answer as a two-column table: each scalar under its dotted path (`cache.hits`,

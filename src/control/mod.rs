@@ -47,6 +47,24 @@ pub const IOC_QUERY_SIZE: usize = 16_000;
 /// malformed request.
 pub const IOC_QUERY: u32 = iowr(b'S', 2, IOC_QUERY_SIZE as u32);
 
+/// Decode a QUERY ioctl's buffer: a NUL-terminated [`Envelope`] whose `path` may be left out
+/// (the ioctl's file is what it is about). `None` for anything else: a wrong size, a missing
+/// NUL, another version, a malformed or too deeply nested request.
+pub fn decode_query(in_data: &[u8]) -> Option<Request> {
+    if in_data.len() != IOC_QUERY_SIZE {
+        return None;
+    }
+    let end = in_data.iter().position(|&b| b == 0)?;
+    let mut v = serde_json::from_slice::<serde_json::Value>(&in_data[..end]).ok()?;
+    if v.get("v")?.as_u64()? != u64::from(PROTOCOL_VERSION) {
+        return None;
+    }
+    if v.get("path").is_none() {
+        v["path"] = serde_json::json!("");
+    }
+    serde_json::from_value::<Request>(v).ok()
+}
+
 /// Size of the INFO answer buffer: fixed by the command number, under FUSE's 16 KiB limit.
 pub const IOC_INFO_SIZE: usize = 4096;
 /// `SBXFS_IOC_INFO`: `_IOR('S', 1, char[4096])`.
@@ -98,6 +116,12 @@ pub enum Request {
         path: crate::remote::WireBytes,
     },
     Status,
+    /// A symlink's target as the sandbox has it (the mount shows outside targets under a path
+    /// that cannot resolve: see [`crate::mount::links`]). Answer: `{"target", "shown"}`. By
+    /// ioctl, `path` is relative to the directory the ioctl is called on.
+    Readlink {
+        path: crate::remote::WireBytes,
+    },
 }
 
 impl Request {
@@ -121,6 +145,20 @@ impl Request {
                 replace_all,
             },
             Request::Invalidate { .. } => Request::Invalidate { path: w },
+            // A link cannot be opened for an ioctl (open follows it): the ioctl names its
+            // directory, and the request the link's path relative to that directory.
+            Request::Readlink { path } => {
+                let mut p = w.0;
+                if !path.0.is_empty() {
+                    if !p.is_empty() {
+                        p.push(b'/');
+                    }
+                    p.extend_from_slice(&path.0);
+                }
+                Request::Readlink {
+                    path: crate::remote::WireBytes(p),
+                }
+            }
             other => other,
         }
     }
@@ -146,4 +184,62 @@ pub fn socket_path(mountpoint: &std::path::Path) -> std::path::PathBuf {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     mountpoint.hash(&mut h);
     base.join(format!("{:016x}.sock", h.finish()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn buffer(request: &[u8]) -> Vec<u8> {
+        let mut b = request.to_vec();
+        b.resize(IOC_QUERY_SIZE, 0);
+        b
+    }
+
+    #[test]
+    fn a_query_without_a_path_is_about_the_ioctls_file() {
+        let r = decode_query(&buffer(br#"{"v":1,"op":"readlink"}"#)).unwrap();
+        assert!(matches!(r, Request::Readlink { ref path } if path.0.is_empty()));
+        assert!(matches!(r.at(b"d".to_vec()), Request::Readlink { path } if path.0 == b"d"));
+        let r = decode_query(&buffer(br#"{"v":1,"op":"readlink","path":"ln"}"#)).unwrap();
+        assert!(matches!(r.at(b"d".to_vec()), Request::Readlink { path } if path.0 == b"d/ln"));
+        assert!(decode_query(&buffer(br#"{"v":2,"op":"status"}"#)).is_none());
+        assert!(
+            decode_query(br#"{"v":1,"op":"status"}"#).is_none(),
+            "wrong size"
+        );
+        assert!(
+            decode_query(&vec![b' '; IOC_QUERY_SIZE]).is_none(),
+            "no NUL"
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn any_ioctl_buffer_decodes_or_is_refused(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+            let _ = decode_query(&buffer(&bytes));
+            let _ = decode_query(&bytes);
+        }
+
+        #[test]
+        fn any_control_line_decodes_or_is_refused(line in ".{0,400}") {
+            let _ = serde_json::from_str::<Envelope>(&line);
+            let _ = serde_json::from_str::<MountInfo>(&line);
+        }
+
+        /// Past serde_json's recursion limit (128), wherever the nesting is (an unknown field
+        /// included): an error, never a stack overflow.
+        #[test]
+        fn a_deeply_nested_request_is_refused(depth in 128usize..7_000) {
+            let nested = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+            let line = format!(r#"{{"v":1,"op":"glob","path":"","pattern":{nested}}}"#);
+            prop_assert!(serde_json::from_str::<Envelope>(&line).is_err());
+            let opts = format!(r#"{{"v":1,"op":"grep","path":"","options":{{"pattern":"x","globs":{nested}}}}}"#);
+            prop_assert!(serde_json::from_str::<Envelope>(&opts).is_err());
+            if line.len() < IOC_QUERY_SIZE {
+                prop_assert!(decode_query(&buffer(line.as_bytes())).is_none());
+            }
+        }
+    }
 }

@@ -14,6 +14,7 @@
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use serde_json::json;
@@ -28,6 +29,13 @@ use crate::remote::{GrepEvent, RemoteError, RemotePath};
 
 /// Longest request line: a query, not a document (edits carry their text, hence 4 MiB).
 const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
+/// How long a client has to send its whole request line: a local client writes it at once,
+/// so a connection still short of a line after this is stuck or hostile, and is dropped
+/// (it would otherwise hold a descriptor for good).
+const REQUEST_LINE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long accepting pauses after a failure (`EMFILE`, `ENFILE`, `ENOBUFS`): long enough
+/// not to spin while descriptors are short, short enough that service resumes promptly.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// What a control request is answered from.
 pub struct Control {
@@ -144,10 +152,25 @@ pub fn bind(path: &Path) -> Result<(UnixListener, SocketGuard), BindError> {
     Ok((listener, guard))
 }
 
-/// Serve connections until the runtime stops.
+/// Serve connections until the runtime stops. A failed `accept` (out of descriptors, most
+/// likely) pauses and tries again: the socket keeps serving once descriptors are free.
 pub async fn serve(listener: UnixListener, control: Arc<Control>) {
     let owner = rustix::process::getuid().as_raw();
-    while let Ok((stream, _)) = listener.accept().await {
+    let mut failures = 0u64;
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Logged on the first failure of a run and every 100th after, not 10 per second.
+                if failures.is_multiple_of(100) {
+                    tracing::warn!("control socket: accept failed ({e}); retrying");
+                }
+                failures += 1;
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
+            }
+        };
+        failures = 0;
         let control = control.clone();
         tokio::spawn(async move {
             let allowed = stream
@@ -190,7 +213,17 @@ async fn handle(stream: UnixStream, control: &Control) {
         MAX_REQUEST_BYTES as u64,
     ));
     let mut buf = Vec::new();
-    if reader.read_until(b'\n', &mut buf).await.is_err() || !buf.ends_with(b"\n") {
+    let read = tokio::time::timeout(REQUEST_LINE_TIMEOUT, reader.read_until(b'\n', &mut buf));
+    let Ok(read) = read.await else {
+        let _ = write
+            .write_all(&error_line(&RemoteError::TimedOut(format!(
+                "no complete request line within {} s",
+                REQUEST_LINE_TIMEOUT.as_secs()
+            ))))
+            .await;
+        return;
+    };
+    if read.is_err() || !buf.ends_with(b"\n") {
         let _ = write
             .write_all(&error_line(&RemoteError::TooLarge(
                 "request line missing or too long".into(),
@@ -366,6 +399,14 @@ pub async fn answer(control: &Control, request: Request) -> Result<serde_json::V
             }
             Err(e) => Err(e),
         },
+        Request::Readlink { path: p } => {
+            let p = path(p)?;
+            let raw = remote.readlink(&p).await?;
+            let shown = core.shown_target(&p, &raw);
+            Ok(
+                json!({ "target": crate::remote::WireBytes(raw), "shown": crate::remote::WireBytes(shown) }),
+            )
+        }
         Request::Status => {
             let mut v = control.health.snapshot();
             v["mount"] = control.info.clone();

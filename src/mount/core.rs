@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
@@ -32,6 +32,10 @@ use crate::remote::{
     Attr, FileKind, Remote, RemoteError, RemotePath, RenameMode, Result, SetAttr, SpecialKind,
     StatFs, XattrFlags,
 };
+
+/// How many times one read follows a file that changed in place before it gives up: a file
+/// rewritten faster than it can be read, or an agent whose reads never match its stat.
+const MAX_READ_FOLLOWS: u32 = 8;
 
 /// Largest file the mount writes: the agent's commit limit (a larger write is EFBIG).
 pub const MAX_FILE_BYTES: u64 = 64 * 1024 * 1024 * 1024;
@@ -82,6 +86,9 @@ pub struct FsCore {
     kernel: Mutex<Option<Arc<dyn KernelCache>>>,
     /// The last remote call reached the sandbox (for `ctl status` and logs).
     reachable: AtomicBool,
+    /// The workspace's absolute path in the sandbox (`/v1/info`'s `root`), for showing
+    /// symlink targets ([`super::links`]); unset, every absolute target counts as outside.
+    workspace_root: OnceLock<Vec<u8>>,
     pub stats: CoreStats,
 }
 
@@ -117,8 +124,14 @@ impl FsCore {
             failures: Failures::default(),
             kernel: Mutex::new(None),
             reachable: AtomicBool::new(true),
+            workspace_root: OnceLock::new(),
             stats: CoreStats::default(),
         })
+    }
+
+    /// Where the workspace is in the sandbox; set once, before the mount serves.
+    pub fn set_workspace_root(&self, root: &[u8]) {
+        let _ = self.workspace_root.set(root.to_vec());
     }
 
     pub fn set_kernel_cache(&self, k: Arc<dyn KernelCache>) {
@@ -235,10 +248,14 @@ impl FsCore {
         self.staged.lock().expect("staged lock").get(&node).cloned()
     }
 
-    /// The attributes to report for a node: staged size and mtime while writes are staged.
+    /// The attributes to report for a node: staged size and mtime while writes are staged; a
+    /// symlink's size is that of the target shown ([`Self::readlink`]).
     pub(super) fn with_staged(&self, node: NodeId, mut attr: Attr) -> Attr {
         if let Some(s) = self.staged_of(node) {
             s.overlay(&mut attr);
+        }
+        if let (Some(t), Ok(path)) = (&attr.symlink_target, self.path_of(node)) {
+            attr.size = self.shown_target(&path, &t.0).len() as u64;
         }
         if self.inodes.path_of(node).is_none() && node != ROOT {
             attr.nlink = 0;
@@ -591,6 +608,7 @@ impl FsCore {
             return self.read_staged(h.node, &s, offset, size as u64).await;
         }
         let path = self.path_of(h.node)?;
+        let mut follows = 0;
         'again: loop {
             let version = h.version();
             let end = offset + size as u64;
@@ -607,6 +625,15 @@ impl FsCore {
                         let a = self.stable_stat(&path).await?;
                         if RemoteId::of(&a) != h.remote() {
                             return Err(RemoteError::Stale(path.display()));
+                        }
+                        // A file that changes on every read (or an agent whose reads never
+                        // match its stat) would be followed for ever: a few times, then EIO.
+                        follows += 1;
+                        if follows > MAX_READ_FOLLOWS {
+                            return Err(RemoteError::Io(
+                                path.display(),
+                                format!("changed in the sandbox {follows} times during one read"),
+                            ));
                         }
                         h.follow(&a);
                         continue 'again;
@@ -650,6 +677,14 @@ impl FsCore {
     ) -> Result<()> {
         if self.inodes.path_of(node).is_none() && !staged {
             return Err(RemoteError::NotFound(self.path_of(node)?.display()));
+        }
+        // Staging tracks the file page by page: a size past the write limit (or a sandbox
+        // claiming 2^63 - 1 bytes) is refused before anything is sized by it.
+        if !staged && attr.size > MAX_FILE_BYTES {
+            return Err(RemoteError::FileTooBig(format!(
+                "{}: files in the mount are limited to {MAX_FILE_BYTES} bytes",
+                self.path_of(node)?.display()
+            )));
         }
         let s = self.stage(node, attr, true)?;
         let mut g = s.lock().await;
@@ -835,6 +870,7 @@ impl FsCore {
         let attr = self.note(self.remote.symlink(&path, target).await)?;
         self.dir_changed(parent);
         let node = self.inodes.remember(parent, name, attr.clone(), true);
+        let attr = self.with_staged(node, attr);
         Ok(NodeAttr { node, attr })
     }
 
@@ -986,13 +1022,27 @@ impl FsCore {
         Ok(())
     }
 
+    /// The target as the laptop sees it: never a way out of the mount ([`super::links`]).
     pub async fn readlink(&self, node: NodeId) -> Result<Vec<u8>> {
+        let path = self.path_of(node)?;
+        let raw = self.raw_readlink(node).await?;
+        Ok(self.shown_target(&path, &raw))
+    }
+
+    /// The sandbox's own target, unaltered (for `sbxfs ctl readlink`).
+    pub async fn raw_readlink(&self, node: NodeId) -> Result<Vec<u8>> {
         let n = self.node(node)?;
         if let Some(t) = n.attr.symlink_target.clone() {
             return Ok(t.0);
         }
         let path = self.path_of(node)?;
         self.note(self.remote.readlink(&path).await)
+    }
+
+    /// What the mount shows for a link at `link` whose sandbox target is `raw`.
+    pub fn shown_target(&self, link: &RemotePath, raw: &[u8]) -> Vec<u8> {
+        let root = self.workspace_root.get().map(Vec::as_slice);
+        super::links::present_target(root, link.as_bytes(), raw)
     }
 
     pub async fn statfs(&self) -> Result<StatFs> {

@@ -188,27 +188,12 @@ fn name_bytes(name: &OsStr) -> Vec<u8> {
 impl SbxFs {
     /// The QUERY ioctl: decode, run the query about this node on the runtime, reply.
     fn ioctl_query(&self, node: NodeId, in_data: &[u8], out_size: u32, reply: fuser::ReplyIoctl) {
-        use crate::control::{Request as Q, IOC_QUERY_SIZE, PROTOCOL_VERSION};
-        if in_data.len() != IOC_QUERY_SIZE || (out_size as usize) != IOC_QUERY_SIZE {
+        use crate::control::IOC_QUERY_SIZE;
+        if (out_size as usize) != IOC_QUERY_SIZE {
             reply.error(Errno::EINVAL);
             return;
         }
-        let end = in_data
-            .iter()
-            .position(|&b| b == 0)
-            .unwrap_or(in_data.len());
-        // Paths are optional in an ioctl request: fill one in before decoding.
-        let parsed = serde_json::from_slice::<serde_json::Value>(&in_data[..end])
-            .ok()
-            .and_then(|mut v| {
-                if v.get("v")?.as_u64()? != u64::from(PROTOCOL_VERSION) {
-                    return None;
-                }
-                if v.get("path").is_none() {
-                    v["path"] = serde_json::json!("");
-                }
-                serde_json::from_value::<Q>(v).ok()
-            });
+        let parsed = crate::control::decode_query(in_data);
         let (Some(request), Ok(path)) = (parsed, self.core.path_of(node)) else {
             reply.error(Errno::EINVAL);
             return;

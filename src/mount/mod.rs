@@ -3,7 +3,8 @@
 //! [`fuse`] is the thin adapter over [`core`], the filesystem operations, which work over
 //! [`inode`] (the inode table), [`meta`] (listings), [`pages`] (the page cache), [`handles`]
 //! (open files and directories) and [`writeback`] (pushes, retries, conflicts) with
-//! [`staging`] (the durable image of a file being written). Around them: [`control_server`]
+//! [`staging`] (the durable image of a file being written); [`links`] shows symlink targets so
+//! none leads out of the mount. Around them: [`control_server`]
 //! answers the control socket, [`health`] keeps what is known of the sandbox's reachability,
 //! [`options`] reads `-o`, [`mounts`] reads mountinfo, [`state`] keeps private local state,
 //! [`preflight`] refuses mistakes before anything is created, [`kernel`] asks the kernel for
@@ -30,6 +31,7 @@ pub mod handles;
 pub mod health;
 pub mod inode;
 pub mod kernel;
+pub mod links;
 pub mod meta;
 pub mod mounts;
 pub mod notify;
@@ -333,6 +335,7 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
         idmap = cfg.idmap.as_str(),
         "the sandbox's user"
     );
+    core.set_workspace_root(info.root.as_bytes());
     let fs = fuse::SbxFs {
         core: core.clone(),
         rt: rt.handle().clone(),

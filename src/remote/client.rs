@@ -32,6 +32,17 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(600);
 pub const UPLOAD_CHUNK: usize = 256 * 1024;
 /// Attempts for an idempotent call whose transport failed.
 pub const ATTEMPTS: u32 = 3;
+/// Largest JSON answer read (bytes), and longest line of a streamed answer: far above any
+/// honest answer but a listing, and a bound on what a broken or hostile agent can make the
+/// daemon hold. Answers are parsed as they arrive, never buffered whole.
+pub const MAX_JSON_ANSWER: u64 = 64 * 1024 * 1024;
+/// An answer at most this long, its length given, is read whole before it is parsed.
+const SMALL_ANSWER: u64 = 1024 * 1024;
+/// Largest directory listing answer (bytes): a million entries of about 400 bytes each.
+pub const MAX_LISTING_ANSWER: u64 = 512 * 1024 * 1024;
+/// Most entries one directory listing may have: more than any real directory one browses
+/// (and what its attributes cost, a few hundred MB, is the daemon's bound for one listing).
+pub const MAX_DIR_ENTRIES: usize = 1_000_000;
 
 #[derive(Clone)]
 pub struct AgentClient {
@@ -49,6 +60,9 @@ impl AgentClient {
             .pool_max_idle_per_host(64)
             .tcp_nodelay(true)
             .tcp_keepalive(Duration::from_secs(30))
+            // An agent never redirects; one that does is not followed elsewhere (to a service
+            // on this machine, say): the 3xx is an error.
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| RemoteError::Transport(e.to_string()))?;
         Ok(AgentClient {
@@ -98,7 +112,7 @@ impl AgentClient {
         Err(last.expect("at least one attempt"))
     }
 
-    async fn get_json<T: DeserializeOwned>(
+    async fn get_json<T: DeserializeOwned + Send + 'static>(
         &self,
         endpoint: &str,
         query: &[(&str, Vec<u8>)],
@@ -108,10 +122,10 @@ impl AgentClient {
                 self.request(Method::GET, endpoint, query)
             })
             .await?;
-        resp.json().await.map_err(transport)
+        json_answer(resp, MAX_JSON_ANSWER).await
     }
 
-    async fn post_json<T: DeserializeOwned>(
+    async fn post_json<T: DeserializeOwned + Send + 'static>(
         &self,
         endpoint: &str,
         query: &[(&str, Vec<u8>)],
@@ -127,7 +141,7 @@ impl AgentClient {
                 }
             })
             .await?;
-        resp.json().await.map_err(transport)
+        json_answer(resp, MAX_JSON_ANSWER).await
     }
 
     /// The agent's counters (`GET /v1/stats`).
@@ -165,9 +179,100 @@ fn transport(e: reqwest::Error) -> RemoteError {
     }
 }
 
+/// An answer body as a stream of I/O chunks that fails once it passes `limit` bytes.
+fn limited_body(
+    resp: reqwest::Response,
+    limit: u64,
+) -> impl futures_util::Stream<Item = std::io::Result<Bytes>> + Send + Unpin + 'static {
+    let mut seen = 0u64;
+    resp.bytes_stream().map(move |chunk| {
+        let chunk = chunk.map_err(|e| std::io::Error::other(transport(e)))?;
+        seen += chunk.len() as u64;
+        if seen > limit {
+            return Err(std::io::Error::other(TooLong(limit)));
+        }
+        Ok(chunk)
+    })
+}
+
+/// An answer that passed its size limit (kept apart from transport failures).
+#[derive(Debug, thiserror::Error)]
+#[error("the agent's answer is larger than {0} bytes, which no honest answer is")]
+struct TooLong(u64);
+
+/// Decode a JSON answer as it arrives (at most `limit` bytes; serde_json's own recursion
+/// limit bounds nesting), never holding the whole body.
+async fn json_answer<T: DeserializeOwned + Send + 'static>(
+    resp: reqwest::Response,
+    limit: u64,
+) -> Result<T> {
+    match resp.content_length() {
+        Some(n) if n > limit => return Err(RemoteError::Transport(TooLong(limit).to_string())),
+        // Most answers are small and say their length (which hyper holds the body to): read
+        // them at once, without a blocking thread.
+        Some(n) if n <= SMALL_ANSWER => {
+            let body = resp.bytes().await.map_err(transport)?;
+            return serde_json::from_slice(&body)
+                .map_err(|e| RemoteError::Transport(format!("bad answer: {e}")));
+        }
+        _ => {}
+    }
+    // A caller that gives up (a deadline) ends the body, so the parsing thread is not held by
+    // an agent that trickles its answer.
+    let abandoned = tokio_util::sync::CancellationToken::new();
+    let _abandon_on_drop = abandoned.clone().drop_guard();
+    let body = limited_body(resp, limit).take_until(abandoned.cancelled_owned());
+    let reader = tokio_util::io::StreamReader::new(Box::pin(body));
+    let bridge = tokio_util::io::SyncIoBridge::new(reader);
+    tokio::task::spawn_blocking(move || {
+        serde_json::from_reader::<_, T>(std::io::BufReader::new(bridge)).map_err(|e| {
+            let inner = e
+                .io_error_kind()
+                .and_then(|_| std::error::Error::source(&e))
+                .map(|s| s.to_string());
+            RemoteError::Transport(match inner {
+                Some(why) => why,
+                None => format!("bad answer: {e}"),
+            })
+        })
+    })
+    .await
+    .map_err(|e| RemoteError::Transport(format!("decoding an answer: {e}")))?
+}
+
+/// A listing's entries, counted while they are parsed: more than [`MAX_DIR_ENTRIES`] is an
+/// error before the next one is allocated.
+fn capped_entries<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Vec<DirEntry>, D::Error> {
+    struct Capped;
+    impl<'de> serde::de::Visitor<'de> for Capped {
+        type Value = Vec<DirEntry>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            write!(f, "a list of at most {MAX_DIR_ENTRIES} directory entries")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> std::result::Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(e) = seq.next_element::<DirEntry>()? {
+                if out.len() == MAX_DIR_ENTRIES {
+                    return Err(serde::de::Error::custom(format!(
+                        "a directory listing with more than {MAX_DIR_ENTRIES} entries"
+                    )));
+                }
+                out.push(e);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_seq(Capped)
+}
+
 async fn decode_error(resp: reqwest::Response) -> RemoteError {
     let status = resp.status();
-    match resp.json::<ErrorBody>().await {
+    match json_answer::<ErrorBody>(resp, MAX_JSON_ANSWER).await {
         Ok(body) => body.into_error(),
         Err(_) if status == StatusCode::UNAUTHORIZED => {
             RemoteError::Unauthorized(status.to_string())
@@ -194,6 +299,12 @@ fn json_lines(resp: reqwest::Response) -> BoxStream<'static, Result<serde_json::
                     let item = serde_json::from_slice::<serde_json::Value>(&line[..line.len() - 1])
                         .map_err(|e| RemoteError::Transport(format!("bad stream line: {e}")));
                     return Some((item, (body, buf, false)));
+                }
+                if buf.len() as u64 > MAX_JSON_ANSWER {
+                    let e = RemoteError::Transport(format!(
+                        "a line of the agent's answer is longer than {MAX_JSON_ANSWER} bytes"
+                    ));
+                    return Some((Err(e), (body, Vec::new(), true)));
                 }
                 match body.next().await {
                     Some(Ok(chunk)) => buf.extend_from_slice(&chunk),
@@ -404,7 +515,7 @@ impl Remote for AgentClient {
         let resp = self
             .send(false, None, || self.request(Method::POST, "copy_range", &q))
             .await?;
-        let a: wire::CopyRangeAnswer = resp.json().await.map_err(transport)?;
+        let a: wire::CopyRangeAnswer = json_answer(resp, MAX_JSON_ANSWER).await?;
         Ok((a.copied, a.attr))
     }
 
@@ -419,9 +530,24 @@ impl Remote for AgentClient {
     async fn list(&self, path: &RemotePath) -> Result<Vec<DirEntry>> {
         #[derive(Deserialize)]
         struct Listing {
+            #[serde(deserialize_with = "capped_entries")]
             entries: Vec<DirEntry>,
         }
-        Ok(self.get_json::<Listing>("list", &[p(path)]).await?.entries)
+        let resp = self
+            .send(true, Some(CALL_TIMEOUT), || {
+                self.request(Method::GET, "list", &[p(path)])
+            })
+            .await?;
+        let listing: Listing = json_answer(resp, MAX_LISTING_ANSWER).await?;
+        for e in &listing.entries {
+            check_entry_name(&e.name.0).map_err(|why| {
+                RemoteError::Io(
+                    path.display(),
+                    format!("the sandbox listed an impossible name: {why}"),
+                )
+            })?;
+        }
+        Ok(listing.entries)
     }
 
     async fn tree(&self, path: &RemotePath) -> Result<BoxStream<'static, Result<TreeEntry>>> {
@@ -433,7 +559,12 @@ impl Remote for AgentClient {
             match item {
                 Err(e) => Some(Err(e)),
                 Ok(v) if v.get("end").is_some() => stream_error(&v).map(Err),
-                Ok(v) => Some(decode::<TreeEntry>(v)),
+                Ok(v) => Some(decode::<TreeEntry>(v).and_then(|t| {
+                    RemotePath::new(t.path.0.clone()).map_err(|e| {
+                        RemoteError::Transport(format!("the agent listed an impossible path: {e}"))
+                    })?;
+                    Ok(t)
+                })),
             }
         });
         Ok(stream.boxed())
@@ -456,8 +587,29 @@ impl Remote for AgentClient {
             .and_then(|v| v.to_str().ok())
             .map(|v| Version(v.to_string()))
             .ok_or_else(|| RemoteError::Transport("read answer without a version".into()))?;
-        let data = resp.bytes().await.map_err(transport)?;
-        Ok(ReadResult { data, version })
+        // Never more than asked: a longer answer is refused as it arrives, not buffered.
+        let more = || {
+            RemoteError::Io(
+                path.display(),
+                "the sandbox answered more bytes than asked".into(),
+            )
+        };
+        if resp.content_length().is_some_and(|n| n > u64::from(len)) {
+            return Err(more());
+        }
+        let mut body = resp.bytes_stream();
+        let mut data = bytes::BytesMut::new();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(transport)?;
+            if data.len() + chunk.len() > len as usize {
+                return Err(more());
+            }
+            data.extend_from_slice(&chunk);
+        }
+        Ok(ReadResult {
+            data: data.freeze(),
+            version,
+        })
     }
 
     async fn commit(
@@ -507,7 +659,7 @@ impl Remote for AgentClient {
         if !resp.status().is_success() {
             return Err(decode_error(resp).await);
         }
-        resp.json().await.map_err(transport)
+        json_answer(resp, MAX_JSON_ANSWER).await
     }
 
     async fn create(&self, path: &RemotePath, mode: u32) -> Result<Attr> {
@@ -705,5 +857,97 @@ mod tests {
         .await;
         assert_eq!(whole.len(), 2, "ends at its last line");
         assert!(whole.iter().all(Result::is_ok));
+    }
+
+    /// A response whose body is `chunks`, as a server would stream it.
+    fn response(chunks: Vec<Bytes>) -> reqwest::Response {
+        let body = reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks.into_iter().map(Ok::<_, std::io::Error>),
+        ));
+        reqwest::Response::from(http::Response::new(body))
+    }
+
+    #[tokio::test]
+    async fn an_abandoned_answer_frees_its_parsing_thread() {
+        // A body that never ends: the caller gives up, and the parse ends with it.
+        let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(1);
+        tx.send(Ok(Bytes::from_static(b"[1,"))).await.unwrap();
+        let body = reqwest::Body::wrap_stream(tokio_stream_of(rx));
+        let resp = reqwest::Response::from(http::Response::new(body));
+        let parse = json_answer::<Vec<u32>>(resp, 1024);
+        assert!(tokio::time::timeout(Duration::from_millis(50), parse)
+            .await
+            .is_err());
+        // The sender sees its receiver gone once the parsing thread has let go of the body
+        // (the deadline only stops a hung test).
+        tokio::time::timeout(Duration::from_secs(60), tx.closed())
+            .await
+            .expect("the parsing thread still holds the body");
+    }
+
+    fn tokio_stream_of(
+        mut rx: tokio::sync::mpsc::Receiver<std::io::Result<Bytes>>,
+    ) -> impl futures_util::Stream<Item = std::io::Result<Bytes>> {
+        futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+    }
+
+    #[tokio::test]
+    async fn an_answer_past_its_limit_is_refused_while_it_arrives() {
+        // 64 MiB of an endless array against a 1 MiB limit: refused after about 1 MiB.
+        let mut chunks = vec![Bytes::from_static(b"[")];
+        chunks.extend(std::iter::repeat_n(
+            Bytes::from(b"1,".repeat(512 * 1024)),
+            64,
+        ));
+        let r = json_answer::<Vec<u32>>(response(chunks), 1024 * 1024).await;
+        match r {
+            Err(RemoteError::Transport(m)) => assert!(m.contains("larger than"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        let ok = json_answer::<Vec<u32>>(response(vec![Bytes::from_static(b"[1, 2]")]), 16).await;
+        assert_eq!(ok.unwrap(), vec![1, 2]);
+        // With a length: refused before reading when it is over the limit, read whole when small.
+        let sized = |b: &'static [u8]| reqwest::Response::from(http::Response::new(b));
+        let r = json_answer::<Vec<u32>>(sized(b"[1, 2, 3]"), 4).await;
+        assert!(
+            matches!(r, Err(RemoteError::Transport(ref m)) if m.contains("larger than")),
+            "{r:?}"
+        );
+        assert_eq!(
+            json_answer::<Vec<u32>>(sized(b"[3]"), 16).await.unwrap(),
+            vec![3]
+        );
+        assert!(json_answer::<Vec<u32>>(sized(b"[3"), 16).await.is_err());
+    }
+
+    #[derive(Deserialize, Debug)]
+    struct Listing {
+        #[serde(deserialize_with = "capped_entries")]
+        #[allow(dead_code)]
+        entries: Vec<DirEntry>,
+    }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn any_bytes_as_a_listing_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
+            let _ = serde_json::from_slice::<Listing>(&bytes);
+        }
+
+        #[test]
+        fn a_deeply_nested_listing_is_an_error(depth in 100usize..50_000) {
+            let l = format!(r#"{{"entries": {}{}}}"#, "[".repeat(depth), "]".repeat(depth));
+            prop_assert!(serde_json::from_str::<Listing>(&l).is_err());
+        }
+
+        #[test]
+        fn impossible_entry_names_are_named(name in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let ok = !name.is_empty()
+                && name != b"." && name != b".."
+                && !name.contains(&b'/') && !name.contains(&0)
+                && name.len() <= MAX_NAME_BYTES;
+            prop_assert_eq!(check_entry_name(&name).is_ok(), ok);
+        }
     }
 }

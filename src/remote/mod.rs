@@ -46,6 +46,20 @@ pub const MAX_XATTR_VALUE_BYTES: usize = 64 * 1024;
 /// Longest extended attribute name (Linux's XATTR_NAME_MAX).
 pub const MAX_XATTR_NAME_BYTES: usize = 255;
 
+/// Why `name` cannot be one directory entry's name (empty, `.`, `..`, a `/` or NUL in it,
+/// longer than [`MAX_NAME_BYTES`]); names from the other side are checked before they
+/// become inodes.
+pub fn check_entry_name(name: &[u8]) -> std::result::Result<(), &'static str> {
+    match name {
+        b"" => Err("an empty name"),
+        b"." | b".." => Err("`.` or `..` as a name"),
+        n if n.contains(&b'/') => Err("a `/` in a name"),
+        n if n.contains(&0) => Err("a NUL byte in a name"),
+        n if n.len() > MAX_NAME_BYTES => Err("a name longer than 255 bytes"),
+        _ => Ok(()),
+    }
+}
+
 /// A path inside the workspace: relative, `/`-separated, no `.`/`..`/empty components, no NUL.
 /// The empty path is the workspace root.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]

@@ -257,6 +257,9 @@ fn io_kind(e: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind> 
     found
 }
 
+/// Largest first answer read from whoever is at the URL (an agent's info is a few hundred bytes).
+const MAX_INFO_BYTES: usize = 64 * 1024;
+
 /// Ask the agent at `url` who it is, once, within `timeout`, calling `waiting` every
 /// [`PROGRESS_EVERY`] while there is no answer. Ok when it is an sbxfs agent speaking this
 /// protocol that accepts `token`.
@@ -271,6 +274,7 @@ pub async fn first_contact(
     let base = url.trim_end_matches('/').to_string();
     let http = reqwest::Client::builder()
         .connect_timeout(timeout)
+        .redirect(reqwest::redirect::Policy::none())
         .build()
         .map_err(|e| ReachError::Other {
             url: base.clone(),
@@ -293,10 +297,17 @@ pub async fn first_contact(
             .and_then(|v| v.to_str().ok())
             .map(|s| format!(" (server: {s})"))
             .unwrap_or_default();
-        let body = resp
-            .bytes()
-            .await
-            .map_err(|e| classify(&base, &e, timeout))?;
+        // Whoever answers is not trusted yet: an info answer is small, so read at most
+        // MAX_INFO_BYTES (a larger one is not an agent's).
+        let mut body = Vec::new();
+        let mut chunks = resp.bytes_stream();
+        while let Some(chunk) = futures_util::StreamExt::next(&mut chunks).await {
+            let chunk = chunk.map_err(|e| classify(&base, &e, timeout))?;
+            if body.len() + chunk.len() > MAX_INFO_BYTES {
+                break;
+            }
+            body.extend_from_slice(&chunk);
+        }
         Ok::<_, ReachError>((status, server, body))
     };
     let started = std::time::Instant::now();

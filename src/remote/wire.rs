@@ -266,4 +266,65 @@ mod tests {
         assert_eq!(args.bytes("path"), Some(&raw[..]));
         assert_eq!(args.number::<u32>("x").unwrap(), Some(1));
     }
+
+    use proptest::prelude::*;
+
+    /// JSON arrays nested `n` deep around `inner`.
+    fn nested(n: usize, inner: &str) -> String {
+        format!("{}{inner}{}", "[".repeat(n), "]".repeat(n))
+    }
+
+    proptest! {
+        #[test]
+        fn any_query_string_parses_and_answers_without_panicking(raw in ".{0,300}") {
+            let args = QueryArgs::parse(Some(&raw));
+            for key in ["path", "to", "offset", "len", "mode", "x"] {
+                let _ = args.path(key);
+                let _ = args.text(key);
+                let _ = args.number::<u64>(key);
+                let _ = args.number::<i64>(key);
+                let _ = args.flag(key);
+            }
+        }
+
+        #[test]
+        fn any_query_value_round_trips(value in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let q = format!("path={}", encode_bytes(&value));
+            let args = QueryArgs::parse(Some(&q));
+            prop_assert_eq!(args.bytes("path"), Some(&value[..]));
+        }
+
+        #[test]
+        fn any_bytes_as_a_patch_header_or_an_answer_never_panic(
+            bytes in proptest::collection::vec(any::<u8>(), 0..400)
+        ) {
+            let _ = serde_json::from_slice::<PatchHeader>(&bytes);
+            let _ = serde_json::from_slice::<ErrorBody>(&bytes).map(ErrorBody::into_error);
+            let _ = serde_json::from_slice::<Attr>(&bytes);
+            let _ = serde_json::from_slice::<CopyRangeAnswer>(&bytes);
+            let _ = serde_json::from_slice::<super::super::RemoteInfo>(&bytes);
+            let _ = serde_json::from_slice::<super::super::GrepEvent>(&bytes);
+            let _ = serde_json::from_slice::<super::super::ChangeEvent>(&bytes);
+        }
+
+        #[test]
+        fn a_patch_header_with_any_numbers_parses_or_is_refused(
+            cut in any::<u64>(), new_len in any::<u64>(),
+            ranges in proptest::collection::vec((any::<u64>(), any::<u64>()), 0..20)
+        ) {
+            let h = PatchHeader { cut, new_len, ranges: ranges.iter().map(|&(a, b)| [a, b]).collect() };
+            let back: PatchHeader = serde_json::from_slice(&serde_json::to_vec(&h).unwrap()).unwrap();
+            prop_assert_eq!(back.ranges, h.ranges);
+        }
+
+        #[test]
+        fn deeply_nested_answers_are_an_error_not_a_stack_overflow(depth in 100usize..100_000) {
+            let ranges = format!(r#"{{"new_len": 1, "ranges": {}}}"#, nested(depth, "1"));
+            prop_assert!(serde_json::from_str::<PatchHeader>(&ranges).is_err());
+            let msg = format!(r#"{{"error": "EIO", "message": {}}}"#, nested(depth, ""));
+            prop_assert!(serde_json::from_str::<ErrorBody>(&msg).is_err());
+            let name = format!(r#"{{"kind": "file", "symlink_target": {{"b64": {}}}}}"#, nested(depth, ""));
+            prop_assert!(serde_json::from_str::<Attr>(&name).is_err());
+        }
+    }
 }

@@ -713,4 +713,44 @@ mod tests {
         );
         assert!(expand_braces(&ok).is_ok());
     }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn any_pattern_compiles_or_is_refused(pattern in "[{},*?\\[\\]!^a-c/.\\\\:+()|-]{0,120}") {
+            let _ = compile(&pattern);
+        }
+
+        #[test]
+        fn any_text_as_a_pattern_compiles_or_is_refused(pattern in ".{0,200}") {
+            let _ = compile(&pattern);
+        }
+
+        #[test]
+        fn nested_braces_of_any_depth_are_bounded(depth in 0usize..20_000, inner in "[a-c,]{0,4}") {
+            let p = format!("{}{inner}{}", "{".repeat(depth), "}".repeat(depth));
+            match compile(&p) {
+                Ok(_) => prop_assert!(depth <= MAX_BRACE_DEPTH),
+                Err(e) => prop_assert!(
+                    matches!(e, SearchError::LimitExceeded(_) | SearchError::Unsupported(_)),
+                    "{e:?}"
+                ),
+            }
+            // Unbalanced, too.
+            let _ = compile(&"{".repeat(depth));
+            let _ = compile(&"}".repeat(depth));
+        }
+
+        #[test]
+        fn matching_any_pattern_in_a_small_tree_never_panics(pattern in "[{},*?a-c/.\\[\\]!]{1,40}") {
+            let dir = tempfile::tempdir().unwrap();
+            for p in ["a/b/c", "a/.h", "b/cc", "ab"] {
+                let f = dir.path().join(p);
+                std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+                std::fs::write(f, "").unwrap();
+            }
+            let _ = glob(dir.path(), &pattern);
+        }
+    }
 }

@@ -1,0 +1,134 @@
+"""A malicious sbxfs agent for tests/untrusted_mount.rs: answers /v1/info properly, then
+hostile answers (an endless body to a read, a size of 2^63 - 1, a listing of millions of
+entries, impossible names). Prints its port on stdout once listening."""
+import json
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+ATTR = {"mode": 0o755, "uid": 0, "gid": 0, "atime_ns": 0, "mtime_ns": 0, "ctime_ns": 0,
+        "dev": 1, "nlink": 1}
+
+
+def attr(kind, size, ino):
+    # Versions name the file, as the real agent's do (the page cache is keyed by them).
+    return dict(ATTR, kind=kind, size=size, ino=ino, version="v%d" % ino)
+
+
+FILES = {
+    "": attr("dir", 4096, 1),
+    "endless": attr("file", 1 << 20, 2),
+    "huge_size": attr("file", (1 << 63) - 1, 3),
+    "many": attr("dir", 4096, 4),
+    "slash": attr("dir", 4096, 5),
+    "dotdot": attr("dir", 4096, 6),
+    "fine.txt": attr("file", 6, 7),
+    "flapping": attr("file", 6, 8),
+    "redirected": attr("file", 6, 9),
+}
+READS = [0]
+CHUNK = 1 << 20
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def json(self, value, status=200):
+        body = json.dumps(value).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def until_close(self, chunks, headers=()):
+        """A body without a length, ended by closing the connection."""
+        self.send_response(200)
+        for k, v in headers:
+            self.send_header(k, v)
+        self.send_header("connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        try:
+            for c in chunks:
+                self.wfile.write(c)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def do_GET(self):
+        url = urlparse(self.path)
+        q = parse_qs(url.query)
+        path = q.get("path", [""])[0]
+        op = url.path.removeprefix("/v1/")
+        if op == "info":
+            return self.json({"protocol": 2, "agent_version": "hostile", "root": "/ws"})
+        if op == "stat":
+            if path in FILES:
+                return self.json(FILES[path])
+            return self.json({"error": "ENOENT", "message": path}, 404)
+        if op == "list":
+            if path == "":
+                names = [n for n in FILES if n]
+                return self.json({"entries": [{"name": n, "attr": FILES[n]} for n in names]})
+            if path == "slash":
+                return self.json({"entries": [{"name": "a/b", "attr": FILES["fine.txt"]}]})
+            if path == "dotdot":
+                return self.json({"entries": [{"name": "..", "attr": FILES["fine.txt"]}]})
+            if path == "many":
+                return self.until_close(many_entries())
+        if url.path == "/elsewhere":
+            # Where a redirect points: a service on the developer's machine, say.
+            body = b"LOCAL\n"
+            self.send_response(200)
+            self.send_header("x-sbxfs-version", FILES["redirected"]["version"])
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        if op == "read":
+            if path == "redirected":
+                self.send_response(302)
+                self.send_header("location", "/elsewhere")
+                self.send_header("content-length", "0")
+                self.end_headers()
+                return
+            if path == "endless":
+                # 1.5 GB answering a read of at most 128 KiB.
+                block = b"x" * CHUNK
+                return self.until_close((block for _ in range(1536)),
+                                        [("x-sbxfs-version", FILES[path]["version"])])
+            if path in ("huge_size", "fine.txt", "flapping"):
+                body = b"hello\n"
+                # "flapping": every read is of a version its stat never shows.
+                READS[0] += 1
+                version = FILES[path]["version"] if path != "flapping" else "r%d" % READS[0]
+                self.send_response(200)
+                self.send_header("x-sbxfs-version", version)
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+        return self.json({"error": "ENOENT", "message": path}, 404)
+
+
+def many_entries():
+    """Two million entries, more than any listing may have, streamed."""
+    yield b'{"entries": ['
+    a = json.dumps(FILES["fine.txt"]).encode()
+    batch = []
+    for i in range(2_000_000):
+        sep = b"," if i else b""
+        batch.append(sep + b'{"name":"f%d","attr":' % i + a + b"}")
+        if len(batch) == 10_000:
+            yield b"".join(batch)
+            batch = []
+    yield b"".join(batch) + b"]}"
+
+
+server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+server.daemon_threads = True
+print(server.server_address[1], flush=True)
+server.serve_forever()

@@ -1,0 +1,493 @@
+//! The sandbox is untrusted, seen from the mount: its symlinks never lead to a local file, a
+//! broken or hostile agent cannot take the daemon down or make it hold unbounded memory, the
+//! control socket outlives running out of descriptors and slow clients, and private state
+//! pre-created by another local user is never used. Real agents, real mounts; every process is
+//! stopped by pid and every mount unmounted in a guard.
+
+mod common;
+
+use std::fs;
+use std::io::{BufRead, Read, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn sh(dir: &Path, script: &str) -> (i32, String, String) {
+    let (code, out, err) = run(Command::new("sh").arg("-c").arg(script).current_dir(dir));
+    (
+        code,
+        String::from_utf8_lossy(&out).into_owned(),
+        String::from_utf8_lossy(&err).into_owned(),
+    )
+}
+
+fn ctl(mount: &Path, args: &[&str]) -> (i32, Vec<u8>, String) {
+    let (code, out, err) = run(Command::new(sbxfs_bin())
+        .arg("ctl")
+        .arg("--mount")
+        .arg(mount)
+        .args(args));
+    (code, out, String::from_utf8_lossy(&err).into_owned())
+}
+
+struct Sandbox {
+    dir: tempfile::TempDir,
+    root: std::path::PathBuf,
+    _agent: AgentProcess,
+    mount: MountProcess,
+}
+
+fn sandbox() -> Sandbox {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    fs::create_dir(&root).unwrap();
+    let agent = AgentProcess::start(&root);
+    let mount = MountProcess::start(&agent, &[]);
+    Sandbox {
+        dir,
+        root,
+        _agent: agent,
+        mount,
+    }
+}
+
+#[test]
+fn a_symlink_out_of_the_workspace_never_reaches_a_local_file() {
+    let s = sandbox();
+    let m = &s.mount.dir;
+    // A local file of the developer's, outside the workspace.
+    let secret = s.dir.path().join("secret");
+    fs::write(&secret, "mine\n").unwrap();
+    fs::create_dir_all(s.root.join("a/b")).unwrap();
+    // In the sandbox: an absolute link to it, and a relative one climbing out to it.
+    std::os::unix::fs::symlink(&secret, s.root.join("evil")).unwrap();
+    std::os::unix::fs::symlink("../../../secret", s.root.join("a/b/up")).unwrap();
+    for link in ["evil", "a/b/up"] {
+        let p = m.join(link);
+        assert!(fs::read(&p).is_err(), "{link}: read through the link");
+        let (code, _, _) = sh(m, &format!("echo x > {link}"));
+        assert_ne!(code, 0, "{link}: a write through the link succeeded");
+        let (code, _, _) = sh(m, &format!("echo x >> {link}"));
+        assert_ne!(code, 0, "{link}: an append through the link succeeded");
+        let shown = fs::read_link(&p).unwrap();
+        assert!(
+            shown.starts_with("/dev/null/sbxfs-outside"),
+            "{link} shows {}",
+            shown.display()
+        );
+        // stat's size of a link is the length readlink returns.
+        let len = fs::symlink_metadata(&p).unwrap().len();
+        assert_eq!(len, shown.as_os_str().len() as u64, "{link}");
+    }
+    assert_eq!(fs::read_to_string(&secret).unwrap(), "mine\n");
+    // The sandbox's own targets, honestly, through the control surface.
+    let (code, out, err) = ctl(m, &["readlink", "evil"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, format!("{}\n", secret.display()).into_bytes());
+    let (code, out, err) = ctl(m, &["readlink", "a/b/up"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, b"../../../secret\n");
+    // And through the QUERY ioctl on the link's directory.
+    let v = sbxfs::control::client::ioctl_query(
+        &m.join("a/b"),
+        &sbxfs::control::Request::Readlink {
+            path: sbxfs::remote::WireBytes(b"up".to_vec()),
+        },
+    )
+    .unwrap();
+    assert_eq!(v["target"], "../../../secret", "{v}");
+    assert_eq!(v["shown"], "/dev/null/sbxfs-outside/../../../secret", "{v}");
+    // The sandbox's link is untouched too.
+    assert_eq!(fs::read_link(s.root.join("evil")).unwrap(), secret);
+}
+
+#[test]
+fn an_absolute_symlink_inside_the_workspace_is_followed_inside_the_mount() {
+    let s = sandbox();
+    let m = &s.mount.dir;
+    fs::create_dir_all(s.root.join("src/deep")).unwrap();
+    fs::write(s.root.join("src/lib.rs"), "pub fn f() {}\n").unwrap();
+    let root = fs::canonicalize(&s.root).unwrap();
+    std::os::unix::fs::symlink(root.join("src/lib.rs"), s.root.join("src/deep/lib")).unwrap();
+    std::os::unix::fs::symlink(root.join("src"), s.root.join("top")).unwrap();
+    assert_eq!(
+        fs::read_link(m.join("src/deep/lib")).unwrap(),
+        Path::new("../../src/lib.rs")
+    );
+    assert_eq!(
+        fs::read_to_string(m.join("src/deep/lib")).unwrap(),
+        "pub fn f() {}\n"
+    );
+    assert_eq!(fs::read_link(m.join("top")).unwrap(), Path::new("src"));
+    assert!(m.join("top/deep").is_dir());
+    // A write through the link lands in the sandbox's file.
+    fs::write(m.join("src/deep/lib"), "pub fn g() {}\n").unwrap();
+    assert_eq!(
+        fs::read_to_string(s.root.join("src/lib.rs")).unwrap(),
+        "pub fn g() {}\n"
+    );
+    let (code, out, err) = ctl(m, &["readlink", "src/deep/lib"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out,
+        format!("{}\n", root.join("src/lib.rs").display()).into_bytes()
+    );
+}
+
+#[test]
+fn an_absolute_symlink_made_through_the_mount_keeps_its_target_in_the_sandbox() {
+    let s = sandbox();
+    let m = &s.mount.dir;
+    std::os::unix::fs::symlink("/etc/hostname", m.join("host")).unwrap();
+    // The sandbox has what was asked for; the laptop never follows it to its own file.
+    assert_eq!(
+        fs::read_link(s.root.join("host")).unwrap(),
+        Path::new("/etc/hostname")
+    );
+    assert_eq!(
+        fs::read_link(m.join("host")).unwrap(),
+        Path::new("/dev/null/sbxfs-outside/etc/hostname")
+    );
+    assert!(fs::read(m.join("host")).is_err());
+}
+
+/// The hostile agent (tests/hostile/agent.py), killed by pid on drop.
+struct HostileAgent {
+    child: std::process::Child,
+    url: String,
+}
+
+impl HostileAgent {
+    fn start() -> Option<HostileAgent> {
+        let python = require_tool("python3")?;
+        let mut child = Command::new(python)
+            .arg(repo_root().join("tests/hostile/agent.py"))
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port: u16 = line.trim().parse().expect("the hostile agent's port");
+        Some(HostileAgent {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        })
+    }
+}
+
+impl Drop for HostileAgent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The daemon's peak resident memory (`VmHWM`), in KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmHWM")
+}
+
+fn errno_of(e: &std::io::Error) -> i32 {
+    e.raw_os_error().unwrap_or_default()
+}
+
+#[test]
+fn a_hostile_agent_gets_errors_and_cannot_take_the_mount_down() {
+    let Some(agent) = HostileAgent::start() else {
+        return;
+    };
+    let mut mount = MountProcess::start_url(&agent.url, "token", &[]);
+    let m = mount.dir.clone();
+    let pid = mount.child.as_ref().unwrap().id();
+    let alive = |what: &str| {
+        // The mountpoint still answers (never "Transport endpoint is not connected").
+        let md = fs::metadata(&m).unwrap_or_else(|e| panic!("after {what}: {e}"));
+        assert!(md.is_dir(), "after {what}");
+    };
+    alive("mounting");
+
+    // 1.5 GB answering a 128 KiB read: refused, not buffered.
+    let e = fs::read(m.join("endless")).unwrap_err();
+    assert_eq!(errno_of(&e), libc::EIO, "{e}");
+    alive("an endless read answer");
+
+    // A size of 2^63 - 1: shown, read as far as the agent answers, never staged for writing.
+    let md = fs::metadata(m.join("huge_size")).unwrap();
+    assert_eq!(md.len(), (1u64 << 63) - 1);
+    let mut head = [0u8; 6];
+    fs::File::open(m.join("huge_size"))
+        .unwrap()
+        .read_exact(&mut head)
+        .unwrap();
+    assert_eq!(&head, b"hello\n");
+    let e = fs::OpenOptions::new()
+        .write(true)
+        .open(m.join("huge_size"))
+        .unwrap_err();
+    assert_eq!(errno_of(&e), libc::EFBIG, "{e}");
+    alive("a size of 2^63 - 1");
+
+    // Two million entries in one listing: more than any listing may have.
+    let e = fs::read_dir(m.join("many"))
+        .and_then(|d| d.collect::<Result<Vec<_>, _>>())
+        .unwrap_err();
+    assert_eq!(errno_of(&e), libc::EIO, "{e}");
+    alive("a listing of two million entries");
+
+    // Names no directory can hold.
+    for dir in ["slash", "dotdot"] {
+        let e = fs::read_dir(m.join(dir))
+            .and_then(|d| d.collect::<Result<Vec<_>, _>>())
+            .unwrap_err();
+        assert_eq!(errno_of(&e), libc::EIO, "{dir}: {e}");
+        alive(dir);
+    }
+    // Reads that never match the file's stat: a few tries, then EIO, never a read that spins.
+    // (The deadline only stops a hung test.)
+    let (tx, rx) = std::sync::mpsc::channel();
+    let flapping = m.join("flapping");
+    std::thread::spawn(move || tx.send(fs::read(flapping)));
+    let e = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("a read of a flapping file hung")
+        .unwrap_err();
+    assert_eq!(errno_of(&e), libc::EIO, "{e}");
+    alive("reads that never match the stat");
+
+    // A redirect is not followed anywhere.
+    let e = fs::read(m.join("redirected")).unwrap_err();
+    assert_eq!(errno_of(&e), libc::EIO, "{e}");
+    alive("a redirect");
+
+    // The honest parts still work.
+    assert_eq!(fs::read_to_string(m.join("fine.txt")).unwrap(), "hello\n");
+    let names: Vec<_> = fs::read_dir(&m)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(names.contains(&"fine.txt".to_string()), "{names:?}");
+
+    let peak = peak_rss_kib(pid);
+    eprintln!("daemon peak RSS: {peak} KiB");
+    // A million parsed entries (the listing cap) is the largest thing held; nothing near the
+    // 1.5 GB or 2^63 the agent offered.
+    assert!(peak < 700 * 1024, "peak RSS {peak} KiB");
+    assert!(
+        mount.child.as_mut().unwrap().try_wait().unwrap().is_none(),
+        "the daemon exited; log: {}",
+        mount.log_text()
+    );
+    assert!(
+        !mount.log_text().contains("panicked"),
+        "{}",
+        mount.log_text()
+    );
+}
+
+fn open_fds(pid: u32) -> usize {
+    fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+}
+
+#[test]
+fn the_control_socket_serves_again_after_descriptors_ran_out() {
+    let Some(prlimit) = require_tool("prlimit") else {
+        return;
+    };
+    let s = sandbox();
+    let m = &s.mount.dir;
+    let pid = s.mount.child.as_ref().unwrap().id();
+    let (code, out, err) = ctl(m, &["status", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let status: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let socket = status["mount"]["socket"].as_str().unwrap().to_string();
+    // A few descriptors to spare, then many clients holding connections open.
+    let limit = open_fds(pid) + 8;
+    let (code, _, err) = run(Command::new(prlimit)
+        .arg(format!("--pid={pid}"))
+        .arg(format!("--nofile={limit}:{limit}")));
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+    let held: Vec<std::os::unix::net::UnixStream> = (0..64)
+        .map(|_| std::os::unix::net::UnixStream::connect(&socket).unwrap())
+        .collect();
+    // The daemon ran out: it says so in its log (and keeps trying).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !s.mount.log_text().contains("accept failed") {
+        assert!(Instant::now() < deadline, "{}", s.mount.log_text());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(held);
+    let (code, out, err) = ctl(m, &["status", "--json"]);
+    assert_eq!(code, 0, "status after running out of descriptors: {err}");
+    let again: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(again["mount"]["socket"], status["mount"]["socket"]);
+    assert!(fs::metadata(m).unwrap().is_dir());
+}
+
+#[test]
+fn a_control_client_that_never_finishes_its_line_is_dropped_while_others_are_served() {
+    let s = sandbox();
+    let m = &s.mount.dir;
+    let (code, out, err) = ctl(m, &["status", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let status: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let socket = status["mount"]["socket"].as_str().unwrap();
+    let mut slow = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    slow.write_all(br#"{"v":1,"op":"sta"#).unwrap();
+    // Others are served meanwhile.
+    for _ in 0..3 {
+        let (code, _, err) = ctl(m, &["stats"]);
+        assert_eq!(code, 0, "{err}");
+    }
+    // The slow one is told why and dropped (the deadline only stops a hung test).
+    slow.set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut answer = String::new();
+    slow.read_to_string(&mut answer).unwrap();
+    assert!(answer.contains("no complete request line"), "{answer:?}");
+}
+
+/// Another local user pre-creates a place where the daemon keeps private state (the control
+/// socket's directory under `$XDG_RUNTIME_DIR` or `$TMPDIR`, the cache with staging), as a
+/// directory open to all or as a symlink to a directory of theirs: a mount started as root
+/// refuses it with one clear error (or uses none of it) and never writes through the link.
+#[test]
+fn private_state_pre_created_by_another_user_is_never_used() {
+    let Some(setpriv) = setpriv_as_root() else {
+        return;
+    };
+    let agent_dir = tempfile::tempdir().unwrap();
+    let ws = agent_dir.path().join("ws");
+    fs::create_dir(&ws).unwrap();
+    let agent = AgentProcess::start(&ws);
+    // (the spot the attacker takes, whether XDG_RUNTIME_DIR is set)
+    let spots = [
+        ("run/sbxfs", true),
+        ("tmp/sbxfs-0", false),
+        ("cache/sbxfs", true),
+        ("cache/sbxfs/staging", true),
+    ];
+    for (spot, runtime_dir) in spots {
+        for planted in [true, false] {
+            attack_private_state(&setpriv, &agent, spot, runtime_dir, planted);
+        }
+    }
+}
+
+fn attack_private_state(
+    setpriv: &Path,
+    agent: &AgentProcess,
+    spot: &str,
+    runtime_dir: bool,
+    planted: bool,
+) {
+    let what = format!("{spot} (planted link: {planted})");
+    let t = tempfile::tempdir().unwrap();
+    fs::set_permissions(t.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    // World-writable bases, as /tmp is.
+    for b in ["tmp", "run", "cache"] {
+        fs::create_dir(t.path().join(b)).unwrap();
+        fs::set_permissions(t.path().join(b), fs::Permissions::from_mode(0o1777)).unwrap();
+    }
+    let as_nobody = |script: &str| {
+        let (code, _, err) = run(Command::new(setpriv)
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "sh",
+                "-c",
+            ])
+            .arg(script)
+            .current_dir(t.path()));
+        assert_eq!(code, 0, "{what}: {}", String::from_utf8_lossy(&err));
+    };
+    let victim = t.path().join("tmp/victim");
+    as_nobody("mkdir -m 777 tmp/victim && echo untouched > tmp/victim/file");
+    if spot == "cache/sbxfs/staging" {
+        // Inside a private directory of root's that is fine, the attacker can plant nothing;
+        // here the whole cache directory is the attacker's, open to all.
+        as_nobody("mkdir -m 777 cache/sbxfs");
+    }
+    if planted {
+        as_nobody(&format!("ln -s {} {spot}", victim.display()));
+    } else {
+        as_nobody(&format!("mkdir -p -m 777 {spot}"));
+    }
+    let mnt = t.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let token_file = t.path().join("token");
+    fs::write(&token_file, &agent.token).unwrap();
+    let mut cmd = Command::new(sbxfs_bin());
+    cmd.arg("mount")
+        .arg(&agent.url)
+        .arg(&mnt)
+        .arg("--token-file")
+        .arg(&token_file)
+        .env("TMPDIR", t.path().join("tmp"))
+        .env("XDG_CACHE_HOME", t.path().join("cache"))
+        .env("SBXFS_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(fs::File::create(t.path().join("mount.log")).unwrap());
+    if runtime_dir {
+        cmd.env("XDG_RUNTIME_DIR", t.path().join("run"));
+    } else {
+        cmd.env_remove("XDG_RUNTIME_DIR");
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let mounted = first.contains("mounted");
+    let guard = MountedChild {
+        child,
+        dir: mnt.clone(),
+    };
+    if mounted {
+        // Whatever the daemon chose instead: the mount works, and (below) nothing of it
+        // lands in the attacker's places.
+        fs::write(mnt.join("f"), "data").unwrap();
+    }
+    drop(guard);
+    let log = fs::read_to_string(t.path().join("mount.log")).unwrap();
+    eprintln!("{what}: mounted: {mounted}; {log}");
+    if !mounted {
+        assert!(
+            log.contains("refusing") && log.lines().count() == 1,
+            "{what}: not one clear error: {log}"
+        );
+    }
+    let names: Vec<_> = fs::read_dir(&victim)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("file")], "{what}");
+    assert_eq!(
+        fs::read_to_string(victim.join("file")).unwrap(),
+        "untouched\n",
+        "{what}"
+    );
+    let p = t.path().join(spot);
+    if !planted {
+        for e in fs::read_dir(&p).unwrap() {
+            let e = e.unwrap();
+            assert_ne!(
+                e.metadata().unwrap().uid(),
+                0,
+                "{what}: root wrote {}",
+                e.path().display()
+            );
+        }
+    }
+}
