@@ -57,6 +57,11 @@ pub(super) struct AgentArgs {
     /// File holding the bearer token (else the SBXFS_TOKEN environment variable).
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
+    /// Longest a grep, glob, fuzzy search or scan may run, in seconds; it is also stopped as
+    /// soon as its client disconnects.
+    #[arg(long, value_name = "SECS", default_value_t = crate::agent::SEARCH_TIMEOUT.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..))]
+    search_timeout: u64,
 }
 
 #[derive(Args, Debug)]
@@ -149,6 +154,7 @@ pub(super) fn run_agent(a: AgentArgs) -> i32 {
             root: a.root,
             listen: a.listen,
             token,
+            search_timeout: std::time::Duration::from_secs(a.search_timeout),
         }))
     });
     match result {
