@@ -923,24 +923,24 @@ async fn glob(
     Json(body): Json<wire::GlobBody>,
 ) -> ApiResult<Response> {
     let path = args(&q).path("path")?;
-    let ws = app.ws.clone();
+    let (ws, app2) = (app.ws.clone(), app.clone());
     let cancel = app.search_cancel();
     let _leave = CancelOnDrop(cancel.clone());
-    let search_cancel = cancel.clone();
-    let result = blocking(move || {
+    let paths = blocking(move || {
         let root = ws.resolve_relative(&path)?;
         // A literal segment may follow a symlink: resolved beneath the root only.
-        let tree = Beneath::new(ws.root_fd(), true, search_cancel)
+        let tree = Beneath::new(ws.root_fd(), true, cancel.clone())
             .map_err(|e| RemoteError::from_io(&e, "the workspace root"))?;
-        let mut paths = crate::search::glob::glob_source(&tree, root.as_bytes(), &body.pattern)?;
+        let found = crate::search::glob::glob_source(&tree, root.as_bytes(), &body.pattern);
+        if cancel.is_cancelled() {
+            return Err(app2.stopped("glob", &cancel));
+        }
+        let mut paths = found?;
         paths.truncate(MAX_GLOB_RESULTS);
         Ok(paths)
     })
-    .await;
-    if cancel.is_cancelled() {
-        return Err(app.stopped("glob", &cancel).into());
-    }
-    Ok(Json(json!({ "paths": result? })).into_response())
+    .await?;
+    Ok(Json(json!({ "paths": paths })).into_response())
 }
 
 async fn fuzzy(
@@ -949,33 +949,33 @@ async fn fuzzy(
     Json(req): Json<FuzzyRequest>,
 ) -> ApiResult<Response> {
     let path = args(&q).path("path")?;
-    let ws = app.ws.clone();
+    let (ws, app2) = (app.ws.clone(), app.clone());
     let cancel = app.search_cancel();
     let _leave = CancelOnDrop(cancel.clone());
-    let search_cancel = cancel.clone();
-    let result = blocking(move || {
+    let matches = blocking(move || {
         let root = ws.resolve_relative(&path)?;
         let walk = req.walk;
-        let tree = Beneath::new(ws.root_fd(), walk.follow, search_cancel)
+        let tree = Beneath::new(ws.root_fd(), walk.follow, cancel.clone())
             .map_err(|e| RemoteError::from_io(&e, "the workspace root"))?
             .with_sizes(walk.max_filesize.is_some());
         let limit = req
             .limit
             .unwrap_or(MAX_FUZZY_RESULTS)
             .min(MAX_FUZZY_RESULTS);
-        Ok(crate::search::fuzzy::fuzzy_source(
+        let found = crate::search::fuzzy::fuzzy_source(
             &tree,
             root.as_bytes(),
             &req.query,
             &walk,
             Some(limit),
-        )?)
+        );
+        if cancel.is_cancelled() {
+            return Err(app2.stopped("fuzzy", &cancel));
+        }
+        Ok(found?)
     })
-    .await;
-    if cancel.is_cancelled() {
-        return Err(app.stopped("fuzzy", &cancel).into());
-    }
-    Ok(Json(json!({ "matches": result? })).into_response())
+    .await?;
+    Ok(Json(json!({ "matches": matches })).into_response())
 }
 
 /// `edit` as a commit: read the file, replace in memory, commit it naming the version read,
