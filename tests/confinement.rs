@@ -8,6 +8,7 @@ mod common;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 
@@ -149,4 +150,137 @@ async fn a_directory_swapped_for_an_outside_symlink_never_leaks_into_grep_glob_o
     }
     // The searches really walked the swapping directories.
     assert!(inside_seen > 0, "no search ever found the inside files");
+}
+
+/// User plus system CPU time of a process so far, in clock ticks (`/proc/PID/stat`).
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the parenthesised command name: state is field 3, utime 14, stime 15.
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+/// Wait (at most 30 s, only so a hung agent fails the test) until a stats counter reaches `n`.
+async fn stat_reaches(c: &sbxfs::remote::client::AgentClient, key: &str, n: u64) {
+    let give_up = Instant::now() + Duration::from_secs(30);
+    loop {
+        let stats = c.agent_stats().await.unwrap();
+        if stats[key].as_u64() == Some(n) {
+            return;
+        }
+        assert!(Instant::now() < give_up, "{key} never reached {n}: {stats}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// After a search stopped: the agent uses (almost) no CPU over a second, and still answers.
+async fn idle_and_serving(agent: &AgentProcess, c: &sbxfs::remote::client::AgentClient) {
+    let before = cpu_ticks(agent.child.id());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let used = cpu_ticks(agent.child.id()) - before;
+    // A search still running would use most of a core (~100 ticks a second).
+    assert!(
+        used < 30,
+        "the agent used {used} ticks of CPU in a second after the stop"
+    );
+    let a = tokio::time::timeout(Duration::from_secs(10), c.stat(&RemotePath::root()))
+        .await
+        .expect("the agent answers")
+        .unwrap();
+    assert_eq!(a.kind, sbxfs::remote::FileKind::Dir);
+}
+
+/// A tree that takes seconds to search: 4,000 names, hard links to one 1 MiB file with no match,
+/// in 200 directories (a glob of 1,000 alternatives walks them 1,000 times).
+fn slow_tree(root: &Path) {
+    let line = "0123 abcd 4567 efgh ijkl mnop\n";
+    let data = line.repeat((1 << 20) / line.len());
+    fs::write(root.join("data.txt"), &data).unwrap();
+    for d in 0..200 {
+        let dir = root.join(format!("d{d:03}"));
+        fs::create_dir(&dir).unwrap();
+        for f in 0..20 {
+            fs::hard_link(root.join("data.txt"), dir.join(format!("f{f:02}.txt"))).unwrap();
+        }
+    }
+}
+
+/// A regex with no literal to skip ahead with: every byte goes through the automaton.
+const NO_MATCH: &str = "[0-9]{4}[a-z]";
+
+fn pathological_glob() -> String {
+    let alternatives: Vec<String> = (0..1000).map(|i| format!("q{i}")).collect();
+    format!("**/{{{}}}*", alternatives.join(","))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn searches_stop_at_their_deadline() {
+    let d = tempfile::tempdir().unwrap();
+    slow_tree(d.path());
+    let agent = AgentProcess::start_with_args(d.path(), "t0123456789", &["--search-timeout", "2"]);
+    let c = agent.client();
+    let opts = GrepOptions {
+        pattern: NO_MATCH.into(),
+        ..Default::default()
+    };
+    let mut stream = c.grep(&RemotePath::root(), opts).await.unwrap();
+    let mut last = None;
+    while let Some(event) = tokio::time::timeout(Duration::from_secs(60), stream.next())
+        .await
+        .expect("grep ended")
+    {
+        last = Some(event.unwrap());
+    }
+    match last {
+        Some(GrepEvent::Summary { truncated, summary }) => {
+            assert!(
+                truncated,
+                "the search finished within its deadline: {summary:?}"
+            );
+            assert!(summary.files_searched < 4000, "{summary:?}");
+        }
+        other => panic!("no summary: {other:?}"),
+    }
+    let err = tokio::time::timeout(
+        Duration::from_secs(60),
+        c.glob(&RemotePath::root(), &pathological_glob()),
+    )
+    .await
+    .expect("glob ended")
+    .unwrap_err();
+    assert!(err.to_string().contains("--search-timeout"), "{err}");
+    idle_and_serving(&agent, &c).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_search_whose_client_leaves_stops_using_cpu() {
+    let d = tempfile::tempdir().unwrap();
+    slow_tree(d.path());
+    let agent = AgentProcess::start(d.path());
+    let c = agent.client();
+    // A grep with no match over gigabytes: nothing is ever sent, so only the walk and the
+    // searcher's own checks can notice the client left.
+    let opts = GrepOptions {
+        pattern: NO_MATCH.into(),
+        ..Default::default()
+    };
+    let left = tokio::time::timeout(Duration::from_millis(200), async {
+        let mut stream = c.grep(&RemotePath::root(), opts).await.unwrap();
+        while stream.next().await.is_some() {}
+    })
+    .await;
+    assert!(left.is_err(), "the grep finished within 200 ms");
+    stat_reaches(&c, "greps_cancelled", 1).await;
+    assert_eq!(c.agent_stats().await.unwrap()["greps_completed"], 0);
+    idle_and_serving(&agent, &c).await;
+
+    let left = tokio::time::timeout(
+        Duration::from_millis(200),
+        c.glob(&RemotePath::root(), &pathological_glob()),
+    )
+    .await;
+    assert!(left.is_err(), "the glob finished within 200 ms");
+    stat_reaches(&c, "searches_cancelled", 1).await;
+    idle_and_serving(&agent, &c).await;
 }
