@@ -284,3 +284,84 @@ async fn a_search_whose_client_leaves_stops_using_cpu() {
     stat_reaches(&c, "searches_cancelled", 1).await;
     idle_and_serving(&agent, &c).await;
 }
+
+/// How many inotify watches a process holds (`/proc/PID/fdinfo` of its inotify descriptors).
+fn inotify_watches(pid: u32) -> usize {
+    let mut n = 0;
+    for fd in fs::read_dir(format!("/proc/{pid}/fd")).unwrap().flatten() {
+        let is_inotify =
+            fs::read_link(fd.path()).is_ok_and(|t| t.to_string_lossy().contains("inotify"));
+        if is_inotify {
+            let info = fs::read_to_string(format!(
+                "/proc/{pid}/fdinfo/{}",
+                fd.file_name().to_string_lossy()
+            ))
+            .unwrap_or_default();
+            n += info
+                .lines()
+                .filter(|l| l.starts_with("inotify wd:"))
+                .count();
+        }
+    }
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_change_feed_never_follows_a_symlink_out_of_the_workspace() {
+    let (_d, root, outside) = workspace_beside_a_secret();
+    for i in 0..30 {
+        fs::create_dir(outside.join(format!("sub{i}"))).unwrap();
+    }
+    fs::create_dir(root.join("inside")).unwrap();
+    std::os::unix::fs::symlink(&outside, root.join("out")).unwrap();
+    std::os::unix::fs::symlink("../outside", root.join("out_relative")).unwrap();
+    let agent = AgentProcess::start(&root);
+    let c = agent.client();
+    // The root and `inside`: nothing of the 32 directories behind the links.
+    assert_eq!(inotify_watches(agent.child.id()), 2);
+    let mut feed = c.watch(None).await.unwrap();
+    // Changes outside, through and beside the links, then one inside.
+    fs::write(outside.join("new.txt"), "x").unwrap();
+    fs::write(outside.join("sub3/new.txt"), "x").unwrap();
+    fs::create_dir(outside.join("sub3/newdir")).unwrap();
+    fs::write(outside.join(MARKER), "changed").unwrap();
+    fs::write(root.join("inside/hello.txt"), "hi").unwrap();
+    let give_up = Instant::now() + Duration::from_secs(30);
+    let mut seen = Vec::new();
+    loop {
+        let left = give_up.saturating_duration_since(Instant::now());
+        let ev = tokio::time::timeout(left, feed.next())
+            .await
+            .expect("the inside change arrives")
+            .unwrap()
+            .unwrap();
+        let path = String::from_utf8_lossy(&ev.path.0).into_owned();
+        seen.push(format!("{:?} {path}", ev.kind));
+        if path == "inside/hello.txt" {
+            break;
+        }
+    }
+    assert!(
+        seen.iter().all(|e| !e.contains("out")),
+        "events from outside: {seen:?}"
+    );
+    // A directory made inside later is watched; still nothing outside.
+    fs::create_dir(root.join("inside/later")).unwrap();
+    std::os::unix::fs::symlink(&outside, root.join("inside/later/link")).unwrap();
+    fs::write(outside.join("sub4/x"), "x").unwrap();
+    fs::write(root.join("inside/later/y"), "y").unwrap();
+    loop {
+        let left = give_up.saturating_duration_since(Instant::now());
+        let ev = tokio::time::timeout(left, feed.next())
+            .await
+            .expect("the later change arrives")
+            .unwrap()
+            .unwrap();
+        let path = String::from_utf8_lossy(&ev.path.0).into_owned();
+        assert!(!path.contains("sub4"), "an event from outside: {path}");
+        if path == "inside/later/y" {
+            break;
+        }
+    }
+    assert_eq!(inotify_watches(agent.child.id()), 3);
+}
