@@ -9,6 +9,7 @@
 //! ([`harden`]) and the next request is served; recursive parsing of user input is bounded
 //! (glob braces); FIFOs and devices are never opened for reading (they would block a worker).
 
+pub mod confine;
 pub mod watch;
 pub mod workspace;
 
@@ -69,6 +70,9 @@ pub struct AgentConfig {
     pub token: Vec<u8>,
     /// How long one grep, glob, fuzzy or scan may run ([`SEARCH_TIMEOUT`] by default).
     pub search_timeout: Duration,
+    /// How far Landlock confines the process ([`confine::confine`], applied before the
+    /// runtime's threads start): logged at start and reported by `/v1/info`.
+    pub confinement: confine::Confinement,
 }
 
 /// Counters the agent keeps (GET /v1/stats): tests and operators see what it did.
@@ -95,6 +99,7 @@ struct App {
     token: Vec<u8>,
     stats: AgentStats,
     search_timeout: Duration,
+    confinement: confine::Confinement,
 }
 
 /// Cancels a search when the request that started it is dropped: hyper drops a handler's
@@ -188,6 +193,7 @@ pub fn router(
     feed: Option<watch::ChangeFeed>,
     token: Vec<u8>,
     search_timeout: Duration,
+    confinement: confine::Confinement,
 ) -> Router {
     let app: Shared = Arc::new(App {
         ws,
@@ -195,6 +201,7 @@ pub fn router(
         token,
         stats: AgentStats::default(),
         search_timeout,
+        confinement,
     });
     let json_limit = DefaultBodyLimit::max(MAX_JSON_BODY_BYTES);
     let router = Router::new()
@@ -308,16 +315,24 @@ pub async fn serve(cfg: AgentConfig) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     // Signals are caught before the ready line: a SIGTERM right after it stops the agent cleanly.
     let shutdown = shutdown_signal()?;
-    tracing::info!(%addr, root = %ws.root_path().display(), "agent ready");
+    tracing::info!(
+        %addr,
+        root = %ws.root_path().display(),
+        landlock = cfg.confinement.as_str(),
+        "agent ready"
+    );
     println!(
         "sbxfs agent listening on http://{addr} root={}",
         ws.root_path().display()
     );
     use std::io::Write;
     std::io::stdout().flush()?;
-    axum::serve(listener, router(ws, feed, cfg.token, cfg.search_timeout))
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    axum::serve(
+        listener,
+        router(ws, feed, cfg.token, cfg.search_timeout, cfg.confinement),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await?;
     tracing::info!("agent stopped");
     Ok(())
 }
@@ -344,6 +359,7 @@ async fn info(State(app): State<Shared>) -> Json<RemoteInfo> {
         protocol: PROTOCOL_VERSION,
         agent_version: env!("CARGO_PKG_VERSION").to_string(),
         root: app.ws.root_path().display().to_string(),
+        landlock: Some(app.confinement.as_str().to_string()),
     })
 }
 
@@ -879,11 +895,14 @@ async fn grep(
     let (tx, rx) = mpsc::channel(STREAM_QUEUE);
     // The answer's body holds the receiver: once the client leaves, it is dropped and the
     // search stops at its next directory or chunk, not only at its next match.
-    let watcher = tx.clone();
-    let on_leave = cancel.clone();
+    // The watcher's sender must not outlive the search, or the answer would never end.
+    let (watcher, on_leave) = (tx.clone(), cancel.clone());
+    let (finished, search_over) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
-        watcher.closed().await;
-        on_leave.cancel();
+        tokio::select! {
+            _ = watcher.closed() => on_leave.cancel(),
+            _ = search_over => {}
+        }
     });
     let app2 = app.clone();
     app.stats.greps_started.fetch_add(1, Ordering::Relaxed);
@@ -906,6 +925,7 @@ async fn grep(
             }
             Err(e) => json_line(&json!({ "error": ErrorBody::from_error(&e) })),
         };
+        drop(finished);
         let left = gone.load(Ordering::Relaxed) && !cancel.timed_out();
         if left || tx.blocking_send(line).is_err() {
             app2.stats.greps_cancelled.fetch_add(1, Ordering::Relaxed);

@@ -859,6 +859,7 @@ impl Remote for MemoryRemote {
             protocol: super::wire::PROTOCOL_VERSION,
             agent_version: format!("memory {}", env!("CARGO_PKG_VERSION")),
             root: "memory:".into(),
+            landlock: None,
         })
     }
 

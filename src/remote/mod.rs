@@ -379,6 +379,10 @@ pub struct RemoteInfo {
     pub protocol: u32,
     pub agent_version: String,
     pub root: String,
+    /// How far Landlock confines the agent: "enforced", "partially enforced", "unavailable"
+    /// or "disabled" (absent from older agents).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub landlock: Option<String>,
 }
 
 /// The operations a sandbox backend provides. All paths are workspace-relative.
