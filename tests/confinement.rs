@@ -365,3 +365,104 @@ async fn the_change_feed_never_follows_a_symlink_out_of_the_workspace() {
     }
     assert_eq!(inotify_watches(agent.child.id()), 3);
 }
+
+#[test]
+fn the_agents_landlock_rules_allow_the_workspace_and_nothing_else() {
+    use sbxfs::agent::confine::{confine, Confinement};
+    use std::io::ErrorKind::PermissionDenied;
+    let (d, root, outside) = workspace_beside_a_secret();
+    let top = d.path().to_path_buf();
+    // Landlock binds the calling thread: a thread of its own keeps the test process free.
+    std::thread::spawn(move || {
+        let c = confine(&root).unwrap();
+        assert!(
+            matches!(c, Confinement::Full | Confinement::Partial),
+            "Landlock is not in force: {c:?}"
+        );
+        // Everything the agent does inside the workspace still works.
+        fs::create_dir(root.join("dir")).unwrap();
+        fs::write(root.join("dir/f"), "x").unwrap();
+        fs::rename(root.join("dir/f"), root.join("g")).unwrap();
+        assert_eq!(fs::read(root.join("g")).unwrap(), b"x");
+        std::os::unix::fs::symlink("g", root.join("link")).unwrap();
+        fs::hard_link(root.join("g"), root.join("h")).unwrap();
+        fs::OpenOptions::new()
+            .write(true)
+            .open(root.join("g"))
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        fs::remove_file(root.join("g")).unwrap();
+        fs::remove_dir(root.join("dir")).unwrap();
+        assert!(fs::read_dir(root.join(".")).unwrap().count() >= 2);
+        assert!(fs::read_to_string("/proc/self/status").is_ok());
+        // Outside it: nothing, whatever the route.
+        for path in [
+            outside.join(MARKER),
+            top.join("outside/deeper").join(MARKER),
+            PathBuf::from("/etc/passwd"),
+            PathBuf::from(format!("/proc/self/root{}", outside.join(MARKER).display())),
+        ] {
+            let err = fs::read(&path).unwrap_err();
+            assert_eq!(err.kind(), PermissionDenied, "{}: {err}", path.display());
+        }
+        std::os::unix::fs::symlink(&outside, root.join("out")).unwrap();
+        let err = fs::read(root.join("out").join(MARKER)).unwrap_err();
+        assert_eq!(err.kind(), PermissionDenied, "through a link: {err}");
+        let err = fs::read_dir(&outside).unwrap_err();
+        assert_eq!(err.kind(), PermissionDenied, "listing outside: {err}");
+        let err = fs::write(top.join("new"), "x").unwrap_err();
+        assert_eq!(err.kind(), PermissionDenied, "writing outside: {err}");
+        let err = fs::rename(root.join("h"), top.join("h")).unwrap_err();
+        assert!(
+            matches!(err.raw_os_error(), Some(libc::EACCES | libc::EXDEV)),
+            "moving a file out: {err}"
+        );
+    })
+    .join()
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_says_landlock_is_in_force_and_no_route_leads_outside() {
+    let (_d, root, outside) = workspace_beside_a_secret();
+    fs::write(root.join("inside.txt"), "plain inside\n").unwrap();
+    std::os::unix::fs::symlink(&outside, root.join("abs")).unwrap();
+    std::os::unix::fs::symlink("../outside", root.join("rel")).unwrap();
+    let magic = format!("/proc/self/root{}", outside.display());
+    std::os::unix::fs::symlink(&magic, root.join("magic")).unwrap();
+    let agent = AgentProcess::start(&root);
+    let c = agent.client();
+    let info = c.info().await.unwrap();
+    assert_eq!(info.landlock.as_deref(), Some("enforced"), "{info:?}");
+    let leaked = |answer: &str| answer.contains(SECRET) || answer.contains("marker-7d1e0c4b");
+    for link in ["abs", "rel", "magic"] {
+        let file = rp(&format!("{link}/{MARKER}"));
+        assert!(c.read(&file, 0, 100).await.is_err(), "read through {link}");
+        assert!(c.stat(&file).await.is_err(), "stat through {link}");
+        assert!(c.list(&rp(link)).await.is_err(), "list through {link}");
+        let answer = format!("{:?}", c.glob(&rp(link), "**").await);
+        assert!(!leaked(&answer), "glob through {link}: {answer}");
+    }
+    for follow in [false, true] {
+        let opts = GrepOptions {
+            pattern: format!("{SECRET}|plain"),
+            walk: WalkOptions {
+                follow,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let mut answer = String::new();
+        let mut stream = c.grep(&RemotePath::root(), opts).await.unwrap();
+        while let Some(event) = stream.next().await {
+            answer.push_str(&format!("{:?}\n", event.unwrap()));
+        }
+        assert!(answer.contains("inside.txt"), "{answer}");
+        assert!(!leaked(&answer), "grep (follow {follow}): {answer}");
+    }
+    drop(agent);
+    let agent = AgentProcess::start_with_args(&root, "t0123456789", &["--no-landlock"]);
+    let info = agent.client().info().await.unwrap();
+    assert_eq!(info.landlock.as_deref(), Some("disabled"), "{info:?}");
+}

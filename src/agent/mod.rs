@@ -848,11 +848,16 @@ async fn scan(
 ) -> ApiResult<Response> {
     let path = args(&q).path("path")?;
     req.validate().map_err(RemoteError::from)?;
-    let ws = app.ws.clone();
+    let (ws, app2) = (app.ws.clone(), app.clone());
+    let cancel = app.search_cancel();
+    let _leave = CancelOnDrop(cancel.clone());
     let result = blocking(move || {
         let (file, attr) = ws.open_file(&path)?;
-        crate::search::scan::scan_reader_at(&file, attr.size, req)
-            .map_err(|e| RemoteError::from_io(&e, &path.display()))
+        let scanned = crate::search::scan::scan_reader_at_until(&file, attr.size, req, &cancel);
+        if cancel.is_cancelled() {
+            return Err(app2.stopped("scan", &cancel));
+        }
+        scanned.map_err(|e| RemoteError::from_io(&e, &path.display()))
     })
     .await?;
     Ok(Json(result).into_response())
