@@ -45,7 +45,7 @@ impl Confinement {
 }
 
 /// Restrict the calling thread (and every thread it starts afterwards) to `root` plus
-/// [`READ_ONLY`]. An error means Landlock exists but the rules could not be applied.
+/// the read-only places listed above. An error means Landlock exists but the rules could not be applied.
 pub fn confine(root: &Path) -> Result<Confinement, landlock::RulesetError> {
     let all = AccessFs::from_all(ABI_WANTED);
     let read = AccessFs::from_read(ABI_WANTED);

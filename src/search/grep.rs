@@ -1,6 +1,7 @@
 //! `grep`: content matches with positions and context, over a file or a tree walked once.
 //!
-//! The walk is [`walk_files`] (ripgrep's `ignore`), the searching is ripgrep's own
+//! The walk is [`walk_files`] (ripgrep's `ignore`; in the agent, [`walk_source`] beneath the
+//! workspace's descriptor, see [`grep_beneath`]), the searching is ripgrep's own
 //! `grep-searcher` + `grep-regex`, so results agree with `rg --json --sort path
 //! --no-require-git` on the same tree. A match is one matching line: its first submatch gives
 //! the column, and every submatch is listed.
