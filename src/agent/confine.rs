@@ -44,8 +44,9 @@ impl Confinement {
     }
 }
 
-/// Restrict the calling thread (and every thread it starts afterwards) to `root` plus
-/// the read-only places listed above. An error means Landlock exists but the rules could not be applied.
+/// Restrict the calling thread (and every thread it starts afterwards) to `root` plus the
+/// read-only places listed above. An error means Landlock exists but the rules could not be
+/// applied.
 pub fn confine(root: &Path) -> Result<Confinement, landlock::RulesetError> {
     let all = AccessFs::from_all(ABI_WANTED);
     let read = AccessFs::from_read(ABI_WANTED);
