@@ -10,8 +10,10 @@
 //!   sandbox-side API to change files behind the mount's back).
 //!   [`remote::faulty`]: a wrapper around any `Remote` injecting latency, errors, hangs, cut streams.
 //! - [`agent`]: `sbxfs agent`, the HTTP server that runs inside a sandbox; every path confined
-//!   to its root by `openat2(RESOLVE_BENEATH)` ([`agent::workspace`]); a change feed
-//!   ([`agent::watch`]).
+//!   to its root by `openat2(RESOLVE_BENEATH)` ([`agent::workspace`]), its searches walking
+//!   beneath the root's descriptor ([`search::beneath`]) under a deadline and cancelled when
+//!   their client leaves ([`search::cancel`]); Landlock as a second wall ([`agent::confine`]);
+//!   a change feed over real directories only ([`agent::watch`]).
 //! - [`mount`]: `sbxfs mount`, a FUSE filesystem over any `Remote`: a thin adapter
 //!   ([`mount::fuse`]) over the filesystem operations ([`mount::core`]); before each operation
 //!   the permission gate ([`mount::gate`]) applies the POSIX rules ([`mount::access`]), the

@@ -9,6 +9,7 @@
 //! ([`harden`]) and the next request is served; recursive parsing of user input is bounded
 //! (glob braces); FIFOs and devices are never opened for reading (they would block a worker).
 
+pub mod confine;
 pub mod watch;
 pub mod workspace;
 
@@ -42,6 +43,8 @@ use crate::remote::{
     FuzzyRequest, RemoteError, RemoteInfo, RemotePath, RenameMode, SetAttr, SpecialKind, WireBytes,
     XattrFlags,
 };
+use crate::search::beneath::Beneath;
+use crate::search::cancel::Cancel;
 use crate::search::grep::GrepOptions;
 use crate::search::scan::ScanRequest;
 use workspace::Workspace;
@@ -52,8 +55,9 @@ pub const MAX_GREP_RESULTS: u64 = 100_000;
 pub const MAX_GREP_BYTES: u64 = 64 * 1024 * 1024;
 pub const MAX_FUZZY_RESULTS: usize = 10_000;
 pub const MAX_GLOB_RESULTS: usize = 100_000;
-/// A search that runs longer than this is stopped (`truncated`) or refused (`ETIMEDOUT`).
-pub const SEARCH_TIMEOUT: Duration = Duration::from_secs(300);
+/// A search that runs longer than this is stopped (`truncated`) or refused (`ETIMEDOUT`);
+/// `sbxfs agent --search-timeout SECS` changes it.
+pub const SEARCH_TIMEOUT: Duration = Duration::from_secs(60);
 /// Largest file a commit may write (the body is streamed to disk, never held in memory).
 pub const MAX_COMMIT_BYTES: u64 = 64 * 1024 * 1024 * 1024;
 /// Streamed answers (grep, tree, watch) queue this many lines before the producer waits for the
@@ -64,6 +68,11 @@ pub struct AgentConfig {
     pub root: PathBuf,
     pub listen: SocketAddr,
     pub token: Vec<u8>,
+    /// How long one grep, glob, fuzzy or scan may run ([`SEARCH_TIMEOUT`] by default).
+    pub search_timeout: Duration,
+    /// How far Landlock confines the process ([`confine::confine`], applied before the
+    /// runtime's threads start): logged at start and reported by `/v1/info`.
+    pub confinement: confine::Confinement,
 }
 
 /// Counters the agent keeps (GET /v1/stats): tests and operators see what it did.
@@ -77,6 +86,9 @@ pub struct AgentStats {
     pub greps_completed: AtomicU64,
     /// Searches stopped because the client went away (or cancelled) before the end.
     pub greps_cancelled: AtomicU64,
+    /// Globs, fuzzy searches and scans stopped because the client went away or their
+    /// deadline passed.
+    pub searches_cancelled: AtomicU64,
     pub bytes_read: AtomicU64,
     pub bytes_committed: AtomicU64,
 }
@@ -86,6 +98,41 @@ struct App {
     feed: Option<watch::ChangeFeed>,
     token: Vec<u8>,
     stats: AgentStats,
+    search_timeout: Duration,
+    confinement: confine::Confinement,
+}
+
+/// Cancels a search when the request that started it is dropped: hyper drops a handler's
+/// future when its client disconnects, so the blocking work it started stops too.
+struct CancelOnDrop(Cancel);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+impl App {
+    /// A search's stop signal: the agent's deadline from now; the caller ties it to its client.
+    fn search_cancel(&self) -> Cancel {
+        Cancel::within(self.search_timeout)
+    }
+
+    /// After a glob, fuzzy search or scan stopped by `cancel`: count it, and say why.
+    fn stopped(&self, what: &str, cancel: &Cancel) -> RemoteError {
+        self.stats
+            .searches_cancelled
+            .fetch_add(1, Ordering::Relaxed);
+        if cancel.timed_out() {
+            RemoteError::TimedOut(format!(
+                "{what} took longer than {} s (sbxfs agent --search-timeout)",
+                self.search_timeout.as_secs()
+            ))
+        } else {
+            tracing::info!("{what} ended early: the client went away");
+            RemoteError::Io(String::new(), format!("{what} cancelled"))
+        }
+    }
 }
 
 type Shared = Arc<App>;
@@ -141,12 +188,20 @@ async fn require_token(State(app): State<Shared>, req: Request, next: Next) -> R
 }
 
 /// Build the agent's HTTP service over a workspace.
-pub fn router(ws: Arc<Workspace>, feed: Option<watch::ChangeFeed>, token: Vec<u8>) -> Router {
+pub fn router(
+    ws: Arc<Workspace>,
+    feed: Option<watch::ChangeFeed>,
+    token: Vec<u8>,
+    search_timeout: Duration,
+    confinement: confine::Confinement,
+) -> Router {
     let app: Shared = Arc::new(App {
         ws,
         feed,
         token,
         stats: AgentStats::default(),
+        search_timeout,
+        confinement,
     });
     let json_limit = DefaultBodyLimit::max(MAX_JSON_BODY_BYTES);
     let router = Router::new()
@@ -260,16 +315,24 @@ pub async fn serve(cfg: AgentConfig) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     // Signals are caught before the ready line: a SIGTERM right after it stops the agent cleanly.
     let shutdown = shutdown_signal()?;
-    tracing::info!(%addr, root = %ws.root_path().display(), "agent ready");
+    tracing::info!(
+        %addr,
+        root = %ws.root_path().display(),
+        landlock = cfg.confinement.as_str(),
+        "agent ready"
+    );
     println!(
         "sbxfs agent listening on http://{addr} root={}",
         ws.root_path().display()
     );
     use std::io::Write;
     std::io::stdout().flush()?;
-    axum::serve(listener, router(ws, feed, cfg.token))
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    axum::serve(
+        listener,
+        router(ws, feed, cfg.token, cfg.search_timeout, cfg.confinement),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await?;
     tracing::info!("agent stopped");
     Ok(())
 }
@@ -297,6 +360,7 @@ async fn info(State(app): State<Shared>) -> Json<RemoteInfo> {
         agent_version: env!("CARGO_PKG_VERSION").to_string(),
         root: app.ws.root_path().display().to_string(),
         user: Some(crate::remote::Identity::of_this_process()),
+        landlock: Some(app.confinement.as_str().to_string()),
     })
 }
 
@@ -785,11 +849,16 @@ async fn scan(
 ) -> ApiResult<Response> {
     let path = args(&q).path("path")?;
     req.validate().map_err(RemoteError::from)?;
-    let ws = app.ws.clone();
+    let (ws, app2) = (app.ws.clone(), app.clone());
+    let cancel = app.search_cancel();
+    let _leave = CancelOnDrop(cancel.clone());
     let result = blocking(move || {
         let (file, attr) = ws.open_file(&path)?;
-        crate::search::scan::scan_reader_at(&file, attr.size, req)
-            .map_err(|e| RemoteError::from_io(&e, &path.display()))
+        let scanned = crate::search::scan::scan_reader_at_until(&file, attr.size, req, &cancel);
+        if cancel.is_cancelled() {
+            return Err(app2.stopped("scan", &cancel));
+        }
+        scanned.map_err(|e| RemoteError::from_io(&e, &path.display()))
     })
     .await?;
     Ok(Json(result).into_response())
@@ -817,19 +886,38 @@ async fn grep(
     opts.max_bytes = Some(opts.max_bytes.unwrap_or(MAX_GREP_BYTES).min(MAX_GREP_BYTES));
     // Reject a bad pattern with a status before streaming anything.
     crate::search::grep::build_matcher(&opts).map_err(RemoteError::from)?;
+    let cancel = app.search_cancel();
     let ws = app.ws.clone();
-    let root = blocking(move || ws.resolve_search_root(&path)).await?;
+    let (follow, sizes) = (opts.walk.follow, opts.walk.max_filesize.is_some());
+    let search_cancel = cancel.clone();
+    let (tree, root) = blocking(move || {
+        let root = ws.search_root(&path)?;
+        let tree = Beneath::new(ws.root_fd(), follow, search_cancel)
+            .map_err(|e| RemoteError::from_io(&e, "the workspace root"))?
+            .with_sizes(sizes);
+        Ok((tree, root))
+    })
+    .await?;
     let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+    // The answer's body holds the receiver: once the client leaves, it is dropped and the
+    // search stops at its next directory or chunk, not only at its next match.
+    // The watcher's sender must not outlive the search, or the answer would never end.
+    let (watcher, on_leave) = (tx.clone(), cancel.clone());
+    let (finished, search_over) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = watcher.closed() => on_leave.cancel(),
+            _ = search_over => {}
+        }
+    });
     let app2 = app.clone();
     app.stats.greps_started.fetch_add(1, Ordering::Relaxed);
     tokio::task::spawn_blocking(move || {
-        let deadline = std::time::Instant::now() + SEARCH_TIMEOUT;
         let gone = AtomicBool::new(false);
         let result = unpanic(|| {
-            crate::search::grep::grep_items(&root, &opts, &mut |item| {
+            crate::search::grep::grep_beneath(&tree, root.as_bytes(), &opts, &mut |item| {
                 let event = crate::remote::GrepEvent::from(item);
-                let ok = std::time::Instant::now() < deadline
-                    && tx.blocking_send(json_line(&event)).is_ok();
+                let ok = !cancel.is_cancelled() && tx.blocking_send(json_line(&event)).is_ok();
                 if !ok {
                     gone.store(true, Ordering::Relaxed);
                 }
@@ -843,7 +931,9 @@ async fn grep(
             }
             Err(e) => json_line(&json!({ "error": ErrorBody::from_error(&e) })),
         };
-        if gone.load(Ordering::Relaxed) || tx.blocking_send(line).is_err() {
+        drop(finished);
+        let left = gone.load(Ordering::Relaxed) && !cancel.timed_out();
+        if left || tx.blocking_send(line).is_err() {
             app2.stats.greps_cancelled.fetch_add(1, Ordering::Relaxed);
             tracing::info!("grep ended early: the client went away");
         } else {
@@ -859,10 +949,19 @@ async fn glob(
     Json(body): Json<wire::GlobBody>,
 ) -> ApiResult<Response> {
     let path = args(&q).path("path")?;
-    let ws = app.ws.clone();
+    let (ws, app2) = (app.ws.clone(), app.clone());
+    let cancel = app.search_cancel();
+    let _leave = CancelOnDrop(cancel.clone());
     let paths = blocking(move || {
-        let root = ws.resolve(&path)?;
-        let mut paths = crate::search::glob::glob(&root, &body.pattern)?;
+        let root = ws.resolve_relative(&path)?;
+        // A literal segment may follow a symlink: resolved beneath the root only.
+        let tree = Beneath::new(ws.root_fd(), true, cancel.clone())
+            .map_err(|e| RemoteError::from_io(&e, "the workspace root"))?;
+        let found = crate::search::glob::glob_source(&tree, root.as_bytes(), &body.pattern);
+        if cancel.is_cancelled() {
+            return Err(app2.stopped("glob", &cancel));
+        }
+        let mut paths = found?;
         paths.truncate(MAX_GLOB_RESULTS);
         Ok(paths)
     })
@@ -876,20 +975,30 @@ async fn fuzzy(
     Json(req): Json<FuzzyRequest>,
 ) -> ApiResult<Response> {
     let path = args(&q).path("path")?;
-    let ws = app.ws.clone();
+    let (ws, app2) = (app.ws.clone(), app.clone());
+    let cancel = app.search_cancel();
+    let _leave = CancelOnDrop(cancel.clone());
     let matches = blocking(move || {
-        let root = ws.resolve(&path)?;
+        let root = ws.resolve_relative(&path)?;
         let walk = req.walk;
+        let tree = Beneath::new(ws.root_fd(), walk.follow, cancel.clone())
+            .map_err(|e| RemoteError::from_io(&e, "the workspace root"))?
+            .with_sizes(walk.max_filesize.is_some());
         let limit = req
             .limit
             .unwrap_or(MAX_FUZZY_RESULTS)
             .min(MAX_FUZZY_RESULTS);
-        Ok(crate::search::fuzzy::fuzzy(
-            &root,
+        let found = crate::search::fuzzy::fuzzy_source(
+            &tree,
+            root.as_bytes(),
             &req.query,
             &walk,
             Some(limit),
-        )?)
+        );
+        if cancel.is_cancelled() {
+            return Err(app2.stopped("fuzzy", &cancel));
+        }
+        Ok(found?)
     })
     .await?;
     Ok(Json(json!({ "matches": matches })).into_response())

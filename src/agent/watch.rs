@@ -4,6 +4,11 @@
 //!
 //! sbxfs's own temp files are invisible: a commit's rename of a temp over a file is reported
 //! as that file modified.
+//!
+//! Only real directories beneath the root are watched: symlinks are never followed when
+//! watches are added (a link to `/root` adds no watch outside), and an event is reported only
+//! if its directory still resolves beneath the root with no symlink on the way (so a watch a
+//! race slipped through a swapped symlink reports nothing from outside).
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -11,6 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use notify::event::{EventKind, ModifyKind, RenameMode};
 use notify::{RecursiveMode, Watcher};
+use rustix::fs::{self as rfs, Mode, OFlags, ResolveFlags};
 use tokio::sync::broadcast;
 
 use super::workspace::is_temp_name;
@@ -39,15 +45,29 @@ impl ChangeFeed {
             events: VecDeque::with_capacity(RING_EVENTS),
         }));
         let (ring, sender, root_owned) = (inner.clone(), tx.clone(), root.to_path_buf());
-        let mut watcher =
-            notify::recommended_watcher(move |res: notify::Result<notify::Event>| match res {
-                Ok(ev) => {
-                    for kind_path in translate(&root_owned, ev) {
+        let root_fd = rfs::open(
+            root,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| notify::Error::io(e.into()))?;
+        let handler = move |res: notify::Result<notify::Event>| match res {
+            Ok(ev) => {
+                for kind_path in translate(&root_owned, ev) {
+                    let to_inside = match &kind_path.0 {
+                        ChangeKind::Renamed { to } => beneath(&root_fd, &to.0),
+                        _ => true,
+                    };
+                    let inside = kind_path.0 == ChangeKind::Lost || beneath(&root_fd, &kind_path.1);
+                    if inside && to_inside {
                         publish(&ring, &sender, kind_path);
                     }
                 }
-                Err(_) => publish(&ring, &sender, (ChangeKind::Lost, Vec::new())),
-            })?;
+            }
+            Err(_) => publish(&ring, &sender, (ChangeKind::Lost, Vec::new())),
+        };
+        let config = notify::Config::default().with_follow_symlinks(false);
+        let mut watcher = notify::RecommendedWatcher::new(handler, config)?;
         watcher.watch(root, RecursiveMode::Recursive)?;
         Ok(ChangeFeed {
             inner,
@@ -102,6 +122,32 @@ fn publish(
     r.events.push_back(ev.clone());
     // Publish under the lock so subscribers see events in sequence order.
     let _ = tx.send(ev);
+}
+
+/// Does the directory holding `rel` resolve beneath the root through real directories only?
+fn beneath(root: &impl std::os::fd::AsFd, rel: &[u8]) -> bool {
+    use std::os::fd::AsFd;
+    use std::os::unix::ffi::OsStrExt;
+    let parent = match rel.iter().rposition(|&b| b == b'/') {
+        Some(i) => &rel[..i],
+        None => return true,
+    };
+    let how = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS;
+    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    // A path longer than one call takes is resolved a chunk of whole components at a time.
+    let mut held: Option<std::os::fd::OwnedFd> = None;
+    for chunk in crate::search::beneath::path_chunks(parent) {
+        let from = match &held {
+            Some(fd) => fd.as_fd(),
+            None => root.as_fd(),
+        };
+        let name = std::ffi::OsStr::from_bytes(chunk);
+        match rfs::openat2(from, name, flags, Mode::empty(), how) {
+            Ok(fd) => held = Some(fd),
+            Err(_) => return false,
+        }
+    }
+    true
 }
 
 fn rel(root: &Path, p: &Path) -> Option<Vec<u8>> {

@@ -50,9 +50,7 @@ use crate::remote::{
     StatFs, TreeEntry, Version, WireBytes, XattrFlags, MAX_XATTR_NAME_BYTES, MAX_XATTR_VALUE_BYTES,
 };
 
-/// Longest path resolved by one `openat2`: comfortably under PATH_MAX (4096, counting the NUL),
-/// so a chunk of whole components (each at most 255 bytes) always fits.
-const PATH_CHUNK_BYTES: usize = 3072;
+use crate::search::beneath::path_chunks;
 
 /// Make the process's umask 0, so that `create`, `mkdir`, `mknod` and commits give exactly the
 /// mode asked for (the modes the mount sends already carry the caller's umask). Called once
@@ -104,27 +102,6 @@ fn not_regular(path: &RemotePath) -> RemoteError {
 /// `/proc/self/fd/N`: names an open descriptor's inode for the calls that only take a path.
 fn proc_fd(fd: &impl std::os::fd::AsRawFd) -> String {
     format!("/proc/self/fd/{}", fd.as_raw_fd())
-}
-
-/// Split a long relative path into chunks of whole components, each at most
-/// [`PATH_CHUNK_BYTES`] long.
-fn path_chunks(path: &[u8]) -> Vec<&[u8]> {
-    let mut chunks = Vec::new();
-    let mut start = 0;
-    let mut end = 0; // end of the last component that fits the current chunk
-    for (i, _) in path.iter().enumerate().filter(|(_, &b)| b == b'/') {
-        if i - start > PATH_CHUNK_BYTES {
-            chunks.push(&path[start..end]);
-            start = end + 1;
-        }
-        end = i;
-    }
-    if path.len() - start > PATH_CHUNK_BYTES {
-        chunks.push(&path[start..end]);
-        start = end + 1;
-    }
-    chunks.push(&path[start..]);
-    chunks
 }
 
 fn version_of(st: &rfs::Statx) -> Version {
@@ -332,15 +309,28 @@ impl Workspace {
         self.real_path(&fd, path)
     }
 
-    /// [`Workspace::resolve`] for a grep: a directory or a regular file, nothing else (a FIFO
-    /// would block the search that opened it).
-    pub fn resolve_search_root(&self, path: &RemotePath) -> Result<PathBuf> {
+    /// Where a search starts: `path` with its symlinks followed (inside the root), as a path
+    /// relative to the root for [`crate::search::beneath::Beneath`]; a directory or a regular
+    /// file, nothing else (a FIFO would block the search that opened it).
+    pub fn search_root(&self, path: &RemotePath) -> Result<RemotePath> {
         let fd = self.open_beneath(path, OFlags::PATH, Mode::empty())?;
         let st = statx_fd(&fd).map_err(|e| errno(e, path))?;
         if !is_kind(&st, libc::S_IFDIR) && !is_kind(&st, libc::S_IFREG) {
             return Err(not_regular(path));
         }
-        self.real_path(&fd, path)
+        let real = self.real_path(&fd, path)?;
+        self.relative(&real, path)
+    }
+
+    /// `path` with its symlinks followed (inside the root), relative to the root.
+    pub fn resolve_relative(&self, path: &RemotePath) -> Result<RemotePath> {
+        let real = self.resolve(path)?;
+        self.relative(&real, path)
+    }
+
+    /// The root's descriptor: the searches open everything beneath it.
+    pub fn root_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.root.as_fd()
     }
 
     pub fn stat(&self, path: &RemotePath) -> Result<Attr> {
@@ -1213,6 +1203,7 @@ fn copy_sparse(src: &impl AsFd, dst: &File, len: u64) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::search::beneath::PATH_CHUNK_BYTES;
 
     #[test]
     fn long_paths_split_into_chunks_of_whole_components_under_path_max() {

@@ -57,6 +57,15 @@ pub(super) struct AgentArgs {
     /// File holding the bearer token (else the SBXFS_TOKEN environment variable).
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
+    /// Longest a grep, glob, fuzzy search or scan may run, in seconds; it is also stopped as
+    /// soon as its client disconnects.
+    #[arg(long, value_name = "SECS", default_value_t = crate::agent::SEARCH_TIMEOUT.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..))]
+    search_timeout: u64,
+    /// Do not confine the agent with Landlock (by default it restricts itself to the workspace
+    /// and read-only /proc/self and library directories at start).
+    #[arg(long)]
+    no_landlock: bool,
 }
 
 #[derive(Args, Debug)]
@@ -130,6 +139,33 @@ fn parse_listen(s: &str) -> Result<std::net::SocketAddr, String> {
         .ok_or_else(|| format!("{s} resolves to no address"))
 }
 
+/// Landlock the agent to its workspace unless told not to; one log line when it cannot.
+fn confine_agent(root: &std::path::Path, off: bool) -> crate::agent::confine::Confinement {
+    use crate::agent::confine::{confine, Confinement};
+    if off {
+        return Confinement::Disabled;
+    }
+    // A root that does not exist is reported by the agent itself, a moment later.
+    let Ok(root) = std::fs::canonicalize(root) else {
+        return Confinement::Unavailable;
+    };
+    match confine(&root) {
+        Ok(Confinement::Unavailable) => {
+            tracing::warn!(
+                "Landlock is not available in this kernel: the agent is confined by openat2 only"
+            );
+            Confinement::Unavailable
+        }
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(
+                "Landlock could not be applied ({e}): the agent is confined by openat2 only"
+            );
+            Confinement::Unavailable
+        }
+    }
+}
+
 pub(super) fn run_agent(a: AgentArgs) -> i32 {
     init_logging();
     if !a.listen.ip().is_loopback() {
@@ -144,11 +180,15 @@ pub(super) fn run_agent(a: AgentArgs) -> i32 {
         );
     }
     let result = load_token(a.token_file.as_deref()).and_then(|token| {
+        // Before any thread starts: Landlock binds the calling thread and those it starts.
+        let confinement = confine_agent(&a.root, a.no_landlock);
         let rt = tokio::runtime::Runtime::new()?;
         rt.block_on(crate::agent::serve(crate::agent::AgentConfig {
             root: a.root,
             listen: a.listen,
             token,
+            search_timeout: std::time::Duration::from_secs(a.search_timeout),
+            confinement,
         }))
     });
     match result {

@@ -869,6 +869,7 @@ impl Remote for MemoryRemote {
                 gid,
                 groups: vec![gid],
             }),
+            landlock: None,
         })
     }
 

@@ -397,6 +397,10 @@ pub struct RemoteInfo {
     /// an older agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<Identity>,
+    /// How far Landlock confines the agent: "enforced", "partially enforced", "unavailable"
+    /// or "disabled" (absent from older agents).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub landlock: Option<String>,
 }
 
 /// A process's credentials: who a permission check is about.

@@ -19,7 +19,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::walk::{walk_files, WalkOptions};
+use super::walk::{walk_files, walk_source, TreeSource, WalkOptions};
 use super::SearchError;
 
 pub const SCORE_MATCH: i32 = 16;
@@ -280,6 +280,24 @@ pub fn fuzzy(
         },
         |_| {},
     )?;
+    Ok(rank(&query, &candidates, limit))
+}
+
+/// [`fuzzy`] over a [`TreeSource`] (the agent's descriptor-confined workspace): `root` is the
+/// searched directory's path in the source.
+pub fn fuzzy_source(
+    source: &dyn TreeSource,
+    root: &[u8],
+    query: &str,
+    walk: &WalkOptions,
+    limit: Option<usize>,
+) -> Result<Vec<FuzzyMatch>, SearchError> {
+    let query = Query::new(query)?;
+    let mut candidates = Vec::new();
+    walk_source(source, root, walk, |f| {
+        candidates.push(f.relative);
+        true
+    })?;
     Ok(rank(&query, &candidates, limit))
 }
 

@@ -701,6 +701,21 @@ mod tests {
     }
 
     #[test]
+    fn many_stars_match_long_names_in_linear_time() {
+        // A backtracking matcher takes exponential time on this pattern and name; the regex
+        // engine here is a finite automaton, linear in the name whatever the pattern.
+        let Segment::Wild { regex, .. } = compile_segment("*a*a*a*a*a*a*a*a*a*a*a*a*b").unwrap()
+        else {
+            panic!("a wildcard segment");
+        };
+        let name = "a".repeat(255);
+        for _ in 0..10_000 {
+            assert!(!regex.is_match(name.as_bytes()));
+        }
+        assert!(regex.is_match(format!("{name}b").as_bytes()));
+    }
+
+    #[test]
     fn deeply_nested_braces_are_refused_not_recursed() {
         let bomb = format!("{}a{}", "{".repeat(5000), "}".repeat(5000));
         let err = expand_braces(&bomb).unwrap_err();

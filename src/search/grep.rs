@@ -1,6 +1,7 @@
 //! `grep`: content matches with positions and context, over a file or a tree walked once.
 //!
-//! The walk is [`walk_files`] (ripgrep's `ignore`), the searching is ripgrep's own
+//! The walk is [`walk_files`] (ripgrep's `ignore`; in the agent, [`walk_source`] beneath the
+//! workspace's descriptor, see [`grep_beneath`]), the searching is ripgrep's own
 //! `grep-searcher` + `grep-regex`, so results agree with `rg --json --sort path
 //! --no-require-git` on the same tree. A match is one matching line: its first submatch gives
 //! the column, and every submatch is listed.
@@ -25,9 +26,84 @@ use grep_regex::{RegexMatcher, RegexMatcherBuilder};
 use grep_searcher::{BinaryDetection, Searcher, SearcherBuilder, Sink, SinkContext, SinkMatch};
 use serde::{Deserialize, Serialize};
 
+use super::beneath::Beneath;
+use super::cancel::{Cancel, Guarded};
 use super::print::{self, Haystack, PrintOptions, PrintedFile};
-use super::walk::{walk_files, walk_source, TreeSource, WalkOptions, WalkedFile};
+use super::walk::{walk_files, walk_source, SourceFile, TreeSource, WalkOptions, WalkedFile};
 use super::SearchError;
+
+/// Where a search's files come from: a local path, or a tree reached through one descriptor
+/// (the agent's workspace, where every open stays beneath the root).
+#[derive(Clone, Copy)]
+enum Files<'a> {
+    Local(&'a Path),
+    Beneath(&'a Beneath, &'a [u8]),
+}
+
+impl Files<'_> {
+    fn check_root(&self) -> Result<(), SearchError> {
+        match self {
+            Files::Local(root) => std::fs::metadata(root)
+                .map(|_| ())
+                .map_err(|e| SearchError::from_io(root, e)),
+            Files::Beneath(tree, root) => match tree.kind(root) {
+                Some(_) => Ok(()),
+                None => Err(SearchError::NotFound(
+                    String::from_utf8_lossy(root).into_owned(),
+                )),
+            },
+        }
+    }
+
+    fn walk(
+        &self,
+        opts: &WalkOptions,
+        visit: &mut dyn FnMut(WalkedFile) -> bool,
+        on_error: &mut dyn FnMut(String),
+    ) -> Result<(), SearchError> {
+        match self {
+            Files::Local(root) => walk_files(root, opts, visit, on_error),
+            Files::Beneath(tree, root) => walk_source(*tree, root, opts, |f| visit(walked(f))),
+        }
+    }
+
+    /// Open a file the walk found: a regular file or an error, never anything else.
+    fn open(&self, file: &WalkedFile) -> Result<std::fs::File, SearchError> {
+        match self {
+            Files::Local(_) => super::open_regular(&file.path),
+            Files::Beneath(tree, _) => {
+                use std::os::unix::ffi::OsStrExt;
+                let shown = file.path.display().to_string();
+                tree.open_file(file.path.as_os_str().as_bytes())
+                    .map_err(|e| match e.kind() {
+                        std::io::ErrorKind::InvalidInput => {
+                            SearchError::ReadFailed(shown, "not a regular file".into())
+                        }
+                        std::io::ErrorKind::IsADirectory => SearchError::IsADirectory(shown),
+                        _ => SearchError::from_io(&file.path, e),
+                    })
+            }
+        }
+    }
+
+    fn cancel(&self) -> Cancel {
+        match self {
+            Files::Local(_) => Cancel::never(),
+            Files::Beneath(tree, _) => tree.cancel().clone(),
+        }
+    }
+}
+
+/// A file of a [`Beneath`] walk: its path is relative to the tree's root descriptor.
+fn walked(f: SourceFile) -> WalkedFile {
+    use std::os::unix::ffi::OsStrExt;
+    WalkedFile {
+        path: std::path::PathBuf::from(std::ffi::OsStr::from_bytes(&f.path)),
+        relative: f.relative,
+        relative_bytes: f.relative_bytes,
+        explicit: f.explicit,
+    }
+}
 
 /// Longest pattern accepted: a pattern is typed or generated, not a document.
 pub const MAX_PATTERN_BYTES: usize = 64 * 1024;
@@ -174,13 +250,36 @@ pub fn grep_items(
     opts: &GrepOptions,
     sink: &mut dyn FnMut(GrepItem) -> bool,
 ) -> Result<GrepSummary, SearchError> {
+    grep_files(Files::Local(root), opts, sink)
+}
+
+/// [`grep_items`] over `root` (a path relative to the tree's root) of a [`Beneath`] tree: every
+/// directory and file is opened beneath the tree's root descriptor, and the search stops soon
+/// after the tree's [`Cancel`] fires (the summary then says `truncated`).
+pub fn grep_beneath(
+    tree: &Beneath,
+    root: &[u8],
+    opts: &GrepOptions,
+    sink: &mut dyn FnMut(GrepItem) -> bool,
+) -> Result<GrepSummary, SearchError> {
+    let mut summary = grep_files(Files::Beneath(tree, root), opts, sink)?;
+    summary.truncated |= tree.cancel().is_cancelled();
+    Ok(summary)
+}
+
+fn grep_files(
+    files: Files<'_>,
+    opts: &GrepOptions,
+    sink: &mut dyn FnMut(GrepItem) -> bool,
+) -> Result<GrepSummary, SearchError> {
     if opts.before_context > MAX_CONTEXT_LINES || opts.after_context > MAX_CONTEXT_LINES {
         return Err(SearchError::LimitExceeded(format!(
             "context is limited to {MAX_CONTEXT_LINES} lines"
         )));
     }
     let matcher = build_matcher(opts)?;
-    std::fs::metadata(root).map_err(|e| SearchError::from_io(root, e))?;
+    files.check_root()?;
+    let cancel = files.cancel();
     let threads = match opts.threads {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_AUTO_THREADS)),
         n => n,
@@ -193,7 +292,15 @@ pub fn grep_items(
     let (done_tx, done_rx) = mpsc::channel::<Done>();
     let mut redo = |file: &WalkedFile, max: u64| {
         let mut searcher = new_searcher(opts);
-        search_file(&mut searcher, &matcher, opts, file.clone(), Some(max))
+        search_file(
+            &mut searcher,
+            &matcher,
+            opts,
+            files,
+            &cancel,
+            file.clone(),
+            Some(max),
+        )
     };
     let mut emitter = Emitter {
         opts,
@@ -204,7 +311,7 @@ pub fn grep_items(
     };
     std::thread::scope(|scope| {
         let walk_done = done_tx.clone();
-        let (stop, opts) = (&stop, &opts);
+        let (stop, opts, cancel) = (&stop, &opts, &cancel);
         scope.spawn(move || {
             let mut batches = 0;
             let mut batch = Vec::with_capacity(FILES_PER_BATCH);
@@ -219,14 +326,13 @@ pub fn grep_items(
                 *batches += 1;
                 true
             };
-            let walked = walk_files(
-                root,
+            let walked = files.walk(
                 &opts.walk,
-                |file| {
+                &mut |file| {
                     batch.push(file);
                     batch.len() < FILES_PER_BATCH || send(std::mem::take(&mut batch), &mut batches)
                 },
-                |e| errors.push(e),
+                &mut |e| errors.push(e),
             );
             if !batch.is_empty() {
                 send(batch, &mut batches);
@@ -243,14 +349,22 @@ pub fn grep_items(
                 let mut searcher = new_searcher(opts);
                 loop {
                     let job = work_rx.lock().expect("work queue lock").recv();
-                    let Ok((index, files)) = job else { break };
-                    let results = files
+                    let Ok((index, batch)) = job else { break };
+                    let results = batch
                         .into_iter()
                         .map(|file| {
-                            if stop.load(Ordering::Relaxed) {
+                            if stop.load(Ordering::Relaxed) || cancel.is_cancelled() {
                                 FileResult::default()
                             } else {
-                                search_file(&mut searcher, matcher, opts, file, opts.max_results)
+                                search_file(
+                                    &mut searcher,
+                                    matcher,
+                                    opts,
+                                    files,
+                                    cancel,
+                                    file,
+                                    opts.max_results,
+                                )
                             }
                         })
                         .collect();
@@ -388,13 +502,16 @@ fn search_file(
     searcher: &mut Searcher,
     matcher: &RegexMatcher,
     opts: &GrepOptions,
+    files: Files<'_>,
+    cancel: &Cancel,
     file: WalkedFile,
     max_matches: Option<u64>,
 ) -> FileResult {
     let shown = file.path.display().to_string();
     // The walk yields regular files only, but one may have been replaced since (a FIFO would
-    // block the search): open it without blocking and look before reading.
-    let opened = match super::open_regular(&file.path) {
+    // block the search): open it without blocking and look before reading. The searcher
+    // reads this descriptor, never the path again.
+    let opened = match files.open(&file) {
         Ok(f) => f,
         Err(SearchError::ReadFailed(..) | SearchError::IsADirectory(_)) => {
             return FileResult::default()
@@ -417,15 +534,23 @@ fn search_file(
                 max_matches,
                 &p.shown_path(&file.relative_bytes, file.explicit),
                 file.explicit,
-                Haystack::File(&opened),
+                Haystack::File(&opened, cancel),
             );
             r.file = Some(file);
             r
         }
         None => search_with(matcher, opts, file.relative, |sink| {
-            searcher.search_file(matcher, &opened, sink)
+            let reader = Guarded {
+                inner: &opened,
+                cancel,
+            };
+            searcher.search_reader(matcher, reader, sink)
         }),
     };
+    if cancel.is_cancelled() {
+        // Stopped part-way: nothing of this file is reported.
+        return FileResult::default();
+    }
     if let Some(e) = &mut result.error {
         *e = format!("{shown}: {e}");
     }

@@ -5,6 +5,8 @@
 //! `tests/vectors/` pin what every implementation (this one, `scripts/scan.sh`,
 //! `scripts/edit.py`, the test references) must answer.
 
+pub mod beneath;
+pub mod cancel;
 pub mod edit;
 pub mod fuzzy;
 pub mod glob;

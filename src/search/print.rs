@@ -14,6 +14,7 @@ use grep_searcher::{BinaryDetection, Searcher, SearcherBuilder, Sink};
 use serde::{Deserialize, Serialize};
 use termcolor::{Buffer, WriteColor};
 
+use super::cancel::{Cancel, Guarded};
 use super::grep::GrepOptions;
 use crate::wirebytes::WireBytes;
 
@@ -65,7 +66,8 @@ pub struct PrintedFile {
 
 /// Where a file's bytes come from.
 pub enum Haystack<'a> {
-    File(&'a std::fs::File),
+    /// An open file, read in chunks that each check the search's [`Cancel`].
+    File(&'a std::fs::File, &'a Cancel),
     Bytes(&'a [u8]),
 }
 
@@ -129,7 +131,9 @@ fn run<S: Sink<Error = io::Error>>(
     sink: S,
 ) -> io::Result<()> {
     match hay {
-        Haystack::File(f) => searcher.search_file(matcher, f, sink),
+        Haystack::File(f, cancel) => {
+            searcher.search_reader(matcher, Guarded { inner: *f, cancel }, sink)
+        }
         Haystack::Bytes(b) => searcher.search_slice(matcher, b, sink),
     }
 }

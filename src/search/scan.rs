@@ -80,10 +80,24 @@ pub fn scan_file(path: &Path, req: ScanRequest) -> Result<ScanResult, SearchErro
 
 /// Scan the first `size` bytes of anything readable by offset.
 pub fn scan_reader_at(file: &File, size: u64, req: ScanRequest) -> io::Result<ScanResult> {
+    scan_reader_at_until(file, size, req, &super::cancel::Cancel::never())
+}
+
+/// [`scan_reader_at`] that stops with an error once `cancel` fires (checked every chunk: the
+/// whole file is read to count its lines, and a file can be huge).
+pub fn scan_reader_at_until(
+    file: &File,
+    size: u64,
+    req: ScanRequest,
+    cancel: &super::cancel::Cancel,
+) -> io::Result<ScanResult> {
     let mut window = LineWindow::new(req);
     let mut buf = vec![0u8; READ_CHUNK];
     let mut offset = 0u64;
     while offset < size {
+        if cancel.is_cancelled() {
+            return Err(io::Error::other("scan cancelled"));
+        }
         let want = (size - offset).min(READ_CHUNK as u64) as usize;
         let n = match file.read_at(&mut buf[..want], offset) {
             Ok(0) => break, // the file shrank: scan what was there

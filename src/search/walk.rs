@@ -1,5 +1,10 @@
 //! The one directory walk that `grep` and `fuzzy` share, built on ripgrep's `ignore` crate so
 //! that "which files count" means the same thing for both, and the same as `rg --files`.
+//!
+//! Two forms with the same rules: [`walk_files`] over a local path (the local commands), and
+//! [`walk_source`] over a [`TreeSource`] — the in-memory sandbox, or the agent's workspace seen
+//! through [`super::beneath::Beneath`], where every directory and file is opened beneath the
+//! root's descriptor so that a directory swapped for a symlink mid-walk cannot lead outside.
 
 use std::path::{Path, PathBuf};
 

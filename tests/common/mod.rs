@@ -186,6 +186,11 @@ impl AgentProcess {
     }
 
     pub fn start_with_token(root: &Path, token: &str) -> AgentProcess {
+        Self::start_with_args(root, token, &[])
+    }
+
+    /// An agent started with extra command-line flags (`--search-timeout 3`, …).
+    pub fn start_with_args(root: &Path, token: &str, extra: &[&str]) -> AgentProcess {
         use std::io::BufRead;
         let token_dir = tempfile::tempdir().unwrap();
         let token_file = token_dir.path().join("token");
@@ -195,6 +200,7 @@ impl AgentProcess {
             .arg(root)
             .arg("--token-file")
             .arg(&token_file)
+            .args(extra)
             .env("SBXFS_LOG", "warn")
             .stdout(std::process::Stdio::piped())
             .spawn()
