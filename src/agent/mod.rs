@@ -9,6 +9,7 @@
 //! ([`harden`]) and the next request is served; recursive parsing of user input is bounded
 //! (glob braces); FIFOs and devices are never opened for reading (they would block a worker).
 
+pub mod server;
 pub mod watch;
 pub mod workspace;
 
@@ -64,6 +65,26 @@ pub struct AgentConfig {
     pub root: PathBuf,
     pub listen: SocketAddr,
     pub token: Vec<u8>,
+    /// Keep set-ID bits requests ask for ([`Workspace::allow_setid`]).
+    pub allow_setid: bool,
+}
+
+/// Blocking-pool threads per core: file work waits on disks, so a few per core keep them
+/// busy; the bound keeps a flood of requests from growing threads until the pids limit.
+const BLOCKING_THREADS_PER_CORE: usize = 4;
+
+/// Cores the agent uses: the cap on a search's threads and the unit of the thread bounds.
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The agent's tokio runtime: the blocking pool bounded ([`BLOCKING_THREADS_PER_CORE`]);
+/// work beyond it queues.
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .max_blocking_threads(BLOCKING_THREADS_PER_CORE * cores())
+        .build()
 }
 
 /// Counters the agent keeps (GET /v1/stats): tests and operators see what it did.
@@ -86,6 +107,8 @@ struct App {
     feed: Option<watch::ChangeFeed>,
     token: Vec<u8>,
     stats: AgentStats,
+    /// Rate-limits the log line of refused requests.
+    refusals: crate::lograte::RateLimit,
 }
 
 type Shared = Arc<App>;
@@ -130,7 +153,17 @@ async fn require_token(State(app): State<Shared>, req: Request, next: Next) -> R
         return next.run(req).await;
     }
     app.stats.unauthorized.fetch_add(1, Ordering::Relaxed);
-    tracing::warn!(path = %req.uri().path(), "refused a request without a valid token");
+    // Debug, once a minute with a count: a probe must not flood the log (nor fill the disk).
+    if let crate::lograte::Verdict::Log { repeats } = app
+        .refusals
+        .check("unauthorized", std::time::Instant::now())
+    {
+        tracing::debug!(
+            path = %req.uri().path(),
+            repeats,
+            "refused a request without a valid token"
+        );
+    }
     let mut resp = ApiError(RemoteError::Unauthorized(
         "a valid bearer token is required".into(),
     ))
@@ -147,6 +180,7 @@ pub fn router(ws: Arc<Workspace>, feed: Option<watch::ChangeFeed>, token: Vec<u8
         feed,
         token,
         stats: AgentStats::default(),
+        refusals: crate::lograte::RateLimit::new(),
     });
     let json_limit = DefaultBodyLimit::max(MAX_JSON_BODY_BYTES);
     let router = Router::new()
@@ -234,8 +268,11 @@ fn unpanic<T>(f: impl FnOnce() -> crate::remote::Result<T>) -> crate::remote::Re
 /// Serve until SIGTERM or SIGINT; prints one line when ready.
 pub async fn serve(cfg: AgentConfig) -> anyhow::Result<()> {
     workspace::set_exact_modes();
+    let nofile = server::raise_nofile_limit();
     let ws = Arc::new(
-        Workspace::open(&cfg.root).with_context(|| format!("--root {}", cfg.root.display()))?,
+        Workspace::open(&cfg.root)
+            .with_context(|| format!("--root {}", cfg.root.display()))?
+            .allow_setid(cfg.allow_setid),
     );
     let sweeper = ws.clone();
     tokio::task::spawn_blocking(move || {
@@ -267,9 +304,8 @@ pub async fn serve(cfg: AgentConfig) -> anyhow::Result<()> {
     );
     use std::io::Write;
     std::io::stdout().flush()?;
-    axum::serve(listener, router(ws, feed, cfg.token))
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    let cap = server::connection_cap(nofile);
+    server::serve(listener, router(ws, feed, cfg.token), cap, shutdown).await;
     tracing::info!("agent stopped");
     Ok(())
 }

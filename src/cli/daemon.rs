@@ -57,6 +57,11 @@ pub(super) struct AgentArgs {
     /// File holding the bearer token (else the SBXFS_TOKEN environment variable).
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
+    /// Keep set-user-ID and set-group-ID bits that requests set (create, chmod, commits).
+    /// Off by default: a token holder could otherwise make a setuid-root program when the
+    /// agent runs as root.
+    #[arg(long)]
+    allow_setid: bool,
 }
 
 #[derive(Args, Debug)]
@@ -144,11 +149,12 @@ pub(super) fn run_agent(a: AgentArgs) -> i32 {
         );
     }
     let result = load_token(a.token_file.as_deref()).and_then(|token| {
-        let rt = tokio::runtime::Runtime::new()?;
+        let rt = crate::agent::runtime()?;
         rt.block_on(crate::agent::serve(crate::agent::AgentConfig {
             root: a.root,
             listen: a.listen,
             token,
+            allow_setid: a.allow_setid,
         }))
     });
     match result {
