@@ -448,7 +448,11 @@ async fn the_stale_temp_sweep_runs_at_start_and_takes_only_the_agents_own_names(
         // The sweep has run (the stale one is gone); the agent answers, so it is not mid-way.
         agent.client().stat(&rp("sub")).await.unwrap();
         for u in users {
-            assert_eq!(fs::read_to_string(root.join(u)).unwrap(), "user data", "{u}");
+            assert_eq!(
+                fs::read_to_string(root.join(u)).unwrap(),
+                "user data",
+                "{u}"
+            );
         }
     }
 }

@@ -57,6 +57,21 @@ pub const MAX_GLOB_RESULTS: usize = 100_000;
 pub const SEARCH_TIMEOUT: Duration = Duration::from_secs(300);
 /// Largest file a commit may write (the body is streamed to disk, never held in memory).
 pub const MAX_COMMIT_BYTES: u64 = 64 * 1024 * 1024 * 1024;
+/// Bytes of file data read for answers not yet sent, at most: many undrained 16 MiB reads
+/// wait for earlier ones instead of each pinning 16 MiB (4 full-size reads; the mount reads
+/// 128 KiB to 1 MiB at a time, so hundreds of its reads fit).
+pub const MAX_READ_BYTES_IN_FLIGHT: usize = 64 * 1024 * 1024;
+/// Granularity of that budget (a semaphore permit is one of these).
+const READ_BUDGET_UNIT: usize = 1024;
+/// Largest window one `scan` answers (larger asks are clamped: the answer says where it ended,
+/// so the caller pages on).
+pub const MAX_SCAN_BYTES: u64 = 16 * 1024 * 1024;
+/// Searches (grep) running at once per core: each runs up to a thread per core, so this bounds
+/// the agent's search threads; more wait their turn.
+const SEARCHES_PER_CORE: usize = 2;
+/// Bytes of a listing gathered before they are sent: a 200,000-entry directory streams in
+/// pieces of this size instead of becoming one 50 MB answer.
+const LISTING_CHUNK_BYTES: usize = 64 * 1024;
 /// Streamed answers (grep, tree, watch) queue this many lines before the producer waits for the
 /// network: enough to keep a fast link busy, small enough to stop soon after a cancel.
 const STREAM_QUEUE: usize = 256;
@@ -109,6 +124,10 @@ struct App {
     stats: AgentStats,
     /// Rate-limits the log line of refused requests.
     refusals: crate::lograte::RateLimit,
+    /// [`MAX_READ_BYTES_IN_FLIGHT`], in [`READ_BUDGET_UNIT`]s.
+    read_budget: Arc<tokio::sync::Semaphore>,
+    /// [`SEARCHES_PER_CORE`] × cores.
+    searches: Arc<tokio::sync::Semaphore>,
 }
 
 type Shared = Arc<App>;
@@ -181,6 +200,10 @@ pub fn router(ws: Arc<Workspace>, feed: Option<watch::ChangeFeed>, token: Vec<u8
         token,
         stats: AgentStats::default(),
         refusals: crate::lograte::RateLimit::new(),
+        read_budget: Arc::new(tokio::sync::Semaphore::new(
+            MAX_READ_BYTES_IN_FLIGHT / READ_BUDGET_UNIT,
+        )),
+        searches: Arc::new(tokio::sync::Semaphore::new(SEARCHES_PER_CORE * cores())),
     });
     let json_limit = DefaultBodyLimit::max(MAX_JSON_BODY_BYTES);
     let router = Router::new()
@@ -345,11 +368,52 @@ async fn stat(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Res
     Ok(Json(blocking(move || ws.stat(&path)).await?).into_response())
 }
 
+/// A directory's entries as `{"entries": [...]}`, streamed in pieces of about
+/// [`LISTING_CHUNK_BYTES`] as they are read (the answer is the same JSON as one built whole).
+/// An error after the first piece ends the body short, so the client sees a broken answer,
+/// never a listing silently cut.
 async fn list(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
     let path = args(&q).path("path")?;
+    // Fail before streaming when the directory itself is wrong, so the status says so.
     let ws = app.ws.clone();
-    let entries = blocking(move || ws.list(&path)).await?;
-    Ok(Json(json!({ "entries": entries })).into_response())
+    let p = path.clone();
+    blocking(move || ws.open_dir(&p).map(|_| ())).await?;
+    let (tx, rx) = mpsc::channel::<std::io::Result<Bytes>>(4);
+    let ws = app.ws.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut piece = b"{\"entries\":[".to_vec();
+        let mut first = true;
+        let result = unpanic(|| {
+            ws.list_each(&path, &mut |e| {
+                if !first {
+                    piece.push(b',');
+                }
+                first = false;
+                serde_json::to_writer(&mut piece, &e).expect("serialisable");
+                if piece.len() < LISTING_CHUNK_BYTES {
+                    return true;
+                }
+                tx.blocking_send(Ok(Bytes::from(std::mem::take(&mut piece))))
+                    .is_ok()
+            })
+        });
+        let last = match result {
+            Ok(()) => {
+                piece.extend_from_slice(b"]}");
+                Ok(Bytes::from(piece))
+            }
+            Err(e) => Err(std::io::Error::other(e.to_string())),
+        };
+        let _ = tx.blocking_send(last);
+    });
+    let stream =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
+    let mut resp = Response::new(Body::from_stream(stream));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Ok(resp)
 }
 
 /// A streamed answer of JSON lines fed by a blocking producer; the producer sees `false` from
@@ -377,7 +441,7 @@ async fn tree(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Res
     // Fail before streaming when the directory itself is wrong, so the status says so.
     let ws = app.ws.clone();
     let p = path.clone();
-    blocking(move || ws.list(&p).map(|_| ())).await?;
+    blocking(move || ws.open_dir(&p).map(|_| ())).await?;
     let (tx, rx) = mpsc::channel(STREAM_QUEUE);
     let ws = app.ws.clone();
     tokio::task::spawn_blocking(move || {
@@ -407,12 +471,21 @@ async fn read(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Res
             RemoteError::TooLarge(format!("reads are limited to {MAX_READ_BYTES} bytes")).into(),
         );
     }
+    // The answer's bytes are reserved before they are read and released once sent (or
+    // dropped): reads whose answers are not taken wait instead of piling up in memory.
+    let units = (len as usize).div_ceil(READ_BUDGET_UNIT).max(1) as u32;
+    let reserved = app
+        .read_budget
+        .clone()
+        .acquire_many_owned(units)
+        .await
+        .map_err(|_| RemoteError::Io(String::new(), "the agent is stopping".into()))?;
     let ws = app.ws.clone();
     let (data, version) = blocking(move || ws.read(&path, offset, len)).await?;
     app.stats
         .bytes_read
         .fetch_add(data.len() as u64, Ordering::Relaxed);
-    let mut resp = Response::new(Body::from(data));
+    let mut resp = server::TrackedBody::wrap(Response::new(Body::from(data)), reserved);
     resp.headers_mut().insert(
         VERSION_HEADER,
         HeaderValue::from_str(&version.0).expect("versions are ASCII"),
@@ -819,7 +892,9 @@ async fn scan(
     Json(req): Json<ScanRequest>,
 ) -> ApiResult<Response> {
     let path = args(&q).path("path")?;
+    let mut req = req;
     req.validate().map_err(RemoteError::from)?;
+    req.max_bytes = req.max_bytes.min(MAX_SCAN_BYTES);
     let ws = app.ws.clone();
     let result = blocking(move || {
         let (file, attr) = ws.open_file(&path)?;
@@ -854,10 +929,18 @@ async fn grep(
     crate::search::grep::build_matcher(&opts).map_err(RemoteError::from)?;
     let ws = app.ws.clone();
     let root = blocking(move || ws.resolve_search_root(&path)).await?;
+    opts.threads = opts.threads.min(cores());
+    let turn = app
+        .searches
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| RemoteError::Io(String::new(), "the agent is stopping".into()))?;
     let (tx, rx) = mpsc::channel(STREAM_QUEUE);
     let app2 = app.clone();
     app.stats.greps_started.fetch_add(1, Ordering::Relaxed);
     tokio::task::spawn_blocking(move || {
+        let _turn = turn;
         let deadline = std::time::Instant::now() + SEARCH_TIMEOUT;
         let gone = AtomicBool::new(false);
         let result = unpanic(|| {
@@ -959,12 +1042,20 @@ async fn edit(
             );
         }
         let mut bytes = Vec::new();
-        std::io::Read::read_to_end(&mut file, &mut bytes).map_err(|e| {
-            RemoteError::from(crate::search::SearchError::ReadFailed(
-                path.display(),
-                e.to_string(),
-            ))
-        })?;
+        // The size seen is no promise (the file may grow): never read past the limit.
+        let limit = crate::search::edit::MAX_EDIT_FILE_BYTES;
+        std::io::Read::read_to_end(&mut std::io::Read::take(&mut file, limit + 1), &mut bytes)
+            .map_err(|e| {
+                RemoteError::from(crate::search::SearchError::ReadFailed(
+                    path.display(),
+                    e.to_string(),
+                ))
+            })?;
+        if bytes.len() as u64 > limit {
+            return Err(
+                crate::search::SearchError::ReadFailed(path.display(), "too large".into()).into(),
+            );
+        }
         let text = String::from_utf8(bytes).map_err(|_| {
             RemoteError::from(crate::search::SearchError::ReadFailed(
                 path.display(),

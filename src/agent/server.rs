@@ -227,7 +227,12 @@ pub async fn serve(
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, async {
         loop {
             let ended = registry.ended.notified();
-            if registry.conns.lock().expect("connection registry").is_empty() {
+            if registry
+                .conns
+                .lock()
+                .expect("connection registry")
+                .is_empty()
+            {
                 break;
             }
             ended.await;

@@ -414,7 +414,27 @@ impl Workspace {
     }
 
     pub fn list(&self, path: &RemotePath) -> Result<Vec<DirEntry>> {
-        let dir = self.open_beneath(path, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())?;
+        let mut out = Vec::new();
+        self.list_each(path, &mut |e| {
+            out.push(e);
+            true
+        })?;
+        Ok(out)
+    }
+
+    /// Open the directory `path` (to fail with the right error before an answer streams).
+    pub fn open_dir(&self, path: &RemotePath) -> Result<OwnedFd> {
+        self.open_beneath(path, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())
+    }
+
+    /// The entries of `path` in name order, each handed to `emit` (with its attributes) until
+    /// it says stop: only the names are held, never the whole listing.
+    pub fn list_each(
+        &self,
+        path: &RemotePath,
+        emit: &mut dyn FnMut(DirEntry) -> bool,
+    ) -> Result<()> {
+        let dir = self.open_dir(path)?;
         let mut names = Vec::new();
         for entry in rfs::Dir::read_from(&dir).map_err(|e| errno(e, path))? {
             let entry = entry.map_err(|e| errno(e, path))?;
@@ -424,44 +444,61 @@ impl Workspace {
             }
         }
         names.sort();
-        let mut out = Vec::with_capacity(names.len());
         for name in names {
             let child = path.join(&name)?;
             match self.stat_at(&dir, &name, &child) {
-                Ok(attr) => out.push(DirEntry {
-                    name: WireBytes(name),
-                    attr,
-                }),
+                Ok(attr) => {
+                    let entry = DirEntry {
+                        name: WireBytes(name),
+                        attr,
+                    };
+                    if !emit(entry) {
+                        return Ok(());
+                    }
+                }
                 // Removed between readdir and stat: it is simply gone.
                 Err(RemoteError::NotFound(_)) => {}
                 Err(e) => return Err(e),
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Every entry under `path`, depth first and sorted, handed to `emit` until it says stop.
     pub fn tree(&self, path: &RemotePath, emit: &mut dyn FnMut(TreeEntry) -> bool) -> Result<()> {
         let mut stack = vec![path.clone()];
         while let Some(dir) = stack.pop() {
-            let entries = match self.list(&dir) {
-                Ok(e) => e,
-                // A directory removed while we walk: skip it.
-                Err(RemoteError::NotFound(_)) if dir != *path => continue,
-                Err(e) => return Err(e),
-            };
             let mut subdirs = Vec::new();
-            for e in entries {
-                let child = dir.join(&e.name.0)?;
+            let mut stopped = false;
+            let mut bad_name = None;
+            let listed = self.list_each(&dir, &mut |e| {
+                let child = match dir.join(&e.name.0) {
+                    Ok(c) => c,
+                    Err(err) => {
+                        bad_name = Some(err);
+                        return false;
+                    }
+                };
                 if e.attr.kind == FileKind::Dir {
                     subdirs.push(child.clone());
                 }
-                if !emit(TreeEntry {
+                stopped = !emit(TreeEntry {
                     path: WireBytes(child.as_bytes().to_vec()),
                     attr: e.attr,
-                }) {
-                    return Ok(());
-                }
+                });
+                !stopped
+            });
+            match listed {
+                Ok(()) => {}
+                // A directory removed while we walk: skip it.
+                Err(RemoteError::NotFound(_)) if dir != *path => continue,
+                Err(e) => return Err(e),
+            }
+            if let Some(e) = bad_name {
+                return Err(e);
+            }
+            if stopped {
+                return Ok(());
             }
             stack.extend(subdirs.into_iter().rev());
         }
@@ -558,9 +595,9 @@ impl Workspace {
             )));
         }
         let mode = self.permitted_mode(
-            current.as_ref().map_or(create_mode.unwrap_or(0o644), |st| {
-                u32::from(st.stx_mode)
-            }),
+            current
+                .as_ref()
+                .map_or(create_mode.unwrap_or(0o644), |st| u32::from(st.stx_mode)),
             false,
         );
         let owner = current.as_ref().map(|st| (st.stx_uid, st.stx_gid));
@@ -757,8 +794,7 @@ impl Workspace {
     pub fn mkdir(&self, path: &RemotePath, mode: u32) -> Result<Attr> {
         let (dir, name) = self.parent(path)?;
         let mode = self.permitted_mode(mode, true);
-        rfs::mkdirat(&dir, os(name), Mode::from_raw_mode(mode))
-            .map_err(|e| errno(e, path))?;
+        rfs::mkdirat(&dir, os(name), Mode::from_raw_mode(mode)).map_err(|e| errno(e, path))?;
         self.exact_mode_at(&dir, name, path, mode)
     }
 
@@ -937,9 +973,7 @@ impl Workspace {
             rfs::chmodat(
                 rfs::CWD,
                 proc_path.as_str(),
-                Mode::from_raw_mode(
-                    self.permitted_mode(mode, is_kind(&st, libc::S_IFDIR)),
-                ),
+                Mode::from_raw_mode(self.permitted_mode(mode, is_kind(&st, libc::S_IFDIR))),
                 AtFlags::empty(),
             )
             .map_err(|e| errno(e, path))?;

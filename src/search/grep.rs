@@ -38,6 +38,10 @@ pub const REGEX_SIZE_LIMIT: usize = 16 * 1024 * 1024;
 pub const DFA_SIZE_LIMIT: usize = 16 * 1024 * 1024;
 /// Context lines are for reading around a match, not for dumping files.
 pub const MAX_CONTEXT_LINES: usize = 1000;
+/// The most one file's search may buffer: its longest line with the context around it. A
+/// file with a longer line (a 1.5 GB minified blob) is reported as an error and skipped, so
+/// a search's memory is bounded by this times its threads, whatever the files.
+pub const MAX_LINE_BUFFER_BYTES: usize = 16 * 1024 * 1024;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
@@ -181,9 +185,12 @@ pub fn grep_items(
     }
     let matcher = build_matcher(opts)?;
     std::fs::metadata(root).map_err(|e| SearchError::from_io(root, e))?;
+    // Never more threads than cores, whatever is asked: more only contend (and thousands
+    // would exhaust the process's thread limit).
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = match opts.threads {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_AUTO_THREADS)),
-        n => n,
+        0 => cores.min(MAX_AUTO_THREADS),
+        n => n.min(cores),
     };
     let stop = AtomicBool::new(false);
     let (work_tx, work_rx) = mpsc::sync_channel::<(usize, Vec<WalkedFile>)>(BATCHES_IN_FLIGHT);
@@ -202,10 +209,48 @@ pub fn grep_items(
         stopped: false,
         redo: Some(&mut redo),
     };
+    let mut spawn_error: Option<std::io::Error> = None;
     std::thread::scope(|scope| {
+        // Threads the system refuses (a pids limit) are done without; none at all is an error.
+        let mut spawned = 0;
+        for _ in 0..threads {
+            let (done_tx, work_rx, matcher) = (done_tx.clone(), &work_rx, &matcher);
+            let (stop, opts) = (&stop, &opts);
+            let worker = std::thread::Builder::new().spawn_scoped(scope, move || {
+                let mut searcher = new_searcher(opts);
+                loop {
+                    let job = work_rx.lock().expect("work queue lock").recv();
+                    let Ok((index, files)) = job else { break };
+                    let results = files
+                        .into_iter()
+                        .map(|file| {
+                            if stop.load(Ordering::Relaxed) {
+                                FileResult::default()
+                            } else {
+                                search_file(&mut searcher, matcher, opts, file, opts.max_results)
+                            }
+                        })
+                        .collect();
+                    if done_tx.send(Done::Batch { index, results }).is_err() {
+                        break;
+                    }
+                }
+            });
+            match worker {
+                Ok(_) => spawned += 1,
+                Err(e) => {
+                    spawn_error.get_or_insert(e);
+                    break;
+                }
+            }
+        }
+        if spawned == 0 {
+            return;
+        }
+        spawn_error = None;
         let walk_done = done_tx.clone();
         let (stop, opts) = (&stop, &opts);
-        scope.spawn(move || {
+        let walker = std::thread::Builder::new().spawn_scoped(scope, move || {
             let mut batches = 0;
             let mut batch = Vec::with_capacity(FILES_PER_BATCH);
             let mut errors = Vec::new();
@@ -237,32 +282,19 @@ pub fn grep_items(
             drop(work_tx);
             let _ = walk_done.send(Done::Walk { batches, errors });
         });
-        for _ in 0..threads {
-            let (done_tx, work_rx, matcher) = (done_tx.clone(), &work_rx, &matcher);
-            scope.spawn(move || {
-                let mut searcher = new_searcher(opts);
-                loop {
-                    let job = work_rx.lock().expect("work queue lock").recv();
-                    let Ok((index, files)) = job else { break };
-                    let results = files
-                        .into_iter()
-                        .map(|file| {
-                            if stop.load(Ordering::Relaxed) {
-                                FileResult::default()
-                            } else {
-                                search_file(&mut searcher, matcher, opts, file, opts.max_results)
-                            }
-                        })
-                        .collect();
-                    if done_tx.send(Done::Batch { index, results }).is_err() {
-                        break;
-                    }
-                }
-            });
+        if let Err(e) = walker {
+            // The workers see the queue closed (its sender went with the walker) and end.
+            spawn_error = Some(e);
+            return;
         }
         drop(done_tx);
         emitter.run(done_rx, slot_rx, stop);
     });
+    if let Some(e) = spawn_error {
+        return Err(SearchError::LimitExceeded(format!(
+            "the search could not start a thread ({e}); try again later"
+        )));
+    }
     Ok(emitter.summary)
 }
 
@@ -381,6 +413,7 @@ fn new_searcher(opts: &GrepOptions) -> Searcher {
         } else {
             BinaryDetection::quit(b'\x00')
         })
+        .heap_limit(Some(MAX_LINE_BUFFER_BYTES))
         .build()
 }
 
