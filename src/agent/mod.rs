@@ -485,7 +485,7 @@ async fn read(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Res
     app.stats
         .bytes_read
         .fetch_add(data.len() as u64, Ordering::Relaxed);
-    let mut resp = server::TrackedBody::wrap(Response::new(Body::from(data)), reserved);
+    let mut resp = Response::new(server::paced_body(Bytes::from(data), reserved));
     resp.headers_mut().insert(
         VERSION_HEADER,
         HeaderValue::from_str(&version.0).expect("versions are ASCII"),

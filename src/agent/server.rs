@@ -168,6 +168,54 @@ impl<G: Unpin> http_body::Body for TrackedBody<G> {
     }
 }
 
+/// Bytes handed to hyper at once from a [`paced_body`]: it polls for more only once it has
+/// written what it holds, so an answer nobody reads pins its reservation, not more.
+const PACED_FRAME_BYTES: usize = 256 * 1024;
+
+/// A body of `data` given out [`PACED_FRAME_BYTES`] at a time, holding `guard` until the last
+/// piece is taken (by then at most one piece waits in hyper's buffer). Its length is exact, so
+/// the answer keeps its `Content-Length`.
+pub fn paced_body<G: Send + Unpin + 'static>(data: bytes::Bytes, guard: G) -> Body {
+    Body::new(PacedBody {
+        data,
+        guard: Some(guard),
+    })
+}
+
+struct PacedBody<G> {
+    data: bytes::Bytes,
+    guard: Option<G>,
+}
+
+impl<G: Unpin> http_body::Body for PacedBody<G> {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        if self.data.is_empty() {
+            self.guard = None;
+            return Poll::Ready(None);
+        }
+        let n = self.data.len().min(PACED_FRAME_BYTES);
+        let piece = self.data.split_to(n);
+        if self.data.is_empty() {
+            self.guard = None;
+        }
+        Poll::Ready(Some(Ok(http_body::Frame::data(piece))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.data.len() as u64)
+    }
+}
+
 /// Serve `router` on `listener` until `shutdown` resolves.
 pub async fn serve(
     listener: TcpListener,
