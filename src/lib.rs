@@ -11,7 +11,8 @@
 //!   [`remote::faulty`]: a wrapper around any `Remote` injecting latency, errors, hangs, cut streams.
 //! - [`agent`]: `sbxfs agent`, the HTTP server that runs inside a sandbox; every path confined
 //!   to its root by `openat2(RESOLVE_BENEATH)` ([`agent::workspace`]); a change feed
-//!   ([`agent::watch`]).
+//!   ([`agent::watch`]); its own accept loop bounding connections, header reads and idle time
+//!   ([`agent::server`]).
 //! - [`mount`]: `sbxfs mount`, a FUSE filesystem over any `Remote`: a thin adapter
 //!   ([`mount::fuse`]) over the filesystem operations ([`mount::core`]), which work over the
 //!   inode table ([`mount::inode`]: own node ids, names as links, orphans), listings

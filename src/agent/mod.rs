@@ -8,6 +8,10 @@
 //! No request can take the agent down: a panic in a handler answers 500 with an error body
 //! ([`harden`]) and the next request is served; recursive parsing of user input is bounded
 //! (glob braces); FIFOs and devices are never opened for reading (they would block a worker).
+//! Connections are bounded by [`server`] (header-read and idle timeouts, a cap); threads by
+//! the cores (a grep's threads, greps at once, the blocking pool); memory per request by the
+//! caps below (grep's line buffer, scan windows, read bytes in flight, streamed listings).
+//! Set-ID bits are dropped from requested modes unless `--allow-setid`.
 
 pub mod server;
 pub mod watch;
