@@ -572,3 +572,56 @@ async fn two_thousand_bad_tokens_make_at_most_a_couple_of_log_lines() {
         "{added} log lines from 2,000 refused requests:\n{log}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_byte_edit_through_a_mount_keeps_a_1_gib_sparse_file_sparse() {
+    if require_tool("fusermount3").is_none() {
+        return;
+    }
+    let (_d, root) = workspace();
+    let path = root.join("disk.img");
+    let f = fs::File::create(&path).unwrap();
+    f.set_len(1 << 30).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, b"tail", (1 << 30) - 4).unwrap();
+    drop(f);
+    let allocated = || fs::metadata(&path).unwrap().blocks() * 512;
+    assert!(allocated() < 1 << 20);
+    let before = fs::metadata(&path).unwrap().mtime_nsec();
+    let agent = AgentProcess::start(&root);
+    let mount = MountProcess::start(&agent, &[]);
+    {
+        let f = fs::OpenOptions::new()
+            .write(true)
+            .open(mount.dir.join("disk.img"))
+            .unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, b"X", 512 << 20).unwrap();
+        f.sync_all().unwrap();
+    }
+    // The edit reaches the sandbox (a deadline only stops a hung test).
+    let deadline = hung_after(120);
+    loop {
+        let mut got = [0u8; 1];
+        let f = fs::File::open(&path).unwrap();
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut got, 512 << 20).unwrap();
+        if &got == b"X" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the edit never reached the sandbox"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_ne!(fs::metadata(&path).unwrap().mtime_nsec(), before);
+    assert_eq!(fs::metadata(&path).unwrap().len(), 1 << 30);
+    assert!(
+        allocated() < 1 << 20,
+        "a 1-byte edit made the 1 GiB sparse file allocate {} bytes",
+        allocated()
+    );
+    let f = fs::File::open(&path).unwrap();
+    let mut tail = [0u8; 4];
+    std::os::unix::fs::FileExt::read_exact_at(&f, &mut tail, (1 << 30) - 4).unwrap();
+    assert_eq!(&tail, b"tail");
+    drop(mount);
+}
