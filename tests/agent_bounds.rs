@@ -228,8 +228,8 @@ async fn running_out_of_descriptors_does_not_end_the_accept_loop() {
     assert!(base < 24, "{base} descriptors before any request");
     // Floods: half-open connections, and complete requests whose answers are never read.
     for round in 0..3 {
-        let mut held = slowloris(&agent, 200);
-        for i in 0..100 {
+        let mut held = slowloris(&agent, 100);
+        for i in 0..50 {
             if let Ok(mut s) = TcpStream::connect(agent.addr) {
                 let _ = write!(
                     s,
@@ -624,4 +624,37 @@ async fn a_one_byte_edit_through_a_mount_keeps_a_1_gib_sparse_file_sparse() {
     std::os::unix::fs::FileExt::read_exact_at(&f, &mut tail, (1 << 30) - 4).unwrap();
     assert_eq!(&tail, b"tail");
     drop(mount);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grep_that_cannot_start_threads_answers_an_error_and_the_agent_goes_on() {
+    let Some(cg) = LimitedCgroup::new("nothreads", AGENT_MEMORY_LIMIT, AGENT_PIDS_LIMIT) else {
+        return;
+    };
+    let (_d, root) = workspace();
+    fs::write(root.join("a.txt"), "needle\n").unwrap();
+    let mut agent = AgentProcess::launch(
+        &root,
+        AgentLaunch {
+            cgroup: Some(&cg),
+            log: Some("warn"),
+            ..Default::default()
+        },
+    );
+    let client = agent.client();
+    answers(&agent).await;
+    let opts = GrepOptions {
+        pattern: "needle".into(),
+        ..Default::default()
+    };
+    // Not one more thread: the search's threads are refused by the kernel.
+    cg.set_pids_max(cg.pids_current());
+    let refused = grep_all(&client, opts.clone()).await;
+    cg.set_pids_max(AGENT_PIDS_LIMIT);
+    let e = refused.expect_err("a grep without threads cannot succeed");
+    assert!(e.to_string().contains("could not start a thread"), "{e}");
+    assert!(cg.pids_refused() > 0, "the limit was really hit");
+    assert!(agent.alive(), "the agent did not panic");
+    let (paths, _) = grep_all(&client, opts).await.unwrap();
+    assert_eq!(paths, vec!["a.txt".to_string()]);
 }

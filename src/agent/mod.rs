@@ -331,7 +331,7 @@ pub async fn serve(cfg: AgentConfig) -> anyhow::Result<()> {
     );
     use std::io::Write;
     std::io::stdout().flush()?;
-    let cap = server::connection_cap(nofile);
+    let cap = server::connection_cap(nofile, server::open_descriptors());
     server::serve(listener, router(ws, feed, cfg.token), cap, shutdown).await;
     tracing::info!("agent stopped");
     Ok(())

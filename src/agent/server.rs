@@ -10,8 +10,9 @@
 //!   flight, so it is the one to go, while clients mid-request are kept); when every
 //!   connection is busy the new one is closed at once.
 //! - **Accept errors are survived**: a connection aborted before `accept` is skipped; running
-//!   out of descriptors or memory (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM`) waits
-//!   [`ACCEPT_BACKOFF`] and tries again, logged at most once a minute.
+//!   out of descriptors or memory (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM`) gives up the
+//!   longest-idle connection and tries again (after [`ACCEPT_BACKOFF`] when none is idle),
+//!   logged at most once a minute.
 //!
 //! A request is "in flight" from its head until its answer's body has been sent or dropped
 //! ([`TrackedBody`]): a long stream (grep, watch) keeps its connection from being evicted.
@@ -42,15 +43,23 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 pub const MAX_CONNECTIONS: usize = 256;
 /// Wait after an accept error that says the process or the system is out of something.
 pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// Wait after an accept error for which an idle connection was given up (its task closes it).
+const EVICTION_PAUSE: Duration = Duration::from_millis(2);
 /// How often an idle connection checks its idle time: the timeouts are approximate by this.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
 /// How long a shutdown waits for answers in flight before the process exits anyway.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
-/// The cap on connections given the descriptor limit `nofile`: at most half of it, so the
-/// files the requests open always find descriptors (and at least a few connections).
-pub fn connection_cap(nofile: u64) -> usize {
-    (nofile / 2).clamp(4, MAX_CONNECTIONS as u64) as usize
+/// The cap on connections given the descriptor limit `nofile` and the descriptors already
+/// `in_use`: at most half of what is left, so the files the requests open always find
+/// descriptors (and at least a few connections).
+pub fn connection_cap(nofile: u64, in_use: u64) -> usize {
+    (nofile.saturating_sub(in_use) / 2).clamp(4, MAX_CONNECTIONS as u64) as usize
+}
+
+/// Descriptors the process has open now.
+pub fn open_descriptors() -> u64 {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64)
 }
 
 /// Raise the soft descriptor limit to the hard one (as most servers do: the soft default of
@@ -95,10 +104,15 @@ impl Registry {
     /// Make room for one more connection under `cap`: answers false when every connection
     /// has a request in flight (the new one is then refused).
     fn make_room(&self, cap: usize) -> bool {
-        let mut conns = self.conns.lock().expect("connection registry");
-        if conns.len() < cap {
+        if self.conns.lock().expect("connection registry").len() < cap {
             return true;
         }
+        self.evict_idlest()
+    }
+
+    /// Close the connection idle the longest (none in flight); false when there is none.
+    fn evict_idlest(&self) -> bool {
+        let mut conns = self.conns.lock().expect("connection registry");
         let victim = conns
             .iter()
             .filter(|(_, c)| c.in_flight.load(Ordering::Acquire) == 0)
@@ -240,7 +254,7 @@ pub async fn serve(
         let stream = match accepted {
             Ok((stream, _)) => stream,
             Err(e) => {
-                accept_failed(&e, &errors).await;
+                accept_failed(&e, &errors, &registry).await;
                 continue;
             }
         };
@@ -289,8 +303,9 @@ pub async fn serve(
     .await;
 }
 
-/// After an accept error: skip a connection that went away; back off when out of resources.
-async fn accept_failed(e: &std::io::Error, errors: &RateLimit) {
+/// After an accept error: skip a connection that went away; when out of resources, give up
+/// the longest-idle connection (its descriptor is what the next one needs) and back off.
+async fn accept_failed(e: &std::io::Error, errors: &RateLimit, registry: &Registry) {
     use std::io::ErrorKind;
     if matches!(
         e.kind(),
@@ -298,6 +313,7 @@ async fn accept_failed(e: &std::io::Error, errors: &RateLimit) {
     ) {
         return;
     }
+    let evicted = registry.evict_idlest();
     if let Verdict::Log { repeats } = errors.check("accept", Instant::now()) {
         tracing::warn!(
             error = %e,
@@ -305,7 +321,13 @@ async fn accept_failed(e: &std::io::Error, errors: &RateLimit) {
             "cannot accept connections for now; retrying"
         );
     }
-    tokio::time::sleep(ACCEPT_BACKOFF).await;
+    // A descriptor is being freed: a moment is enough. Otherwise wait for one to be.
+    tokio::time::sleep(if evicted {
+        EVICTION_PAUSE
+    } else {
+        ACCEPT_BACKOFF
+    })
+    .await;
 }
 
 async fn serve_connection(
@@ -383,11 +405,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_cap_leaves_half_the_descriptors_to_files() {
-        assert_eq!(connection_cap(1_048_576), MAX_CONNECTIONS);
-        assert_eq!(connection_cap(1024), MAX_CONNECTIONS);
-        assert_eq!(connection_cap(64), 32);
-        assert_eq!(connection_cap(3), 4);
+    fn the_cap_leaves_half_the_free_descriptors_to_files() {
+        assert_eq!(connection_cap(1_048_576, 20), MAX_CONNECTIONS);
+        assert_eq!(connection_cap(1024, 20), MAX_CONNECTIONS);
+        assert_eq!(connection_cap(64, 0), 32);
+        assert_eq!(connection_cap(64, 16), 24);
+        assert_eq!(connection_cap(3, 10), 4);
     }
 
     fn conn(in_flight: usize, idle_since_ms: u64) -> Arc<Conn> {

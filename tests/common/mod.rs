@@ -404,6 +404,30 @@ impl LimitedCgroup {
             .ok()
     }
 
+    /// Processes and threads in it now.
+    pub fn pids_current(&self) -> u64 {
+        let dir = self
+            .dirs
+            .iter()
+            .find(|d| d.join("pids.max").exists())
+            .unwrap();
+        fs::read_to_string(dir.join("pids.current"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    /// Change the pids limit while it runs.
+    pub fn set_pids_max(&self, max: u64) {
+        let dir = self
+            .dirs
+            .iter()
+            .find(|d| d.join("pids.max").exists())
+            .unwrap();
+        fs::write(dir.join("pids.max"), max.to_string()).unwrap();
+    }
+
     /// Times a fork or thread was refused at the pids limit.
     pub fn pids_refused(&self) -> u64 {
         let dir = self
