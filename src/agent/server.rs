@@ -1,9 +1,11 @@
 //! The agent's accept loop: HTTP/1.1 connections with bounds a hostile peer cannot stretch.
 //!
-//! - **Header-read timeout** ([`HEADER_READ_TIMEOUT`]): a request's head must arrive in full
-//!   within it (hyper's own timer), so a client trickling a request line holds nothing for long.
-//! - **Idle timeout**: a connection with no request in flight is closed after
-//!   [`HEADER_READ_TIMEOUT`] if it never sent a request, else after [`IDLE_TIMEOUT`].
+//! - **Header-read timeout** ([`HEADER_READ_TIMEOUT`]): a new connection's first request head
+//!   must arrive in full within it, so a client trickling a request line holds nothing for long.
+//! - **Idle timeout** ([`IDLE_TIMEOUT`]): a connection with no request in flight is closed
+//!   after it (hyper's own header timer says the same for a later request's head). Not the
+//!   10 s of the first head: hyper's timer also runs while a keep-alive connection waits, and a
+//!   client's pooled connection closed after 10 s idle would race its next request.
 //! - **A cap on connections** ([`connection_cap`]: [`MAX_CONNECTIONS`], at most half the
 //!   descriptors the process may open, so files always have some). At the cap a new
 //!   connection evicts the longest-idle one (a slowloris connection never has a request in
@@ -356,7 +358,7 @@ async fn serve_connection(
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .header_read_timeout(IDLE_TIMEOUT)
         .keep_alive(true);
     let http = builder.serve_connection(TokioIo::new(stream), service);
     tokio::pin!(http);
