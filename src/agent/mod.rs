@@ -70,8 +70,9 @@ const READ_BUDGET_UNIT: usize = 1024;
 /// Largest window one `scan` answers (larger asks are clamped: the answer says where it ended,
 /// so the caller pages on).
 pub const MAX_SCAN_BYTES: u64 = 16 * 1024 * 1024;
-/// Searches (grep) running at once per core: each runs up to a thread per core, so this bounds
-/// the agent's search threads; more wait their turn.
+/// Searches (grep) running at full width at once, per core: each runs up to a thread per core;
+/// more run with one worker each (a walker, a worker and a producer: bounded by the
+/// connection cap).
 const SEARCHES_PER_CORE: usize = 2;
 /// Bytes of a listing gathered before they are sent: a 200,000-entry directory streams in
 /// pieces of this size instead of becoming one 50 MB answer.
@@ -384,7 +385,7 @@ async fn list(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Res
     blocking(move || ws.open_dir(&p).map(|_| ())).await?;
     let (tx, rx) = mpsc::channel::<std::io::Result<Bytes>>(4);
     let ws = app.ws.clone();
-    tokio::task::spawn_blocking(move || {
+    producer(move || {
         let mut piece = b"{\"entries\":[".to_vec();
         let mut first = true;
         let result = unpanic(|| {
@@ -409,7 +410,7 @@ async fn list(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Res
             Err(e) => Err(std::io::Error::other(e.to_string())),
         };
         let _ = tx.blocking_send(last);
-    });
+    })?;
     let stream =
         futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
     let mut resp = Response::new(Body::from_stream(stream));
@@ -418,6 +419,23 @@ async fn list(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Res
         HeaderValue::from_static("application/json"),
     );
     Ok(resp)
+}
+
+/// Start a streamed answer's producer on a thread of its own, not the bounded blocking pool:
+/// a client that stops reading parks its producer, and parked producers must not starve every
+/// other request of workers (their number is bounded by the connection cap instead). A thread
+/// the system refuses answers an error.
+fn producer(f: impl FnOnce() + Send + 'static) -> ApiResult<()> {
+    std::thread::Builder::new()
+        .name("sbxfs-stream".into())
+        .spawn(f)
+        .map(drop)
+        .map_err(|e| {
+            ApiError(RemoteError::Io(
+                String::new(),
+                format!("the agent cannot start a thread now ({e}); try again later"),
+            ))
+        })
 }
 
 /// A streamed answer of JSON lines fed by a blocking producer; the producer sees `false` from
@@ -448,7 +466,7 @@ async fn tree(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Res
     blocking(move || ws.open_dir(&p).map(|_| ())).await?;
     let (tx, rx) = mpsc::channel(STREAM_QUEUE);
     let ws = app.ws.clone();
-    tokio::task::spawn_blocking(move || {
+    producer(move || {
         let mut count = 0u64;
         let result = unpanic(|| {
             ws.tree(&path, &mut |e| {
@@ -461,7 +479,7 @@ async fn tree(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Res
             Err(e) => json!({ "end": count, "error": ErrorBody::from_error(&e) }),
         };
         let _ = tx.blocking_send(json_line(&end));
-    });
+    })?;
     Ok(line_stream(rx))
 }
 
@@ -933,17 +951,18 @@ async fn grep(
     crate::search::grep::build_matcher(&opts).map_err(RemoteError::from)?;
     let ws = app.ws.clone();
     let root = blocking(move || ws.resolve_search_root(&path)).await?;
-    opts.threads = opts.threads.min(cores());
-    let turn = app
-        .searches
-        .clone()
-        .acquire_owned()
-        .await
-        .map_err(|_| RemoteError::Io(String::new(), "the agent is stopping".into()))?;
+    // Full width (a thread per core at most) for the first searches at once; past them one
+    // worker each, so a few searches whose clients stopped reading never hold the others up.
+    let turn = app.searches.clone().try_acquire_owned().ok();
+    opts.threads = if turn.is_some() {
+        opts.threads.min(cores())
+    } else {
+        1
+    };
     let (tx, rx) = mpsc::channel(STREAM_QUEUE);
     let app2 = app.clone();
     app.stats.greps_started.fetch_add(1, Ordering::Relaxed);
-    tokio::task::spawn_blocking(move || {
+    producer(move || {
         let _turn = turn;
         let deadline = std::time::Instant::now() + SEARCH_TIMEOUT;
         let gone = AtomicBool::new(false);
@@ -971,7 +990,7 @@ async fn grep(
         } else {
             app2.stats.greps_completed.fetch_add(1, Ordering::Relaxed);
         }
-    });
+    })?;
     Ok(line_stream(rx))
 }
 
