@@ -715,3 +715,35 @@ async fn searches_whose_clients_stopped_reading_hold_up_no_other_request() {
     assert_eq!(paths.len(), 20);
     drop(parked);
 }
+
+/// A short `old` replaced everywhere by a long `new`: 2,000 bytes and a 512 KiB request would
+/// make a 1 GB file in the agent's memory. Refused before anything is built; the file stays.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_edit_that_would_grow_a_file_a_million_fold_is_refused() {
+    let Some(cg) = LimitedCgroup::new("edit-amp", AGENT_MEMORY_LIMIT, AGENT_PIDS_LIMIT) else {
+        return;
+    };
+    let (_d, root) = workspace();
+    let original = "a".repeat(2000);
+    fs::write(root.join("amp"), &original).unwrap();
+    let mut agent = AgentProcess::launch(
+        &root,
+        AgentLaunch {
+            cgroup: Some(&cg),
+            log: Some("warn"),
+            ..Default::default()
+        },
+    );
+    let body = format!(
+        r#"{{"old":"a","new":"{}","replace_all":true}}"#,
+        "B".repeat(512 * 1024)
+    );
+    let (status, answer) = raw_request(&agent, "POST", "/v1/edit?path=amp", &body);
+    assert!(!status.contains("200"), "{status}");
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.contains("split the edit"), "{text}");
+    assert!(agent.alive());
+    let hwm = agent.status_number("VmHWM");
+    assert!(hwm < RSS_BOUND_KIB, "peak resident size {hwm} KiB");
+    assert_eq!(fs::read_to_string(root.join("amp")).unwrap(), original);
+}

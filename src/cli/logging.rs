@@ -12,9 +12,11 @@ use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
-/// Libraries whose messages are off unless the filter names them: fuser's (see above), and the
-/// TLS verifier's, which repeats as an ERROR what the mount's own error line says.
-const QUIET: [&str; 2] = ["fuser", "rustls_platform_verifier"];
+/// Libraries whose messages are off unless the filter names them: fuser's (see above), the
+/// TLS verifier's, which repeats as an ERROR what the mount's own error line says, and the
+/// inotify watcher's, whose WARN per vanished watch a sandbox can trigger by the thousand with
+/// renames (the change feed reports what matters itself).
+const QUIET: [&str; 3] = ["fuser", "rustls_platform_verifier", "notify"];
 
 /// The filter: the variable's directives, plus `TARGET=off` for each of [`QUIET`] they do not
 /// name.
@@ -106,19 +108,19 @@ mod tests {
     fn noisy_libraries_are_quiet_unless_named() {
         assert_eq!(
             filter_spec(None, None),
-            "info,fuser=off,rustls_platform_verifier=off"
+            "info,fuser=off,rustls_platform_verifier=off,notify=off"
         );
         assert_eq!(
             filter_spec(Some("trace"), Some("warn")),
-            "trace,fuser=off,rustls_platform_verifier=off"
+            "trace,fuser=off,rustls_platform_verifier=off,notify=off"
         );
         assert_eq!(
             filter_spec(None, Some("debug")),
-            "debug,fuser=off,rustls_platform_verifier=off"
+            "debug,fuser=off,rustls_platform_verifier=off,notify=off"
         );
         assert_eq!(
             filter_spec(Some("info,fuser=debug"), None),
-            "info,fuser=debug,rustls_platform_verifier=off"
+            "info,fuser=debug,rustls_platform_verifier=off,notify=off"
         );
     }
 }

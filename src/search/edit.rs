@@ -50,6 +50,16 @@ pub fn replace_in(
     let old = normalize_newlines(old);
     let new = normalize_newlines(new);
     let count = content.matches(old.as_str()).count();
+    // The answer is bounded like the input: a short `old` replaced everywhere by a long `new`
+    // would otherwise grow a small file a million-fold in the agent's memory.
+    let grown = (content.len() as u64)
+        .saturating_sub(count as u64 * old.len() as u64)
+        .saturating_add((count as u64).saturating_mul(new.len() as u64));
+    if (count > 0 && (replace_all || count == 1)) && grown > MAX_EDIT_FILE_BYTES {
+        return Err(SearchError::LimitExceeded(format!(
+            "the edited file would be {grown} bytes, more than {MAX_EDIT_FILE_BYTES}: split the edit"
+        )));
+    }
     match count {
         0 => Err(SearchError::StringNotFound),
         n if n > 1 && !replace_all => Err(SearchError::MultipleOccurrences(n)),
@@ -90,4 +100,18 @@ pub fn edit_file(
     atomic::replace_bytes(&target, updated.as_bytes())
         .map_err(|e| SearchError::WriteFailed(shown, e.to_string()))?;
     Ok(count)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_edit_that_would_grow_the_file_past_the_limit_is_refused() {
+        let content = "a".repeat(2000);
+        let new = "B".repeat(512 * 1024);
+        let err = super::replace_in(&content, "a", &new, true).unwrap_err();
+        assert!(err.to_string().contains("split the edit"), "{err}");
+        // Under the limit it is done.
+        let (out, n) = super::replace_in(&content, "a", "BB", true).unwrap();
+        assert_eq!((out.len(), n), (4000, 2000));
+    }
 }
