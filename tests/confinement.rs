@@ -348,6 +348,12 @@ async fn the_change_feed_never_follows_a_symlink_out_of_the_workspace() {
     // A directory made inside later is watched; still nothing outside.
     fs::create_dir(root.join("inside/later")).unwrap();
     std::os::unix::fs::symlink(&outside, root.join("inside/later/link")).unwrap();
+    // inotify reports nothing made in a directory before its watch exists: wait for it (the
+    // watch count going up) so the file below is a change the feed can see.
+    let watched = Instant::now() + Duration::from_secs(10);
+    while inotify_watches(agent.child.id()) < 3 && Instant::now() < watched {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     fs::write(outside.join("sub4/x"), "x").unwrap();
     fs::write(root.join("inside/later/y"), "y").unwrap();
     loop {

@@ -191,38 +191,15 @@ impl AgentProcess {
 
     /// An agent started with extra command-line flags (`--search-timeout 3`, …).
     pub fn start_with_args(root: &Path, token: &str, extra: &[&str]) -> AgentProcess {
-        use std::io::BufRead;
-        let token_dir = tempfile::tempdir().unwrap();
-        let token_file = token_dir.path().join("token");
-        fs::write(&token_file, format!("{token}\n")).unwrap();
-        let mut child = Command::new(sbxfs_bin())
-            .args(["agent", "--listen", "127.0.0.1:0", "--root"])
-            .arg(root)
-            .arg("--token-file")
-            .arg(&token_file)
-            .args(extra)
-            .env("SBXFS_LOG", "warn")
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("start sbxfs agent");
-        let stdout = child.stdout.take().unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(stdout)
-            .read_line(&mut line)
-            .unwrap();
-        let url = line
-            .split_whitespace()
-            .find(|w| w.starts_with("http://"))
-            .unwrap_or_else(|| panic!("no ready line from the agent: {line:?}"))
-            .to_string();
-        let addr = url.trim_start_matches("http://").parse().unwrap();
-        AgentProcess {
-            child,
-            url,
-            token: token.to_string(),
-            addr,
-            _token_dir: token_dir,
-        }
+        Self::launch(
+            root,
+            AgentLaunch {
+                args: extra,
+                token: Some(token),
+                log: Some("warn"),
+                ..Default::default()
+            },
+        )
     }
 
     pub fn client(&self) -> sbxfs::remote::client::AgentClient {
@@ -255,6 +232,8 @@ pub struct AgentLaunch<'a> {
     pub log: Option<&'a str>,
     /// Where its stderr goes (else inherited).
     pub stderr: Option<fs::File>,
+    /// The bearer token (else the conformance suite's).
+    pub token: Option<&'a str>,
 }
 
 impl AgentProcess {
@@ -262,7 +241,7 @@ impl AgentProcess {
     /// the cgroup shell `exec`s it), so it is stopped by pid like any other.
     pub fn launch(root: &Path, how: AgentLaunch) -> AgentProcess {
         use std::io::BufRead;
-        let token = "conformance-token-0123456789";
+        let token = how.token.unwrap_or("conformance-token-0123456789");
         let token_dir = tempfile::tempdir().unwrap();
         let token_file = token_dir.path().join("token");
         fs::write(&token_file, token).unwrap();
