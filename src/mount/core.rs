@@ -76,6 +76,8 @@ pub struct FsCore {
     pub(super) inodes: InodeTable,
     pub(super) meta: MetaCache,
     pub(super) pages: PageCache,
+    /// Read-ahead's remote reads in flight, over all handles.
+    pub(super) prefetchers: super::readahead::Prefetchers,
     pub(super) handles: Handles,
     /// Bumped by every change made through the mount. An answer fetched while it moved may
     /// predate that change, so it is fetched again rather than cached (a stat racing a push
@@ -117,6 +119,7 @@ impl FsCore {
             inodes: InodeTable::new(root),
             meta: MetaCache::new(),
             pages: PageCache::new(cfg.cache_bytes),
+            prefetchers: Default::default(),
             handles: Handles::default(),
             cfg,
             epoch: AtomicU64::new(0),
@@ -602,7 +605,7 @@ impl FsCore {
         Ok(data)
     }
 
-    pub async fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+    pub async fn read(self: &Arc<Self>, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
         let h = self.handles.file(fh)?;
         if let Some(s) = self.staged_of(h.node) {
             return self.read_staged(h.node, &s, offset, size as u64).await;
@@ -611,6 +614,7 @@ impl FsCore {
         let mut follows = 0;
         'again: loop {
             let version = h.version();
+            self.read_ahead(&h, &path, &version, offset, size as u64);
             let end = offset + size as u64;
             let mut out = Vec::with_capacity(size as usize);
             let mut page = PageIndex::containing(offset);

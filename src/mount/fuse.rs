@@ -253,7 +253,12 @@ impl SbxFs {
 impl Filesystem for SbxFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_write(1024 * 1024);
-        let _ = config.set_max_readahead(1024 * 1024);
+        // The kernel's largest read-ahead (it says how large: the error is its limit), and many
+        // of its reads in flight at once; the mount's own read-ahead covers the distance.
+        if let Err(kernel_max) = config.set_max_readahead(super::readahead::MAX_WINDOW as u32) {
+            let _ = config.set_max_readahead(kernel_max);
+        }
+        let _ = config.set_max_background(64);
         // ioctls on directories too: `sbxfs grep` asks the directory it stands in. O_TRUNC in
         // OPEN itself: a SETATTR of the size is then always an explicit truncate.
         let _ = config.add_capabilities(
@@ -616,6 +621,8 @@ impl Filesystem for SbxFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        // The kernel's read sizes show whether max_readahead/max_pages took (SBXFS_LOG=trace).
+        tracing::trace!(offset, size, "read");
         self.spawn("read", ino.0, move |core, _| async move {
             reply_data(reply, "read", core.read(fh.0, offset, size).await)
         });

@@ -20,6 +20,8 @@ pub struct OpenFile {
     pub writable: bool,
     /// Written (or truncated) through this handle since its last flush.
     pub wrote: AtomicBool,
+    /// Sequential reads fetch ahead ([`super::readahead`]).
+    pub readahead: super::readahead::ReadAhead,
 }
 
 impl OpenFile {
@@ -30,6 +32,7 @@ impl OpenFile {
             remote: Mutex::new(RemoteId::of(attr)),
             writable,
             wrote: AtomicBool::new(false),
+            readahead: super::readahead::ReadAhead::new(attr.size),
         }
     }
 
@@ -45,6 +48,7 @@ impl OpenFile {
     pub fn follow(&self, attr: &crate::remote::Attr) {
         *self.version.lock().expect("handle lock") = attr.version.clone();
         *self.remote.lock().expect("handle lock") = RemoteId::of(attr);
+        self.readahead.set_file_size(attr.size);
     }
 }
 

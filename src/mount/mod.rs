@@ -38,6 +38,7 @@ pub mod notify;
 pub mod options;
 pub mod pages;
 pub mod preflight;
+pub mod readahead;
 pub mod staging;
 pub mod state;
 pub mod writeback;
@@ -264,6 +265,7 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     if cfg.allow_other {
         preflight::check_allow_other()?;
     }
+    readahead::bound_allocator();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .worker_threads(4)

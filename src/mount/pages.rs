@@ -10,6 +10,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use futures_util::FutureExt;
 use lru::LruCache;
 
 use crate::remote::{RemoteError, Version};
@@ -119,6 +120,71 @@ impl PageCache {
             let other = (&from != version).then_some(from);
             (d, other, false)
         })
+    }
+}
+
+impl PageCache {
+    /// Fetch `count` pages from `first` with one call of `fetch` (given the first page of the
+    /// run it should read and how many pages), for read-ahead. Pages already cached or being
+    /// fetched are left alone: the run is the free pages from the first free one on, up to the
+    /// next busy one. Readers of these pages meanwhile wait for this fetch rather than making
+    /// their own; if it is dropped half-way they fetch for themselves.
+    pub async fn fetch_run<F, Fut>(&self, version: &Version, first: PageIndex, count: u64, fetch: F)
+    where
+        F: FnOnce(PageIndex, u64) -> Fut,
+        Fut: Future<Output = Result<(Bytes, Version), RemoteError>>,
+    {
+        let cells = self.claim_run(version, first, count);
+        let Some((start, _)) = cells.first() else {
+            return;
+        };
+        let start = *start;
+        let run = fetch(start, cells.len() as u64).shared();
+        let fills = cells.iter().map(|(page, cell)| {
+            let run = run.clone();
+            let page = *page;
+            cell.get_or_init(move || async move {
+                let (data, from) = run.await?;
+                let at = ((page.0 - start.0) * PAGE) as usize;
+                let slice = data.slice(at.min(data.len())..(at + PAGE as usize).min(data.len()));
+                self.put(from.clone(), page, slice.clone());
+                Ok((slice, from))
+            })
+        });
+        futures_util::future::join_all(fills).await;
+        let mut inflight = self.inflight.lock().expect("inflight lock");
+        for (page, cell) in &cells {
+            let key = (version.clone(), *page);
+            if inflight.get(&key).is_some_and(|c| Arc::ptr_eq(c, cell)) {
+                inflight.remove(&key);
+            }
+        }
+    }
+
+    /// Register fetches for the free pages of a run (see [`PageCache::fetch_run`]).
+    fn claim_run(
+        &self,
+        version: &Version,
+        first: PageIndex,
+        count: u64,
+    ) -> Vec<(PageIndex, Arc<Fetch>)> {
+        let mut cells = Vec::new();
+        let mut inflight = self.inflight.lock().expect("inflight lock");
+        for i in first.0..first.0 + count {
+            let key = (version.clone(), PageIndex(i));
+            let busy = inflight.contains_key(&key)
+                || self.lru.lock().expect("page cache lock").map.contains(&key);
+            match (busy, cells.is_empty()) {
+                (true, true) => continue,
+                (true, false) => break,
+                (false, _) => {
+                    let cell = Arc::new(Fetch::default());
+                    inflight.insert(key, cell.clone());
+                    cells.push((PageIndex(i), cell));
+                }
+            }
+        }
+        cells
     }
 }
 

@@ -597,8 +597,12 @@ impl Remote for AgentClient {
         if resp.content_length().is_some_and(|n| n > u64::from(len)) {
             return Err(more());
         }
+        // Sized once: a buffer grown by doubling leaves a trail of freed ones behind.
+        let mut data = bytes::BytesMut::with_capacity(
+            resp.content_length()
+                .map_or(0, |n| n.min(u64::from(len)) as usize),
+        );
         let mut body = resp.bytes_stream();
-        let mut data = bytes::BytesMut::new();
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(transport)?;
             if data.len() + chunk.len() > len as usize {
