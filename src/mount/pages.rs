@@ -134,13 +134,17 @@ impl PageCache {
         F: FnOnce(PageIndex, u64) -> Fut,
         Fut: Future<Output = Result<(Bytes, Version), RemoteError>>,
     {
-        let cells = self.claim_run(version, first, count);
-        let Some((start, _)) = cells.first() else {
+        let claim = Claim {
+            cache: self,
+            version,
+            cells: self.claim_run(version, first, count),
+        };
+        let Some((start, _)) = claim.cells.first() else {
             return;
         };
         let start = *start;
-        let run = fetch(start, cells.len() as u64).shared();
-        let fills = cells.iter().map(|(page, cell)| {
+        let run = fetch(start, claim.cells.len() as u64).shared();
+        let fills = claim.cells.iter().map(|(page, cell)| {
             let run = run.clone();
             let page = *page;
             cell.get_or_init(move || async move {
@@ -152,13 +156,6 @@ impl PageCache {
             })
         });
         futures_util::future::join_all(fills).await;
-        let mut inflight = self.inflight.lock().expect("inflight lock");
-        for (page, cell) in &cells {
-            let key = (version.clone(), *page);
-            if inflight.get(&key).is_some_and(|c| Arc::ptr_eq(c, cell)) {
-                inflight.remove(&key);
-            }
-        }
     }
 
     /// Register fetches for the free pages of a run (see [`PageCache::fetch_run`]).
@@ -185,6 +182,26 @@ impl PageCache {
             }
         }
         cells
+    }
+}
+
+/// A run's pages registered as being fetched; unregistered when the run ends or is dropped
+/// half-way (its handle closed), so no entry outlives its fetch.
+struct Claim<'a> {
+    cache: &'a PageCache,
+    version: &'a Version,
+    cells: Vec<(PageIndex, Arc<Fetch>)>,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        let mut inflight = self.cache.inflight.lock().expect("inflight lock");
+        for (page, cell) in &self.cells {
+            let key = (self.version.clone(), *page);
+            if inflight.get(&key).is_some_and(|c| Arc::ptr_eq(c, cell)) {
+                inflight.remove(&key);
+            }
+        }
     }
 }
 
@@ -231,5 +248,101 @@ mod tests {
         assert_eq!(cache.bytes(), PAGE * 2);
         assert!(cache.get(&Version("v".into()), PageIndex(9)).is_some());
         assert!(cache.get(&Version("v".into()), PageIndex(0)).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_reader_waits_for_the_run_fetching_its_page() {
+        let cache = Arc::new(PageCache::new(1 << 30));
+        let v = Version("v".into());
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let run = {
+            let (cache, v) = (cache.clone(), v.clone());
+            tokio::spawn(async move {
+                cache
+                    .fetch_run(&v, PageIndex(2), 4, |from, n| {
+                        assert_eq!((from, n), (PageIndex(2), 4));
+                        let v = v.clone();
+                        async move {
+                            rx.await.unwrap();
+                            let data: Vec<u8> = (0..4 * PAGE).map(|i| (i / PAGE) as u8).collect();
+                            Ok((Bytes::from(data), v))
+                        }
+                    })
+                    .await
+            })
+        };
+        tokio::task::yield_now().await;
+        while !cache
+            .inflight
+            .lock()
+            .unwrap()
+            .contains_key(&(v.clone(), PageIndex(4)))
+        {
+            tokio::task::yield_now().await;
+        }
+        let reader = {
+            let (cache, v) = (cache.clone(), v.clone());
+            tokio::spawn(async move {
+                cache
+                    .get_or_fetch(&v, PageIndex(4), || async {
+                        panic!("the page is being fetched by the run")
+                    })
+                    .await
+                    .unwrap()
+            })
+        };
+        tx.send(()).unwrap();
+        let (data, other, _) = reader.await.unwrap();
+        assert_eq!((data.len() as u64, data[0], other), (PAGE, 2, None));
+        run.await.unwrap();
+        assert!(cache.inflight.lock().unwrap().is_empty());
+        assert_eq!(cache.bytes(), 4 * PAGE);
+    }
+
+    #[tokio::test]
+    async fn a_run_dropped_half_way_leaves_nothing_registered() {
+        let cache = Arc::new(PageCache::new(1 << 30));
+        let v = Version("v".into());
+        let run = {
+            let (cache, v) = (cache.clone(), v.clone());
+            tokio::spawn(async move {
+                cache
+                    .fetch_run(&v, PageIndex(0), 8, |_, _| std::future::pending())
+                    .await
+            })
+        };
+        while cache.inflight.lock().unwrap().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        run.abort();
+        let _ = run.await;
+        assert!(cache.inflight.lock().unwrap().is_empty());
+        // A reader then fetches the page itself.
+        let (d, _, hit) = cache
+            .get_or_fetch(&v, PageIndex(3), || async {
+                Ok((Bytes::from_static(b"x"), v.clone()))
+            })
+            .await
+            .unwrap();
+        assert_eq!((&d[..], hit), (&b"x"[..], false));
+    }
+
+    #[tokio::test]
+    async fn a_run_skips_cached_pages_and_stops_at_a_busy_one() {
+        let cache = PageCache::new(1 << 30);
+        let v = Version("v".into());
+        cache.put(v.clone(), PageIndex(0), Bytes::from_static(b"cached"));
+        cache.put(v.clone(), PageIndex(3), Bytes::from_static(b"cached"));
+        let asked = std::sync::Mutex::new(None);
+        cache
+            .fetch_run(&v, PageIndex(0), 6, |from, n| {
+                *asked.lock().unwrap() = Some((from, n));
+                let v = v.clone();
+                async move { Ok((Bytes::from(vec![7u8; (n * PAGE) as usize]), v)) }
+            })
+            .await;
+        assert_eq!(*asked.lock().unwrap(), Some((PageIndex(1), 2)));
+        assert_eq!(&cache.get(&v, PageIndex(0)).unwrap()[..], b"cached");
+        assert_eq!(cache.get(&v, PageIndex(2)).unwrap().len() as u64, PAGE);
     }
 }

@@ -121,7 +121,7 @@ impl ReadAhead {
 pub fn bound_allocator() {
     // SAFETY: mallopt only sets a malloc tunable; called before the runtime's threads start.
     unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 512 * 1024);
     }
 }
 
