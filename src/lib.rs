@@ -20,7 +20,8 @@
 //!   the permission gate ([`mount::gate`]) applies the POSIX rules ([`mount::access`]), the
 //!   mounting user acting as the sandbox's user, whose owners the mount shows. The operations
 //!   work over the inode table ([`mount::inode`]: own node ids, names as links, orphans), listings
-//!   ([`mount::meta`]), the page cache ([`mount::pages`]), open handles ([`mount::handles`]) and
+//!   ([`mount::meta`]), the page cache ([`mount::pages`]) filled ahead of sequential readers
+//!   ([`mount::readahead`]), open handles ([`mount::handles`]) and
 //!   write-back ([`mount::writeback`]: pushes, retries, conflicts) of durable staged images
 //!   ([`mount::staging`]) in a private directory ([`mount::state`]). Every remote call has a
 //!   deadline ([`remote::deadline`]), and every answer is bounded before it is held (the
