@@ -259,6 +259,9 @@ impl Filesystem for SbxFs {
             let _ = config.set_max_readahead(kernel_max);
         }
         let _ = config.set_max_background(64);
+        // Lookups and listings in one directory run in parallel (the kernel still serialises
+        // changes to it); asked for alone, as a kernel without it refuses the whole set.
+        let _ = config.add_capabilities(fuser::InitFlags::FUSE_PARALLEL_DIROPS);
         // ioctls on directories too: `sbxfs grep` asks the directory it stands in. O_TRUNC in
         // OPEN itself: a SETATTR of the size is then always an explicit truncate.
         let _ = config.add_capabilities(
