@@ -17,4 +17,4 @@ command -v sshfs >/dev/null && [ -x /usr/sbin/sshd ] || {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq sshfs openssh-server >/dev/null
 }
 cargo test --release -q --test bench_distance -- --ignored --nocapture 2>&1 |
-  grep -E '^(\||Made by|Workloads|sbxfs mounted|PROBLEM|run [0-9]|test result|thread|  |$)'
+  grep --line-buffered -E '^(\||Medians|Made by|Workloads|sbxfs mounted|PROBLEM|run [0-9]|test result|thread|  |$)'
