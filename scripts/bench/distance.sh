@@ -5,7 +5,7 @@
 # `git status` (1,000 files); untar 500 files until all are in the sandbox; a 1-byte edit of a
 # 64 MiB file until the sandbox shows it; `sbxfs grep`/`scan` against `rg`/`sed` over sshfs;
 # mount time. Median of 3, the peers taking turns; prints a Markdown table. Installs
-# sshfs/openssh-server when missing. Takes about 15 minutes; a smoke run takes about 1:
+# sshfs/openssh-server when missing. Takes 15-30 minutes (2 busy cores); a smoke run 1-2:
 #   scripts/bench/distance.sh                           # the sizes
 #   SBXFS_BENCH_QUICK=1 scripts/bench/distance.sh       # small sizes, one run
 #   SBXFS_BENCH_RUNS=5 SBXFS_BENCH_DELAY_MS=40 SBXFS_BENCH_MOUNT_ARGS='-o sync_close' \
