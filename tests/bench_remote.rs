@@ -8,9 +8,10 @@ mod common;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::sshfs::{mount_sshfs, start_sshd};
 use common::*;
 use sbxfs::proxy::Proxy;
 
@@ -50,95 +51,6 @@ fn build_tree(dst: &Path) -> usize {
         }
     }
     n
-}
-
-struct Sshd {
-    child: Child,
-    port: u16,
-    key: PathBuf,
-}
-
-impl Drop for Sshd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_sshd(dir: &Path) -> Sshd {
-    let host_key = dir.join("host_key");
-    let key = dir.join("id");
-    for k in [&host_key, &key] {
-        assert!(Command::new("ssh-keygen")
-            .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-            .arg(k)
-            .status()
-            .unwrap()
-            .success());
-    }
-    fs::copy(dir.join("id.pub"), dir.join("authorized_keys")).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let cfg = dir.join("sshd_config");
-    fs::write(
-        &cfg,
-        format!(
-            "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nAuthorizedKeysFile {}\nPermitRootLogin yes\n\
-             PasswordAuthentication no\nUsePAM no\nStrictModes no\nPidFile {}\nSubsystem sftp internal-sftp\n",
-            host_key.display(),
-            dir.join("authorized_keys").display(),
-            dir.join("sshd.pid").display()
-        ),
-    )
-    .unwrap();
-    fs::create_dir_all("/run/sshd").unwrap();
-    let child = Command::new("/usr/sbin/sshd")
-        .arg("-D")
-        .arg("-e")
-        .arg("-f")
-        .arg(&cfg)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    for _ in 0..50 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    Sshd { child, port, key }
-}
-
-fn mount_sshfs(root: &Path, port: u16, key: &Path, dir: &Path) -> MountedChild {
-    fs::create_dir_all(dir).unwrap();
-    let child = Command::new("sshfs")
-        .arg("-f")
-        .arg(format!("root@127.0.0.1:{}", root.display()))
-        .arg(dir)
-        .args(["-p", &port.to_string(), "-o"])
-        .arg(format!(
-            "IdentityFile={},StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null",
-            key.display()
-        ))
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    for _ in 0..100 {
-        if fs::read_to_string("/proc/mounts")
-            .unwrap()
-            .contains(dir.to_str().unwrap())
-        {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    MountedChild {
-        child,
-        dir: dir.to_path_buf(),
-    }
 }
 
 /// Run `cmd` in `dir`, returning (seconds, bytes that crossed `proxy`, stdout lines).

@@ -8,6 +8,8 @@ use std::process::Command;
 
 use serde_json::Value;
 
+pub mod sshfs;
+
 use sbxfs::search::grep::GrepOptions;
 use sbxfs::search::walk::WalkOptions;
 
