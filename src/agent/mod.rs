@@ -1260,10 +1260,10 @@ async fn watch_feed(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResu
     let Some(feed) = &app.feed else {
         return Err(RemoteError::Unsupported("the change feed is not running".into()).into());
     };
-    let (backlog, mut rx) = feed.subscribe(since);
+    let (backlog, mut rx, start) = feed.subscribe(since);
     let (tx, out) = mpsc::channel(STREAM_QUEUE);
     tokio::spawn(async move {
-        let mut last = since.unwrap_or(0);
+        let mut last = start;
         for ev in backlog {
             last = last.max(ev.seq);
             if tx.send(json_line(&ev)).await.is_err() {

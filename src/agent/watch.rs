@@ -77,14 +77,25 @@ impl ChangeFeed {
     }
 
     /// The retained events after `since` (none for a client starting fresh), preceded by a
-    /// `lost` event if the ring no longer reaches back to it; plus a receiver for what follows.
+    /// `lost` event if the ring no longer reaches back to it; plus a receiver for what follows,
+    /// and the number after which events are new to this client. A `since` past the last event
+    /// is another agent's (this one restarted): `lost`, then everything from now on.
     pub fn subscribe(
         &self,
         since: Option<u64>,
-    ) -> (Vec<ChangeEvent>, broadcast::Receiver<ChangeEvent>) {
+    ) -> (Vec<ChangeEvent>, broadcast::Receiver<ChangeEvent>, u64) {
         let ring = self.inner.lock().expect("change ring lock");
         let rx = self.tx.subscribe();
         let mut backlog = Vec::new();
+        let last = ring.next_seq - 1;
+        if since.is_some_and(|s| s > last) {
+            backlog.push(ChangeEvent {
+                seq: last,
+                path: WireBytes::default(),
+                kind: ChangeKind::Lost,
+            });
+            return (backlog, rx, last);
+        }
         if let Some(since) = since {
             let oldest = ring.events.front().map_or(ring.next_seq, |e| e.seq);
             if since + 1 < oldest {
@@ -96,7 +107,7 @@ impl ChangeFeed {
             }
             backlog.extend(ring.events.iter().filter(|e| e.seq > since).cloned());
         }
-        (backlog, rx)
+        (backlog, rx, since.unwrap_or(0))
     }
 
     pub fn last_seq(&self) -> u64 {
