@@ -37,6 +37,9 @@ use crate::remote::{
 /// rewritten faster than it can be read, or an agent whose reads never match its stat.
 const MAX_READ_FOLLOWS: u32 = 8;
 
+/// How long a `statfs` answer is reused.
+pub const STATFS_TTL: Duration = Duration::from_secs(5);
+
 /// Largest file the mount writes: the agent's commit limit (a larger write is EFBIG).
 pub const MAX_FILE_BYTES: u64 = 64 * 1024 * 1024 * 1024;
 
@@ -93,6 +96,8 @@ pub struct FsCore {
     workspace_root: OnceLock<Vec<u8>>,
     /// Whether the change feed vouches for what is cached ([`super::feed`]).
     pub(super) feed: super::feed::FeedState,
+    /// The last `statfs` answer and when it came ([`STATFS_TTL`]).
+    statfs_seen: Mutex<Option<(Instant, StatFs)>>,
     pub stats: CoreStats,
 }
 
@@ -130,6 +135,7 @@ impl FsCore {
             reachable: AtomicBool::new(true),
             workspace_root: OnceLock::new(),
             feed: super::feed::FeedState::default(),
+            statfs_seen: Mutex::new(None),
             stats: CoreStats::default(),
         })
     }
@@ -298,6 +304,10 @@ impl FsCore {
                 let id = self.inodes.child(parent, name).expect("checked");
                 self.node(id)?.attr
             }
+            // The change feed vouches for a node it has not reported changed.
+            None if self.vouched_child(parent, name).is_some() => {
+                self.vouched_child(parent, name).expect("checked")
+            }
             None => match self.stable_stat(&path).await {
                 Ok(a) => a,
                 Err(e) if unreachable(&e) => {
@@ -317,6 +327,15 @@ impl FsCore {
         let node = self.remember_entry(parent, name, attr);
         let attr = self.with_staged(node, self.node(node)?.attr);
         Ok(NodeAttr { node, attr })
+    }
+
+    /// The attributes of a known child while the change feed vouches for them.
+    fn vouched_child(&self, parent: NodeId, name: &[u8]) -> Option<Attr> {
+        if !self.feed.trusted() {
+            return None;
+        }
+        let n = self.inodes.get(self.inodes.child(parent, name)?)?;
+        self.fresh(n.fetched).then_some(n.attr)
     }
 
     /// Record what a lookup found; a node with staged writes keeps its own identity (our
@@ -1067,8 +1086,17 @@ impl FsCore {
         super::links::present_target(root, link.as_bytes(), raw)
     }
 
+    /// Free space as of at most [`STATFS_TTL`] ago: `find` and `df` ask on every run, and no
+    /// feed reports free space.
     pub async fn statfs(&self) -> Result<StatFs> {
-        self.note(self.remote.statfs().await)
+        if let Some((at, s)) = &*self.statfs_seen.lock().expect("statfs lock") {
+            if at.elapsed() < STATFS_TTL {
+                return Ok(s.clone());
+            }
+        }
+        let s = self.note(self.remote.statfs().await)?;
+        *self.statfs_seen.lock().expect("statfs lock") = Some((Instant::now(), s.clone()));
+        Ok(s)
     }
 
     pub async fn getxattr(&self, node: NodeId, name: &[u8]) -> Result<Vec<u8>> {

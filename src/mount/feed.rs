@@ -183,6 +183,7 @@ enum Break {
 /// break, distrust at once and reconnect with backoff, resuming after the last event seen.
 pub async fn follow(core: Arc<FsCore>, health: Option<Arc<Health>>) {
     let mut since: Option<u64> = None;
+    let mut connected_before = false;
     let mut backoff = MIN_BACKOFF;
     loop {
         let stream = match core.remote().watch(since).await {
@@ -202,11 +203,12 @@ pub async fn follow(core: Arc<FsCore>, health: Option<Arc<Health>>) {
         };
         // Subscribed: whatever changes from here on is in the stream. What changed before
         // (while no feed vouched for the caches) is found by revalidating everything cached.
-        let reason = if since.is_none() {
-            "feed connected"
-        } else {
+        let reason = if connected_before {
             "feed reconnected"
+        } else {
+            "feed connected"
         };
+        connected_before = true;
         let dropped = match revalidate_all(&core, reason).await {
             Ok(()) => {
                 core.feed.trusted.store(true, Ordering::SeqCst);
@@ -333,31 +335,33 @@ async fn apply(core: &FsCore, batch: Vec<ChangeEvent>) -> crate::remote::Result<
     Ok(())
 }
 
-/// An event about `path`: its parent's listing goes (it holds the entry's attributes); a
-/// namespace change also makes the parent's own attributes stale and, for a name the mount
-/// has no node for, the kernel's entry. A known node is checked.
+/// An event about `path`. A node the mount has for it is checked (and dropped only if it
+/// changed: an atime or our own push changes nothing). A namespace change makes the parent's
+/// listing and attributes stale; so does any change to a name the mount has no node for (the
+/// parent's listing holds its attributes), and the kernel's entry for that name goes.
 fn touched(
     core: &FsCore,
     path: &RemotePath,
     namespace: bool,
     check: &mut BTreeSet<(NodeId, RemotePath)>,
 ) {
+    let node = core.inodes.resolve(path);
     if let Some((parent_path, name)) = path.split_last() {
         if let Some(parent) = core.inodes.resolve(&parent_path) {
             if namespace {
                 core.dir_changed(parent);
-            } else {
+            } else if node.is_none() {
                 core.bump();
                 core.meta.invalidate(parent);
             }
-            if core.inodes.child(parent, name).is_none() {
+            if node.is_none() {
                 if let Some(k) = core.kernel() {
                     k.invalidate_entry(parent, name);
                 }
             }
         }
     }
-    if let Some(node) = core.inodes.resolve(path) {
+    if let Some(node) = node {
         check.insert((node, path.clone()));
     }
 }
