@@ -237,12 +237,19 @@ async fn run(
     since: &mut Option<u64>,
 ) -> Break {
     let mut tick = tokio::time::interval(HEALTH_TICK);
+    // Only a failure seen after a success counts: the probe may not have noticed yet that the
+    // sandbox is back when the feed already is.
+    let mut answered = false;
     loop {
         let first = tokio::select! {
             next = stream.next() => next,
             _ = tick.tick() => {
-                if health.is_some_and(|h| !h.reachable()) {
-                    return Break::Link("the sandbox does not answer".into());
+                match health.map(Health::reachable) {
+                    Some(true) => answered = true,
+                    Some(false) if answered => {
+                        return Break::Link("the sandbox does not answer".into());
+                    }
+                    _ => {}
                 }
                 continue;
             }
