@@ -2,8 +2,10 @@
 //! caches can be trusted for as long as it is connected.
 //!
 //! While the feed is connected and caught up ([`FeedState::trusted`]), attributes, listings,
-//! link targets and pages are trusted indefinitely, here and in the kernel ([`TRUSTED_TTL`]),
-//! and `open` does not revalidate: warm commands cost no round trip. Each event drops exactly
+//! link targets and pages are trusted indefinitely, here and in the kernel's attribute cache
+//! ([`TRUSTED_TTL`]), and `open` does not revalidate: warm commands cost no round trip. (The
+//! kernel keeps names for the TTL: a name it asks again about is answered from the trusted
+//! nodes here, without a round trip.) Each event drops exactly
 //! what it touches: the node's attributes and pages, its parent's listing, the kernel's entry
 //! for a name made, removed or renamed. Whether a node changed is asked of the sandbox, in one
 //! batched stat per burst of events ([`Remote::stat_many`]), and only a changed version is
@@ -213,8 +215,13 @@ pub async fn follow(core: Arc<FsCore>, health: Option<Arc<Health>>) {
             Ok(()) => {
                 core.feed.trusted.store(true, Ordering::SeqCst);
                 core.feed.set_link(Link::Connected);
-                backoff = MIN_BACKOFF;
-                run(&core, stream, health.as_deref(), &mut since).await
+                let connected = Instant::now();
+                let broke = run(&core, stream, health.as_deref(), &mut since).await;
+                // A feed that breaks as soon as it connects does not reconnect at once again.
+                if connected.elapsed() > MAX_BACKOFF * 2 {
+                    backoff = MIN_BACKOFF;
+                }
+                broke
             }
             Err(e) => Break::Revalidation(e),
         };
@@ -290,14 +297,14 @@ async fn run(
     }
 }
 
-/// Trust ends: the TTL applies again here at once, and the kernel forgets the attributes and
-/// names it was told to keep long.
+/// Trust ends: the TTL applies again here at once, and the kernel forgets the attributes it
+/// was told to keep long. (Names it keeps for the TTL only: dropping them would make it
+/// forget nodes that a sandbox out of reach can no longer give back.)
 fn distrust(core: &FsCore) {
     core.feed.trusted.store(false, Ordering::SeqCst);
     if let Some(k) = core.kernel() {
-        for (node, parent, name) in core.inodes.all_links() {
+        for (node, _) in core.inodes.known_paths() {
             k.invalidate_attr(node);
-            k.invalidate_entry(parent, &name);
         }
     }
 }

@@ -238,10 +238,13 @@ impl SbxFs {
             ttl: self.ttl(),
             // With the daemon checking and other users in, every path walk must reach it: the
             // kernel reuses a cached name without checking search permission on its directory.
+            // The configured TTL even while the change feed vouches for the caches: a name
+            // the kernel asks again about costs no round trip then, and one the kernel kept
+            // longer would outlive a feed that drops.
             entry_ttl: if self.owners.checks && self.allow_other {
                 Duration::ZERO
             } else {
-                self.ttl()
+                self.core.config().attr_ttl
             },
             owners: self.owners.clone(),
         });

@@ -407,15 +407,6 @@ impl InodeTable {
             .collect()
     }
 
-    /// Every name the kernel may have cached: (node, parent, name).
-    pub fn all_links(&self) -> Vec<(NodeId, NodeId, Vec<u8>)> {
-        let t = self.lock();
-        t.nodes
-            .iter()
-            .flat_map(|(id, n)| n.links.iter().map(|(p, name)| (*id, *p, name.clone())))
-            .collect()
-    }
-
     /// The node at a path, walking names from the root (`None` if some name is not known).
     pub fn resolve(&self, path: &RemotePath) -> Option<NodeId> {
         let t = self.lock();
