@@ -217,3 +217,27 @@ fn translate(root: &Path, ev: notify::Event) -> Vec<(ChangeKind, Vec<u8>)> {
         EventKind::Any | EventKind::Other => one(ChangeKind::Modified),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_since_from_another_agent_is_answered_with_lost_then_everything_new() {
+        let dir = tempfile::tempdir().unwrap();
+        let feed = ChangeFeed::start(dir.path()).unwrap();
+        // A client that followed an earlier agent (numbers far past this one's).
+        let (backlog, _rx, start) = feed.subscribe(Some(1_000_000));
+        assert_eq!(backlog.len(), 1);
+        assert_eq!(backlog[0].kind, ChangeKind::Lost);
+        assert_eq!(
+            start,
+            feed.last_seq(),
+            "new events are those after this agent's last"
+        );
+        // A client of this agent resumes where it was, with nothing lost.
+        let (backlog, _rx, start) = feed.subscribe(Some(feed.last_seq()));
+        assert!(backlog.is_empty());
+        assert_eq!(start, feed.last_seq());
+    }
+}

@@ -352,7 +352,9 @@ async fn apply(core: &FsCore, batch: Vec<ChangeEvent>) -> crate::remote::Result<
 /// An event about `path`. A node the mount has for it is checked (and dropped only if it
 /// changed: an atime or our own push changes nothing). A namespace change makes the parent's
 /// listing and attributes stale; so does any change to a name the mount has no node for (the
-/// parent's listing holds its attributes), and the kernel's entry for that name goes.
+/// parent's listing holds its attributes). A name with no node has no entry in the kernel
+/// either (a failed lookup is not cached), so none is dropped: dropping the entry of a
+/// directory that is some process's working directory would cut it off (`getcwd` fails).
 fn touched(
     core: &FsCore,
     path: &RemotePath,
@@ -360,18 +362,13 @@ fn touched(
     check: &mut BTreeSet<(NodeId, RemotePath)>,
 ) {
     let node = core.inodes.resolve(path);
-    if let Some((parent_path, name)) = path.split_last() {
+    if let Some((parent_path, _)) = path.split_last() {
         if let Some(parent) = core.inodes.resolve(&parent_path) {
             if namespace {
                 core.dir_changed(parent);
             } else if node.is_none() {
                 core.bump();
                 core.meta.invalidate(parent);
-            }
-            if node.is_none() {
-                if let Some(k) = core.kernel() {
-                    k.invalidate_entry(parent, name);
-                }
             }
         }
     }
@@ -423,9 +420,9 @@ async fn check_nodes(
         // A local change raced these answers: what differs is dropped, not recorded.
         let raced = core.epoch() != before;
         for answer in answers {
-            let node = nodes[at].0;
+            let (node, path) = &nodes[at];
             at += 1;
-            if settle(core, node, answer, raced) {
+            if settle(core, *node, path, answer, raced) {
                 changed += 1;
             }
         }
@@ -433,9 +430,17 @@ async fn check_nodes(
     Ok(changed)
 }
 
-/// One node's answer: unchanged is trusted afresh; changed or gone is dropped. Answers
-/// whether it changed.
-fn settle(core: &FsCore, node: NodeId, answer: crate::remote::Result<Attr>, raced: bool) -> bool {
+/// One node's answer about `path`: unchanged is trusted afresh; changed or gone is dropped.
+/// The kernel's entry goes only for a name that now leads elsewhere or nowhere, only if the
+/// node still has that name (a rename through the mount may have moved it meanwhile), and
+/// never on an answer a local change raced. Answers whether it changed.
+fn settle(
+    core: &FsCore,
+    node: NodeId,
+    path: &RemotePath,
+    answer: crate::remote::Result<Attr>,
+    raced: bool,
+) -> bool {
     let Some(n) = core.inodes.get(node) else {
         return false;
     };
@@ -445,49 +450,43 @@ fn settle(core: &FsCore, node: NodeId, answer: crate::remote::Result<Attr>, race
             && a.ctime_ns == n.attr.ctime_ns
             && a.kind == n.attr.kind
     };
-    let kernel = core.kernel();
-    match answer {
-        Ok(a) if same(&a) => {
+    let name_went = match &answer {
+        Ok(a) if same(a) => {
             if !raced {
                 core.inodes.update(node, |x| x.fetched = Instant::now());
             }
-            false
+            return false;
         }
-        Ok(a) => {
-            let replaced = RemoteId::of(&a) != n.remote;
-            if raced || replaced {
-                core.inodes.update(node, |x| x.fetched = stale_instant());
-            } else {
-                core.inodes.rebind(node, &a);
-            }
-            core.meta.invalidate(node);
-            for (parent, name) in &n.links {
-                core.meta.invalidate(*parent);
-                if replaced {
-                    if let Some(k) = &kernel {
-                        k.invalidate_entry(*parent, name);
-                    }
-                }
-            }
-            if let Some(k) = &kernel {
-                k.invalidate_data(node);
-            }
-            true
-        }
-        Err(_) => {
-            // Gone (or unreadable): asked again on next use; the kernel drops its names.
+        Ok(a) => RemoteId::of(a) != n.remote,
+        Err(_) => true,
+    };
+    match answer {
+        Ok(a) if !raced && !name_went => core.inodes.rebind(node, &a),
+        // Asked again on next use.
+        _ => {
             core.inodes.update(node, |x| x.fetched = stale_instant());
-            core.meta.invalidate(node);
-            for (parent, name) in &n.links {
-                core.meta.invalidate(*parent);
-                if let Some(k) = &kernel {
-                    k.invalidate_entry(*parent, name);
-                }
-            }
-            if let Some(k) = &kernel {
-                k.invalidate_attr(node);
-            }
-            true
         }
     }
+    core.meta.invalidate(node);
+    for (parent, _) in &n.links {
+        core.meta.invalidate(*parent);
+    }
+    let Some(k) = core.kernel() else {
+        return true;
+    };
+    if n.attr.kind == crate::remote::FileKind::Dir {
+        k.invalidate_attr(node);
+    } else {
+        k.invalidate_data(node);
+    }
+    if name_went && !raced {
+        if let Some((parent_path, name)) = path.split_last() {
+            let parent = core.inodes.resolve(&parent_path);
+            let still = parent.is_some_and(|p| core.inodes.child(p, name) == Some(node));
+            if let (Some(p), true) = (parent, still) {
+                k.invalidate_entry(p, name);
+            }
+        }
+    }
+    true
 }
