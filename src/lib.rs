@@ -23,7 +23,8 @@
 //!   ([`mount::meta`]), the page cache ([`mount::pages`]) filled ahead of sequential readers
 //!   ([`mount::readahead`]), open handles ([`mount::handles`]) and
 //!   write-back ([`mount::writeback`]: pushes, retries, conflicts) of durable staged images
-//!   ([`mount::staging`]) in a private directory ([`mount::state`]). Every remote call has a
+//!   ([`mount::staging`]) in a private directory ([`mount::state`]); the change feed follower
+//!   ([`mount::feed`]) decides how long caches are trusted. Every remote call has a
 //!   deadline ([`remote::deadline`]), and every answer is bounded before it is held (the
 //!   client parses JSON as it streams, with caps on size, entries and names; a read answer is
 //!   never longer than asked). Symlink targets are shown so none leads out of the mount
@@ -73,9 +74,12 @@
 //!
 //! # Consistency
 //! Close-to-open: `open` revalidates the version; `close`/`fsync` return once the sandbox has the
-//! data. Attributes and listings are trusted for a TTL; data pages are keyed by version so they
-//! are never stale. The agent's change feed ([`agent::watch`]) reports changes made in the
-//! sandbox, for the mount to invalidate sooner than the TTL (next step).
+//! data. Data pages are keyed by version so they are never stale. While the agent's change feed
+//! ([`agent::watch`]) is connected, [`mount::feed`] follows it: attributes, listings and pages
+//! are trusted indefinitely (here and in the kernel; `open` does not revalidate), and each event
+//! drops what it touches once a batched stat ([`remote::Remote::stat_many`]) shows its version
+//! changed. When the feed drops or loses events, the TTL applies again at once and every cached
+//! path is revalidated before the feed is trusted again; a remote without a feed keeps the TTL.
 
 pub mod agent;
 pub mod atomic;

@@ -1013,6 +1013,56 @@ async fn change_feed_reports_lost_events(b: &Backend) {
     );
 }
 
+async fn stat_many_answers_each_path_in_order(b: &Backend) {
+    let r = &b.remote;
+    b.sb.write(b"a", b"one");
+    b.sb.mkdir_all(b"d/e");
+    b.sb.write(b"d/e/f", b"three");
+    b.sb.symlink(b"a", b"l");
+    let paths = [
+        rp("a"),
+        rp("gone"),
+        rp("d"),
+        rp("d/e/f"),
+        rp("l"),
+        rp("a/x"),
+    ];
+    let got = r.stat_many(&paths).await.unwrap();
+    assert_eq!(got.len(), paths.len());
+    for (p, g) in paths.iter().zip(&got) {
+        match r.stat(p).await {
+            // (Not the atime: a single stat of a symlink reads it.)
+            Ok(one) => {
+                let g = g.as_ref().unwrap();
+                let key = |a: &Attr| (a.kind, a.ino, a.size, a.mode, a.version.clone());
+                assert_eq!(key(g), key(&one), "{p:?}");
+            }
+            Err(e) => assert_eq!(
+                g.as_ref().unwrap_err().token(),
+                e.token(),
+                "{p:?}: the same error as a single stat"
+            ),
+        }
+    }
+    assert_eq!(got[1].as_ref().unwrap_err().token(), "ENOENT");
+    assert_eq!(
+        got[4].as_ref().unwrap().kind,
+        FileKind::Symlink,
+        "not followed"
+    );
+    assert!(r.stat_many(&[]).await.unwrap().is_empty());
+    // One call is bounded: too many paths is one clear error, nothing partial.
+    let many: Vec<RemotePath> = (0..=MAX_STAT_MANY).map(|i| rp(&format!("f{i}"))).collect();
+    let e = r.stat_many(&many).await.unwrap_err();
+    assert!(matches!(e, RemoteError::Invalid(_)), "{e:?}");
+    // And the batches the helper cuts are each accepted.
+    let batches = stat_many_batches(&many);
+    assert_eq!(batches.len(), 2);
+    for batch in batches {
+        assert_eq!(r.stat_many(batch).await.unwrap().len(), batch.len());
+    }
+}
+
 async fn hard_links_made_in_the_sandbox_share_an_inode(b: &Backend) {
     let r = &b.remote;
     b.sb.write(b"a", b"shared");
@@ -1718,6 +1768,7 @@ conformance!(agent_backend:
     queries_run_next_to_the_data,
     change_feed_sees_writes_made_in_the_sandbox,
     change_feed_reports_lost_events,
+    stat_many_answers_each_path_in_order,
     hard_links_made_in_the_sandbox_share_an_inode,
     patches_cut_before_they_write,
     hard_links_share_content_and_survive_commits,
@@ -1744,6 +1795,7 @@ conformance!(memory_backend:
     queries_run_next_to_the_data,
     change_feed_sees_writes_made_in_the_sandbox,
     change_feed_reports_lost_events,
+    stat_many_answers_each_path_in_order,
     hard_links_made_in_the_sandbox_share_an_inode,
     patches_cut_before_they_write,
     hard_links_share_content_and_survive_commits,

@@ -120,6 +120,9 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 #[derive(Default, Serialize)]
 pub struct AgentStats {
     pub requests: AtomicU64,
+    /// Authorised requests about the workspace: all but `info`, `stats` and `watch` (what a
+    /// mount's warm commands must not cost).
+    pub workspace_requests: AtomicU64,
     pub unauthorized: AtomicU64,
     pub commits: AtomicU64,
     pub conflicts: AtomicU64,
@@ -221,6 +224,9 @@ async fn require_token(State(app): State<Shared>, req: Request, next: Next) -> R
         .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
         .unwrap_or_default();
     if bool::from(presented.ct_eq(&app.token)) && !app.token.is_empty() {
+        if !matches!(req.uri().path(), "/v1/info" | "/v1/stats" | "/v1/watch") {
+            app.stats.workspace_requests.fetch_add(1, Ordering::Relaxed);
+        }
         return next.run(req).await;
     }
     app.stats.unauthorized.fetch_add(1, Ordering::Relaxed);
@@ -270,6 +276,7 @@ pub fn router(
         .route("/v1/info", get(info))
         .route("/v1/stats", get(stats))
         .route("/v1/stat", get(stat))
+        .route("/v1/stat_many", post(stat_many).layer(json_limit))
         .route("/v1/list", get(list))
         .route("/v1/tree", get(tree))
         .route("/v1/read", get(read))
@@ -439,6 +446,39 @@ async fn stat(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Res
     let path = args(&q).path("path")?;
     let ws = app.ws.clone();
     Ok(Json(blocking(move || ws.stat(&path)).await?).into_response())
+}
+
+/// Several paths' attributes in one answer, each path's outcome in order (a bad or missing
+/// path is its own error, not the request's).
+async fn stat_many(
+    State(app): State<Shared>,
+    Json(body): Json<wire::StatManyBody>,
+) -> ApiResult<Response> {
+    let paths: Vec<crate::remote::Result<RemotePath>> = body
+        .paths
+        .into_iter()
+        .map(|p| RemotePath::new(p.0))
+        .collect();
+    if paths.len() > crate::remote::MAX_STAT_MANY {
+        return Err(RemoteError::Invalid(format!(
+            "{} paths in one batched stat: at most {}",
+            paths.len(),
+            crate::remote::MAX_STAT_MANY
+        ))
+        .into());
+    }
+    let ws = app.ws.clone();
+    let results = blocking(move || {
+        Ok(paths
+            .into_iter()
+            .map(|p| match p.and_then(|p| ws.stat(&p)) {
+                Ok(attr) => wire::StatOutcome::Attr { attr },
+                Err(e) => wire::StatOutcome::Error(ErrorBody::from_error(&e)),
+            })
+            .collect::<Vec<_>>())
+    })
+    .await?;
+    Ok(Json(json!({ "results": results })).into_response())
 }
 
 /// A directory's entries as `{"entries": [...]}`, streamed in pieces of about
@@ -1220,10 +1260,10 @@ async fn watch_feed(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResu
     let Some(feed) = &app.feed else {
         return Err(RemoteError::Unsupported("the change feed is not running".into()).into());
     };
-    let (backlog, mut rx) = feed.subscribe(since);
+    let (backlog, mut rx, start) = feed.subscribe(since);
     let (tx, out) = mpsc::channel(STREAM_QUEUE);
     tokio::spawn(async move {
-        let mut last = since.unwrap_or(0);
+        let mut last = start;
         for ev in backlog {
             last = last.max(ev.seq);
             if tx.send(json_line(&ev)).await.is_err() {

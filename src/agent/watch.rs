@@ -77,14 +77,25 @@ impl ChangeFeed {
     }
 
     /// The retained events after `since` (none for a client starting fresh), preceded by a
-    /// `lost` event if the ring no longer reaches back to it; plus a receiver for what follows.
+    /// `lost` event if the ring no longer reaches back to it; plus a receiver for what follows,
+    /// and the number after which events are new to this client. A `since` past the last event
+    /// is another agent's (this one restarted): `lost`, then everything from now on.
     pub fn subscribe(
         &self,
         since: Option<u64>,
-    ) -> (Vec<ChangeEvent>, broadcast::Receiver<ChangeEvent>) {
+    ) -> (Vec<ChangeEvent>, broadcast::Receiver<ChangeEvent>, u64) {
         let ring = self.inner.lock().expect("change ring lock");
         let rx = self.tx.subscribe();
         let mut backlog = Vec::new();
+        let last = ring.next_seq - 1;
+        if since.is_some_and(|s| s > last) {
+            backlog.push(ChangeEvent {
+                seq: last,
+                path: WireBytes::default(),
+                kind: ChangeKind::Lost,
+            });
+            return (backlog, rx, last);
+        }
         if let Some(since) = since {
             let oldest = ring.events.front().map_or(ring.next_seq, |e| e.seq);
             if since + 1 < oldest {
@@ -96,7 +107,7 @@ impl ChangeFeed {
             }
             backlog.extend(ring.events.iter().filter(|e| e.seq > since).cloned());
         }
-        (backlog, rx)
+        (backlog, rx, since.unwrap_or(0))
     }
 
     pub fn last_seq(&self) -> u64 {
@@ -204,5 +215,29 @@ fn translate(root: &Path, ev: notify::Event) -> Vec<(ChangeKind, Vec<u8>)> {
         EventKind::Modify(_) => one(ChangeKind::Modified),
         EventKind::Access(_) => Vec::new(),
         EventKind::Any | EventKind::Other => one(ChangeKind::Modified),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_since_from_another_agent_is_answered_with_lost_then_everything_new() {
+        let dir = tempfile::tempdir().unwrap();
+        let feed = ChangeFeed::start(dir.path()).unwrap();
+        // A client that followed an earlier agent (numbers far past this one's).
+        let (backlog, _rx, start) = feed.subscribe(Some(1_000_000));
+        assert_eq!(backlog.len(), 1);
+        assert_eq!(backlog[0].kind, ChangeKind::Lost);
+        assert_eq!(
+            start,
+            feed.last_seq(),
+            "new events are those after this agent's last"
+        );
+        // A client of this agent resumes where it was, with nothing lost.
+        let (backlog, _rx, start) = feed.subscribe(Some(feed.last_seq()));
+        assert!(backlog.is_empty());
+        assert_eq!(start, feed.last_seq());
     }
 }

@@ -414,6 +414,7 @@ pub async fn answer(control: &Control, request: Request) -> Result<serde_json::V
             v["unpushed"] = json!(core.has_unpushed());
             v["push_failures"] = json!(core.push_failures());
             v["stats"] = json!(&core.stats);
+            v["feed"] = core.feed_status();
             Ok(v)
         }
     }

@@ -37,6 +37,9 @@ use crate::remote::{
 /// rewritten faster than it can be read, or an agent whose reads never match its stat.
 const MAX_READ_FOLLOWS: u32 = 8;
 
+/// How long a `statfs` answer is reused.
+pub const STATFS_TTL: Duration = Duration::from_secs(5);
+
 /// Largest file the mount writes: the agent's commit limit (a larger write is EFBIG).
 pub const MAX_FILE_BYTES: u64 = 64 * 1024 * 1024 * 1024;
 
@@ -56,6 +59,8 @@ pub trait KernelCache: Send + Sync {
     fn invalidate_data(&self, node: NodeId);
     /// Drop the node's cached attributes only.
     fn invalidate_attr(&self, node: NodeId);
+    /// Drop the kernel's entry for `name` in `parent` (a name made, removed or renamed).
+    fn invalidate_entry(&self, parent: NodeId, name: &[u8]);
 }
 
 #[derive(Default, Debug, serde::Serialize)]
@@ -91,6 +96,10 @@ pub struct FsCore {
     /// The workspace's absolute path in the sandbox (`/v1/info`'s `root`), for showing
     /// symlink targets ([`super::links`]); unset, every absolute target counts as outside.
     workspace_root: OnceLock<Vec<u8>>,
+    /// Whether the change feed vouches for what is cached ([`super::feed`]).
+    pub(super) feed: super::feed::FeedState,
+    /// The last `statfs` answer and when it came ([`STATFS_TTL`]).
+    statfs_seen: Mutex<Option<(Instant, StatFs)>>,
     pub stats: CoreStats,
 }
 
@@ -128,6 +137,8 @@ impl FsCore {
             kernel: Mutex::new(None),
             reachable: AtomicBool::new(true),
             workspace_root: OnceLock::new(),
+            feed: super::feed::FeedState::default(),
+            statfs_seen: Mutex::new(None),
             stats: CoreStats::default(),
         })
     }
@@ -219,6 +230,11 @@ impl FsCore {
             .ok_or_else(|| RemoteError::NotFound(format!("node {}", node.0)))
     }
 
+    /// Moves with every local change ([`Self::bump`]).
+    pub(super) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
     /// A local change is being made: answers racing it are not cached.
     pub(super) fn bump(&self) {
         self.epoch.fetch_add(1, Ordering::SeqCst);
@@ -267,25 +283,39 @@ impl FsCore {
     }
 
     fn fresh(&self, fetched: Instant) -> bool {
-        fetched.elapsed() < self.cfg.attr_ttl
+        fetched.elapsed() < self.ttl()
+    }
+
+    /// How long attributes and listings are trusted (here and by the kernel): indefinitely
+    /// while the change feed is connected and caught up, else the configured TTL.
+    pub fn ttl(&self) -> Duration {
+        if self.feed.trusted() {
+            super::feed::TRUSTED_TTL
+        } else {
+            self.cfg.attr_ttl
+        }
     }
 
     pub async fn lookup(&self, parent: NodeId, name: &[u8]) -> Result<NodeAttr> {
         let dir = self.path_of(parent)?;
         let path = dir.join(name)?;
         let offline = self.offline();
-        let attr = match self.meta.entry(parent, name, self.cfg.attr_ttl, offline) {
+        let attr = match self.meta.entry(parent, name, self.ttl(), offline) {
             Some(Some(a)) => a,
             Some(None) => return Err(RemoteError::NotFound(path.display())),
             None if offline && self.inodes.child(parent, name).is_some() => {
                 let id = self.inodes.child(parent, name).expect("checked");
                 self.node(id)?.attr
             }
+            // The change feed vouches for a node it has not reported changed.
+            None if self.vouched_child(parent, name).is_some() => {
+                self.vouched_child(parent, name).expect("checked")
+            }
             None => match self.stable_stat(&path).await {
                 Ok(a) => a,
                 Err(e) if unreachable(&e) => {
                     // Offline: what we knew, however old.
-                    match self.meta.entry(parent, name, self.cfg.attr_ttl, true) {
+                    match self.meta.entry(parent, name, self.ttl(), true) {
                         Some(Some(a)) => a,
                         Some(None) => return Err(RemoteError::NotFound(path.display())),
                         None => match self.inodes.child(parent, name) {
@@ -300,6 +330,15 @@ impl FsCore {
         let node = self.remember_entry(parent, name, attr);
         let attr = self.with_staged(node, self.node(node)?.attr);
         Ok(NodeAttr { node, attr })
+    }
+
+    /// The attributes of a known child while the change feed vouches for them.
+    fn vouched_child(&self, parent: NodeId, name: &[u8]) -> Option<Attr> {
+        if !self.feed.trusted() {
+            return None;
+        }
+        let n = self.inodes.get(self.inodes.child(parent, name)?)?;
+        self.fresh(n.fetched).then_some(n.attr)
     }
 
     /// Record what a lookup found; a node with staged writes keeps its own identity (our
@@ -460,7 +499,7 @@ impl FsCore {
     /// A directory's entries with their attributes: fresh from the cache, else fetched in one
     /// round trip (and served stale when the sandbox does not answer).
     async fn listing(&self, dir: NodeId) -> Result<super::meta::Entries> {
-        if let Some(l) = self.meta.listing(dir, self.cfg.attr_ttl, self.offline()) {
+        if let Some(l) = self.meta.listing(dir, self.ttl(), self.offline()) {
             return Ok(l);
         }
         let path = self.path_of(dir)?;
@@ -475,7 +514,7 @@ impl FsCore {
                 }
                 Ok(entries)
             }
-            Err(e) if unreachable(&e) => self.meta.listing(dir, self.cfg.attr_ttl, true).ok_or(e),
+            Err(e) if unreachable(&e) => self.meta.listing(dir, self.ttl(), true).ok_or(e),
             Err(e) => Err(e),
         }
     }
@@ -526,11 +565,13 @@ impl FsCore {
         Ok(out)
     }
 
-    /// Open: revalidate (close-to-open), stage for writing if asked. Returns the handle and
-    /// whether the kernel may keep its cached pages (same version as its last open).
+    /// Open: revalidate (close-to-open; while the change feed vouches for the cached version,
+    /// no round trip), stage for writing if asked. Returns the handle and whether the kernel
+    /// may keep its cached pages (same version as its last open).
     pub async fn open(&self, node: NodeId, writable: bool, truncate: bool) -> Result<(u64, bool)> {
         let staged = self.staged_of(node).is_some();
-        let attr = if staged || self.inodes.path_of(node).is_none() || self.offline() {
+        let vouched = self.feed.trusted() && self.fresh(self.node(node)?.fetched);
+        let attr = if staged || vouched || self.inodes.path_of(node).is_none() || self.offline() {
             self.node(node)?.attr
         } else {
             let path = self.path_of(node)?;
@@ -1049,8 +1090,17 @@ impl FsCore {
         super::links::present_target(root, link.as_bytes(), raw)
     }
 
+    /// Free space as of at most [`STATFS_TTL`] ago: `find` and `df` ask on every run, and no
+    /// feed reports free space.
     pub async fn statfs(&self) -> Result<StatFs> {
-        self.note(self.remote.statfs().await)
+        if let Some((at, s)) = &*self.statfs_seen.lock().expect("statfs lock") {
+            if at.elapsed() < STATFS_TTL {
+                return Ok(s.clone());
+            }
+        }
+        let s = self.note(self.remote.statfs().await)?;
+        *self.statfs_seen.lock().expect("statfs lock") = Some((Instant::now(), s.clone()));
+        Ok(s)
     }
 
     pub async fn getxattr(&self, node: NodeId, name: &[u8]) -> Result<Vec<u8>> {
@@ -1172,6 +1222,11 @@ impl FsCore {
                 self.meta.invalidate(p);
             }
         }
+    }
+
+    /// The change feed's state, for `ctl status`.
+    pub fn feed_status(&self) -> serde_json::Value {
+        self.feed.snapshot()
     }
 
     pub fn now_ns(&self) -> i64 {

@@ -220,8 +220,9 @@ impl SbxFs {
         self.owners.caller(req.uid(), req.gid(), req.pid())
     }
 
+    /// Long while the change feed vouches for the caches ([`super::feed`]), else the TTL.
     fn ttl(&self) -> Duration {
-        self.core.config().attr_ttl
+        self.core.ttl()
     }
 
     /// Run `op` on the runtime, in a span naming the request, and reply from there.
@@ -237,10 +238,13 @@ impl SbxFs {
             ttl: self.ttl(),
             // With the daemon checking and other users in, every path walk must reach it: the
             // kernel reuses a cached name without checking search permission on its directory.
+            // The configured TTL even while the change feed vouches for the caches: a name
+            // the kernel asks again about costs no round trip then, and one the kernel kept
+            // longer would outlive a feed that drops.
             entry_ttl: if self.owners.checks && self.allow_other {
                 Duration::ZERO
             } else {
-                self.ttl()
+                self.core.config().attr_ttl
             },
             owners: self.owners.clone(),
         });
@@ -971,23 +975,60 @@ impl Filesystem for SbxFs {
     }
 }
 
-/// Kernel cache invalidation through the session's notifier. Each notification is sent from a
-/// thread of its own: the kernel may need a lock held by the very request that caused it, and
-/// that request can only finish once we reply.
-pub struct Notifier(pub Arc<fuser::Notifier>);
+/// Kernel cache invalidation through the session's notifier. Notifications are sent from a
+/// thread of their own, never from a request's: the kernel may need a lock held by the very
+/// request that caused one, and that request can only finish once we reply. One thread, fed
+/// by a queue, so a burst of changes in the sandbox does not start a thread per change.
+pub struct Notifier {
+    queue: std::sync::Mutex<std::sync::mpsc::Sender<Note>>,
+}
+
+enum Note {
+    Data(NodeId),
+    Attr(NodeId),
+    Entry(NodeId, Vec<u8>),
+}
+
+impl Notifier {
+    pub fn new(kernel: Arc<fuser::Notifier>) -> Notifier {
+        let (tx, rx) = std::sync::mpsc::channel::<Note>();
+        let spawned = std::thread::Builder::new()
+            .name("sbxfs-notify".into())
+            .spawn(move || {
+                // Errors say the kernel did not have that node or name cached: nothing to drop.
+                for note in rx {
+                    let _ = match note {
+                        Note::Data(n) => kernel.inval_inode(INodeNo(n.0), 0, 0),
+                        Note::Attr(n) => kernel.inval_inode(INodeNo(n.0), -1, 0),
+                        Note::Entry(p, name) => {
+                            kernel.inval_entry(INodeNo(p.0), OsStr::from_bytes(&name))
+                        }
+                    };
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!("cannot start the kernel notification thread: {e}");
+        }
+        Notifier {
+            queue: std::sync::Mutex::new(tx),
+        }
+    }
+
+    fn send(&self, note: Note) {
+        let _ = self.queue.lock().expect("notifier lock").send(note);
+    }
+}
 
 impl KernelCache for Notifier {
     fn invalidate_data(&self, node: NodeId) {
-        let n = self.0.clone();
-        std::thread::spawn(move || {
-            let _ = n.inval_inode(INodeNo(node.0), 0, 0);
-        });
+        self.send(Note::Data(node));
     }
 
     fn invalidate_attr(&self, node: NodeId) {
-        let n = self.0.clone();
-        std::thread::spawn(move || {
-            let _ = n.inval_inode(INodeNo(node.0), -1, 0);
-        });
+        self.send(Note::Attr(node));
+    }
+
+    fn invalidate_entry(&self, parent: NodeId, name: &[u8]) {
+        self.send(Note::Entry(parent, name.to_vec()));
     }
 }

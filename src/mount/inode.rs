@@ -398,6 +398,15 @@ impl InodeTable {
             .collect()
     }
 
+    /// Every node that has a name, with its path (what a revalidation checks).
+    pub fn known_paths(&self) -> Vec<(NodeId, RemotePath)> {
+        let t = self.lock();
+        t.nodes
+            .keys()
+            .filter_map(|id| t.path_of(*id).map(|p| (*id, p)))
+            .collect()
+    }
+
     /// The node at a path, walking names from the root (`None` if some name is not known).
     pub fn resolve(&self, path: &RemotePath) -> Option<NodeId> {
         let t = self.lock();

@@ -88,6 +88,11 @@ impl MetaCache {
     pub fn invalidate(&self, dir: NodeId) {
         self.listings.lock().expect("listings lock").pop(&dir);
     }
+
+    /// Forget every listing (the change feed missed events: any could be stale).
+    pub fn clear(&self) {
+        self.listings.lock().expect("listings lock").clear();
+    }
 }
 
 #[cfg(test)]

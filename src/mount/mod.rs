@@ -4,7 +4,8 @@
 //! [`inode`] (the inode table), [`meta`] (listings), [`pages`] (the page cache), [`handles`]
 //! (open files and directories) and [`writeback`] (pushes, retries, conflicts) with
 //! [`staging`] (the durable image of a file being written); [`links`] shows symlink targets so
-//! none leads out of the mount. Around them: [`control_server`]
+//! none leads out of the mount; [`feed`] follows the sandbox's change feed, which lets caches
+//! be trusted while it is connected. Around them: [`control_server`]
 //! answers the control socket, [`health`] keeps what is known of the sandbox's reachability,
 //! [`options`] reads `-o`, [`mounts`] reads mountinfo, [`state`] keeps private local state,
 //! [`preflight`] refuses mistakes before anything is created, [`kernel`] asks the kernel for
@@ -25,6 +26,7 @@ pub mod background;
 pub mod control_server;
 pub mod core;
 pub mod exit;
+pub mod feed;
 pub mod fuse;
 pub mod gate;
 pub mod handles;
@@ -363,7 +365,7 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     });
     control_server::register(&control);
     rt.spawn(control_server::serve(listener, control.clone()));
-    rt.spawn(health::watch(health, remote));
+    rt.spawn(health::watch(health.clone(), remote));
     let fuse_config = cfg.fuse_config();
     let kernel_options = cfg.kernel_options();
     let dev = match kernel::mount_direct(&mountpoint, &kernel_options) {
@@ -382,7 +384,8 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     // The device number tells our mount from one mounted over it later.
     let our_dev = mounts::top_at(&mounts::current(), &mountpoint).map(|e| e.dev.clone());
     let kernel_cache = Arc::new(session.notifier());
-    core.set_kernel_cache(Arc::new(fuse::Notifier(kernel_cache.clone())));
+    core.set_kernel_cache(Arc::new(fuse::Notifier::new(kernel_cache.clone())));
+    rt.spawn(feed::follow(core.clone(), Some(health.clone())));
     let background = session.spawn()?;
     created.keep();
     // Signals are caught before the mount is announced: a SIGTERM right after the ready line

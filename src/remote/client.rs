@@ -527,6 +527,43 @@ impl Remote for AgentClient {
         self.get_json("stat", &[p(path)]).await
     }
 
+    async fn stat_many(&self, paths: &[RemotePath]) -> Result<Vec<Result<Attr>>> {
+        #[derive(Deserialize)]
+        struct Answer {
+            results: Vec<wire::StatOutcome>,
+        }
+        super::check_stat_many(paths)?;
+        if paths.is_empty() {
+            return Ok(Vec::new());
+        }
+        let body = serde_json::to_value(wire::StatManyBody {
+            paths: paths
+                .iter()
+                .map(|p| WireBytes(p.as_bytes().to_vec()))
+                .collect(),
+        })
+        .expect("serialisable");
+        let answer: Answer = self.post_json("stat_many", &[], Some(body), true).await?;
+        if answer.results.len() != paths.len() {
+            return Err(RemoteError::Io(
+                String::new(),
+                format!(
+                    "the agent answered {} outcomes for {} paths",
+                    answer.results.len(),
+                    paths.len()
+                ),
+            ));
+        }
+        Ok(answer
+            .results
+            .into_iter()
+            .map(|o| match o {
+                wire::StatOutcome::Attr { attr } => Ok(attr),
+                wire::StatOutcome::Error(e) => Err(e.into_error()),
+            })
+            .collect())
+    }
+
     async fn list(&self, path: &RemotePath) -> Result<Vec<DirEntry>> {
         #[derive(Deserialize)]
         struct Listing {

@@ -102,6 +102,9 @@ impl<R: Remote> Remote for Deadlines<R> {
     async fn stat(&self, path: &RemotePath) -> Result<Attr> {
         within("stat", self.call, self.inner.stat(path)).await
     }
+    async fn stat_many(&self, paths: &[RemotePath]) -> Result<Vec<Result<Attr>>> {
+        within("stat_many", self.call, self.inner.stat_many(paths)).await
+    }
     async fn list(&self, path: &RemotePath) -> Result<Vec<DirEntry>> {
         within("list", self.query, self.inner.list(path)).await
     }

@@ -61,10 +61,11 @@ pub enum Op {
     Fuzzy,
     Edit,
     Watch,
+    StatMany,
 }
 
 impl Op {
-    pub const ALL: [Op; 29] = [
+    pub const ALL: [Op; 30] = [
         Op::Info,
         Op::Stat,
         Op::List,
@@ -94,6 +95,7 @@ impl Op {
         Op::Fuzzy,
         Op::Edit,
         Op::Watch,
+        Op::StatMany,
     ];
 }
 
@@ -450,6 +452,11 @@ impl<R: Remote> Remote for FaultyRemote<R> {
     async fn stat(&self, path: &RemotePath) -> Result<Attr> {
         let after = self.control.begin(Op::Stat).await?;
         after.answer(Op::Stat, self.inner.stat(path).await)
+    }
+
+    async fn stat_many(&self, paths: &[RemotePath]) -> Result<Vec<Result<Attr>>> {
+        let after = self.control.begin(Op::StatMany).await?;
+        after.answer(Op::StatMany, self.inner.stat_many(paths).await)
     }
 
     async fn list(&self, path: &RemotePath) -> Result<Vec<DirEntry>> {

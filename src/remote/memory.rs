@@ -879,6 +879,15 @@ impl Remote for MemoryRemote {
         Ok(s.attr(ino))
     }
 
+    async fn stat_many(&self, paths: &[RemotePath]) -> Result<Vec<Result<Attr>>> {
+        super::check_stat_many(paths)?;
+        let s = self.lock();
+        Ok(paths
+            .iter()
+            .map(|p| s.lookup(p.as_bytes(), false).map(|ino| s.attr(ino)))
+            .collect())
+    }
+
     async fn list(&self, path: &RemotePath) -> Result<Vec<DirEntry>> {
         let s = self.lock();
         let ino = s.lookup(path.as_bytes(), true)?;

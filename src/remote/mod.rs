@@ -39,6 +39,43 @@ use crate::search::walk::WalkOptions;
 /// encoded at up to 3 bytes per byte, and an HTTP URI is limited to 64 KiB (the `http` crate's
 /// limit), so 2 × 3 × 10 KiB leaves room for the rest of the URI.
 pub const MAX_PATH_BYTES: usize = 10 * 1024;
+/// Most paths one [`Remote::stat_many`] call takes.
+pub const MAX_STAT_MANY: usize = 256;
+/// Most path bytes one [`Remote::stat_many`] call takes: escaped in JSON (at most 6 bytes per
+/// byte) they stay under the agent's JSON body limit.
+pub const MAX_STAT_MANY_BYTES: usize = 128 * 1024;
+
+/// Why `paths` cannot be one [`Remote::stat_many`] call (too many, or too many bytes).
+pub fn check_stat_many(paths: &[RemotePath]) -> Result<()> {
+    let bytes: usize = paths.iter().map(|p| p.as_bytes().len()).sum();
+    if paths.len() > MAX_STAT_MANY || bytes > MAX_STAT_MANY_BYTES {
+        return Err(RemoteError::Invalid(format!(
+            "{} paths ({bytes} bytes) in one batched stat: at most {MAX_STAT_MANY} paths and \
+             {MAX_STAT_MANY_BYTES} bytes",
+            paths.len()
+        )));
+    }
+    Ok(())
+}
+
+/// `paths` cut into batches that [`Remote::stat_many`] takes, in order.
+pub fn stat_many_batches(paths: &[RemotePath]) -> Vec<&[RemotePath]> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, p) in paths.iter().enumerate() {
+        let len = p.as_bytes().len();
+        if i > start && (i - start == MAX_STAT_MANY || bytes + len > MAX_STAT_MANY_BYTES) {
+            out.push(&paths[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += len;
+    }
+    if start < paths.len() {
+        out.push(&paths[start..]);
+    }
+    out
+}
+
 /// Longest name accepted (bytes), as Linux's NAME_MAX.
 pub const MAX_NAME_BYTES: usize = 255;
 /// Largest extended attribute value, and name list (Linux's XATTR_SIZE_MAX, XATTR_LIST_MAX).
@@ -434,6 +471,10 @@ pub trait Remote: Send + Sync {
     // --- metadata
     /// Attributes of a path (a symlink itself, not its target).
     async fn stat(&self, path: &RemotePath) -> Result<Attr>;
+    /// Attributes of several paths in one round trip, each path's own outcome in order (a
+    /// missing path is its `NotFound`, not the call's). At most [`MAX_STAT_MANY`] paths and
+    /// [`MAX_STAT_MANY_BYTES`] of them ([`check_stat_many`]); more is `Invalid`.
+    async fn stat_many(&self, paths: &[RemotePath]) -> Result<Vec<Result<Attr>>>;
     /// A directory's entries with their attributes, sorted by name, in one round trip.
     async fn list(&self, path: &RemotePath) -> Result<Vec<DirEntry>>;
     /// Every entry under a directory (depth first, sorted), streamed in one response.

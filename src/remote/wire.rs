@@ -16,6 +16,7 @@
 //! |---|---|---|---|
 //! | `GET /v1/info` | | | [`super::RemoteInfo`] |
 //! | `GET /v1/stat` | path | | [`super::Attr`] |
+//! | `POST /v1/stat_many` | | [`StatManyBody`] | `{"results": [`[`StatOutcome`]`]}`, in order |
 //! | `GET /v1/list` | path | | `{"entries": [DirEntry]}` |
 //! | `GET /v1/tree` | path | | JSON lines of [`super::TreeEntry`], then `{"end": n}` |
 //! | `GET /v1/read` | path, offset, len | | bytes; header `x-sbxfs-version` |
@@ -247,6 +248,20 @@ pub struct XattrBody {
 pub struct CopyRangeAnswer {
     pub copied: u64,
     pub attr: Attr,
+}
+
+/// The body of `POST /v1/stat_many`: at most [`super::MAX_STAT_MANY`] paths.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StatManyBody {
+    pub paths: Vec<WireBytes>,
+}
+
+/// One path's outcome in the answer of `POST /v1/stat_many`: its attributes or its error.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum StatOutcome {
+    Attr { attr: Attr },
+    Error(ErrorBody),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

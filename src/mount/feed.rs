@@ -1,0 +1,492 @@
+//! Following the sandbox's change feed ([`crate::agent::watch`], [`Remote::watch`]) so that
+//! caches can be trusted for as long as it is connected.
+//!
+//! While the feed is connected and caught up ([`FeedState::trusted`]), attributes, listings,
+//! link targets and pages are trusted indefinitely, here and in the kernel's attribute cache
+//! ([`TRUSTED_TTL`]), and `open` does not revalidate: warm commands cost no round trip. (The
+//! kernel keeps names for the TTL: a name it asks again about is answered from the trusted
+//! nodes here, without a round trip.) Each event drops exactly
+//! what it touches: the node's attributes and pages, its parent's listing, the kernel's entry
+//! for a name made, removed or renamed. Whether a node changed is asked of the sandbox, in one
+//! batched stat per burst of events ([`Remote::stat_many`]), and only a changed version is
+//! dropped, so the events of the mount's own writes throw nothing away.
+//!
+//! When the feed drops, cannot be reached, or says events were lost, trust ends at once (the
+//! configured TTL applies again, and the kernel forgets what it was told to keep long); once
+//! it is back, every cached path is revalidated in batched stats before trust returns. A
+//! remote without a feed keeps the TTL. Each change of state is one log line and shows in
+//! `sbxfs ctl status` ([`FeedState::snapshot`]).
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use futures_util::{FutureExt, StreamExt};
+use serde_json::json;
+
+use super::core::{stale_instant, FsCore};
+use super::health::Health;
+use super::inode::{NodeId, RemoteId};
+use crate::remote::{stat_many_batches, Attr, ChangeEvent, ChangeKind, RemoteError, RemotePath};
+
+/// How long what is cached is trusted while the feed vouches for it: "indefinitely", but an
+/// `Instant` arithmetic that never overflows (and is shorter than [`stale_instant`]'s age).
+pub const TRUSTED_TTL: Duration = Duration::from_secs(30 * 86_400);
+/// First wait before reconnecting; doubled up to [`MAX_BACKOFF`].
+const MIN_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// Events taken in one go before they are applied (one batched stat for all of them).
+const MAX_BATCH: usize = 4096;
+/// How often a connected feed looks whether the sandbox still answers the health probe: a
+/// link that went silent leaves the stream open but says nothing.
+const HEALTH_TICK: Duration = Duration::from_secs(1);
+
+/// Where the feed stands, for `ctl status` and the log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Link {
+    Starting,
+    Connected,
+    Reconnecting {
+        error: String,
+    },
+    /// The remote has no feed: the TTL applies for good.
+    Unsupported,
+}
+
+struct Revalidation {
+    at: SystemTime,
+    reason: String,
+    checked: usize,
+    changed: usize,
+}
+
+struct Status {
+    link: Link,
+    since: SystemTime,
+    last_seq: Option<u64>,
+    events: u64,
+    lost_events: u64,
+    revalidations: u64,
+    last_revalidation: Option<Revalidation>,
+}
+
+/// Whether the feed vouches for the caches, and what status says about it.
+pub struct FeedState {
+    trusted: AtomicBool,
+    status: Mutex<Status>,
+}
+
+impl Default for FeedState {
+    fn default() -> Self {
+        FeedState {
+            trusted: AtomicBool::new(false),
+            status: Mutex::new(Status {
+                link: Link::Starting,
+                since: SystemTime::now(),
+                last_seq: None,
+                events: 0,
+                lost_events: 0,
+                revalidations: 0,
+                last_revalidation: None,
+            }),
+        }
+    }
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn ms_ago(t: SystemTime) -> u64 {
+    t.elapsed().map_or(0, |d| d.as_millis() as u64)
+}
+
+impl FeedState {
+    /// The feed is connected and caught up: cached state is trusted indefinitely.
+    pub fn trusted(&self) -> bool {
+        self.trusted.load(Ordering::SeqCst)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Status> {
+        self.status.lock().expect("feed status lock")
+    }
+
+    /// A new state: logged once, here.
+    fn set_link(&self, link: Link) {
+        let mut s = self.lock();
+        if s.link == link {
+            return;
+        }
+        match &link {
+            Link::Connected => tracing::info!(
+                "change feed connected: attributes, listings and pages are trusted until it drops"
+            ),
+            Link::Reconnecting { error } => tracing::warn!(
+                "change feed unavailable ({error}): attributes and listings are trusted for the \
+                 TTL only, until it is back"
+            ),
+            Link::Unsupported => tracing::info!(
+                "the sandbox has no change feed: attributes and listings are trusted for the TTL"
+            ),
+            Link::Starting => {}
+        }
+        // A reconnecting state keeps the time it started, whatever the next error says.
+        let keeps_time = matches!(
+            (&s.link, &link),
+            (Link::Reconnecting { .. }, Link::Reconnecting { .. })
+        );
+        if !keeps_time {
+            s.since = SystemTime::now();
+        }
+        s.link = link;
+    }
+
+    /// What `sbxfs ctl status` shows under `feed`.
+    pub fn snapshot(&self) -> serde_json::Value {
+        let s = self.lock();
+        let (state, error) = match &s.link {
+            Link::Starting => ("starting", None),
+            Link::Connected => ("connected", None),
+            Link::Reconnecting { error } => ("reconnecting", Some(error.clone())),
+            Link::Unsupported => ("unsupported", None),
+        };
+        json!({
+            "state": state,
+            "trusted": self.trusted(),
+            "since_unix_ms": unix_ms(s.since),
+            "since_ms_ago": ms_ago(s.since),
+            "error": error,
+            "last_seq": s.last_seq,
+            "events": s.events,
+            "lost_events": s.lost_events,
+            "revalidations": s.revalidations,
+            "last_revalidation": s.last_revalidation.as_ref().map(|r| json!({
+                "reason": r.reason,
+                "at_unix_ms": unix_ms(r.at),
+                "ms_ago": ms_ago(r.at),
+                "checked": r.checked,
+                "changed": r.changed,
+            })),
+        })
+    }
+}
+
+/// Why a connected feed stopped being followed.
+enum Break {
+    /// The stream broke or ended, or the sandbox stopped answering.
+    Link(String),
+    /// A batched stat did not get through.
+    Revalidation(RemoteError),
+}
+
+/// Follow the feed until the runtime stops: connect, revalidate, trust, apply events; on any
+/// break, distrust at once and reconnect with backoff, resuming after the last event seen.
+pub async fn follow(core: Arc<FsCore>, health: Option<Arc<Health>>) {
+    let mut since: Option<u64> = None;
+    let mut connected_before = false;
+    let mut backoff = MIN_BACKOFF;
+    loop {
+        let stream = match core.remote().watch(since).await {
+            Ok(s) => s,
+            Err(RemoteError::Unsupported(_)) => {
+                core.feed.set_link(Link::Unsupported);
+                return;
+            }
+            Err(e) => {
+                core.feed.set_link(Link::Reconnecting {
+                    error: e.to_string(),
+                });
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                continue;
+            }
+        };
+        // Subscribed: whatever changes from here on is in the stream. What changed before
+        // (while no feed vouched for the caches) is found by revalidating everything cached.
+        let reason = if connected_before {
+            "feed reconnected"
+        } else {
+            "feed connected"
+        };
+        connected_before = true;
+        let dropped = match revalidate_all(&core, reason).await {
+            Ok(()) => {
+                core.feed.trusted.store(true, Ordering::SeqCst);
+                core.feed.set_link(Link::Connected);
+                let connected = Instant::now();
+                let broke = run(&core, stream, health.as_deref(), &mut since).await;
+                // A feed that breaks as soon as it connects does not reconnect at once again.
+                if connected.elapsed() > MAX_BACKOFF * 2 {
+                    backoff = MIN_BACKOFF;
+                }
+                broke
+            }
+            Err(e) => Break::Revalidation(e),
+        };
+        distrust(&core);
+        let error = match dropped {
+            Break::Link(e) => e,
+            Break::Revalidation(e) => format!("revalidation failed: {e}"),
+        };
+        core.feed.set_link(Link::Reconnecting { error });
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// Apply events as they come, in bursts, until the feed breaks.
+async fn run(
+    core: &FsCore,
+    mut stream: futures_util::stream::BoxStream<'static, crate::remote::Result<ChangeEvent>>,
+    health: Option<&Health>,
+    since: &mut Option<u64>,
+) -> Break {
+    let mut tick = tokio::time::interval(HEALTH_TICK);
+    // Only a failure seen after a success counts: the probe may not have noticed yet that the
+    // sandbox is back when the feed already is.
+    let mut answered = false;
+    loop {
+        let first = tokio::select! {
+            next = stream.next() => next,
+            _ = tick.tick() => {
+                match health.map(Health::reachable) {
+                    Some(true) => answered = true,
+                    Some(false) if answered => {
+                        return Break::Link("the sandbox does not answer".into());
+                    }
+                    _ => {}
+                }
+                continue;
+            }
+        };
+        let mut batch = Vec::new();
+        let mut ended = None;
+        match first {
+            Some(Ok(ev)) => batch.push(ev),
+            Some(Err(e)) => return Break::Link(e.to_string()),
+            None => return Break::Link("the feed ended".into()),
+        }
+        // Whatever else is already here joins this burst.
+        while batch.len() < MAX_BATCH {
+            match stream.next().now_or_never() {
+                Some(Some(Ok(ev))) => batch.push(ev),
+                Some(Some(Err(e))) => {
+                    ended = Some(e.to_string());
+                    break;
+                }
+                Some(None) => {
+                    ended = Some("the feed ended".into());
+                    break;
+                }
+                None => break,
+            }
+        }
+        // The last in arrival order, not the largest: a restarted agent numbers afresh, and
+        // says so with a `lost` event carrying its own last number.
+        if let Some(last) = batch.last() {
+            *since = Some(last.seq);
+        }
+        if let Err(e) = apply(core, batch).await {
+            return Break::Revalidation(e);
+        }
+        if let Some(e) = ended {
+            return Break::Link(e);
+        }
+    }
+}
+
+/// Trust ends: the TTL applies again here at once, and the kernel forgets the attributes it
+/// was told to keep long. (Names it keeps for the TTL only: dropping them would make it
+/// forget nodes that a sandbox out of reach can no longer give back.)
+fn distrust(core: &FsCore) {
+    core.feed.trusted.store(false, Ordering::SeqCst);
+    if let Some(k) = core.kernel() {
+        for (node, _) in core.inodes.known_paths() {
+            k.invalidate_attr(node);
+        }
+    }
+}
+
+/// One burst of events: namespace changes drop their parent's listing and attributes at
+/// once; every path the mount has a node for is checked in batched stats.
+async fn apply(core: &FsCore, batch: Vec<ChangeEvent>) -> crate::remote::Result<()> {
+    let mut lost = false;
+    let mut check: BTreeSet<(NodeId, RemotePath)> = BTreeSet::new();
+    {
+        let mut s = core.feed.lock();
+        s.events += batch.len() as u64;
+        s.last_seq = batch.iter().map(|e| e.seq).max().or(s.last_seq);
+    }
+    for ev in batch {
+        let Ok(path) = RemotePath::new(ev.path.0.clone()) else {
+            tracing::debug!(path = ?ev.path, "change event with an unusable path ignored");
+            continue;
+        };
+        match ev.kind {
+            ChangeKind::Lost => lost = true,
+            ChangeKind::Modified => touched(core, &path, false, &mut check),
+            ChangeKind::Created | ChangeKind::Removed => touched(core, &path, true, &mut check),
+            ChangeKind::Renamed { to } => {
+                touched(core, &path, true, &mut check);
+                match RemotePath::new(to.0) {
+                    Ok(to) => touched(core, &to, true, &mut check),
+                    Err(_) => lost = true,
+                }
+            }
+        }
+    }
+    if lost {
+        core.feed.lock().lost_events += 1;
+        tracing::warn!("the change feed lost events: revalidating everything cached");
+        distrust(core);
+        revalidate_all(core, "lost events").await?;
+        core.feed.trusted.store(true, Ordering::SeqCst);
+        return Ok(());
+    }
+    check_nodes(core, check.into_iter().collect()).await?;
+    Ok(())
+}
+
+/// An event about `path`. A node the mount has for it is checked (and dropped only if it
+/// changed: an atime or our own push changes nothing). A namespace change makes the parent's
+/// listing and attributes stale; so does any change to a name the mount has no node for (the
+/// parent's listing holds its attributes). A name with no node has no entry in the kernel
+/// either (a failed lookup is not cached), so none is dropped: dropping the entry of a
+/// directory that is some process's working directory would cut it off (`getcwd` fails).
+fn touched(
+    core: &FsCore,
+    path: &RemotePath,
+    namespace: bool,
+    check: &mut BTreeSet<(NodeId, RemotePath)>,
+) {
+    let node = core.inodes.resolve(path);
+    if let Some((parent_path, _)) = path.split_last() {
+        if let Some(parent) = core.inodes.resolve(&parent_path) {
+            if namespace {
+                core.dir_changed(parent);
+            } else if node.is_none() {
+                core.bump();
+                core.meta.invalidate(parent);
+            }
+        }
+    }
+    if let Some(node) = node {
+        check.insert((node, path.clone()));
+    }
+}
+
+/// Everything cached may be stale: every listing goes, every named node is checked.
+async fn revalidate_all(core: &FsCore, reason: &str) -> crate::remote::Result<()> {
+    core.meta.clear();
+    let nodes = core.inodes.known_paths();
+    let checked = nodes.len();
+    let changed = check_nodes(core, nodes).await?;
+    tracing::info!(
+        checked,
+        changed,
+        "revalidated what the mount had cached ({reason})"
+    );
+    let mut s = core.feed.lock();
+    s.revalidations += 1;
+    s.last_revalidation = Some(Revalidation {
+        at: SystemTime::now(),
+        reason: reason.to_string(),
+        checked,
+        changed,
+    });
+    Ok(())
+}
+
+/// Ask the sandbox for the nodes' attributes in batched stats and drop what changed (here
+/// and in the kernel); what did not change is trusted afresh. Answers how many changed.
+async fn check_nodes(
+    core: &FsCore,
+    nodes: Vec<(NodeId, RemotePath)>,
+) -> crate::remote::Result<usize> {
+    // Files with staged writes answer from their staged image: their own push (and its
+    // conflict check) deals with the sandbox's version.
+    let nodes: Vec<(NodeId, RemotePath)> = nodes
+        .into_iter()
+        .filter(|(n, _)| core.staged_of(*n).is_none())
+        .collect();
+    let paths: Vec<RemotePath> = nodes.iter().map(|(_, p)| p.clone()).collect();
+    let mut changed = 0;
+    let mut at = 0;
+    for batch in stat_many_batches(&paths) {
+        let before = core.epoch();
+        let answers = core.note(core.remote().stat_many(batch).await)?;
+        // A local change raced these answers: what differs is dropped, not recorded.
+        let raced = core.epoch() != before;
+        for answer in answers {
+            let (node, path) = &nodes[at];
+            at += 1;
+            if settle(core, *node, path, answer, raced) {
+                changed += 1;
+            }
+        }
+    }
+    Ok(changed)
+}
+
+/// One node's answer about `path`: unchanged is trusted afresh; changed or gone is dropped.
+/// The kernel's entry goes only for a name that now leads elsewhere or nowhere, only if the
+/// node still has that name (a rename through the mount may have moved it meanwhile), and
+/// never on an answer a local change raced. Answers whether it changed.
+fn settle(
+    core: &FsCore,
+    node: NodeId,
+    path: &RemotePath,
+    answer: crate::remote::Result<Attr>,
+    raced: bool,
+) -> bool {
+    let Some(n) = core.inodes.get(node) else {
+        return false;
+    };
+    let same = |a: &Attr| {
+        RemoteId::of(a) == n.remote
+            && a.version == n.attr.version
+            && a.ctime_ns == n.attr.ctime_ns
+            && a.kind == n.attr.kind
+    };
+    let name_went = match &answer {
+        Ok(a) if same(a) => {
+            if !raced {
+                core.inodes.update(node, |x| x.fetched = Instant::now());
+            }
+            return false;
+        }
+        Ok(a) => RemoteId::of(a) != n.remote,
+        Err(_) => true,
+    };
+    match answer {
+        Ok(a) if !raced && !name_went => core.inodes.rebind(node, &a),
+        // Asked again on next use.
+        _ => {
+            core.inodes.update(node, |x| x.fetched = stale_instant());
+        }
+    }
+    core.meta.invalidate(node);
+    for (parent, _) in &n.links {
+        core.meta.invalidate(*parent);
+    }
+    let Some(k) = core.kernel() else {
+        return true;
+    };
+    if n.attr.kind == crate::remote::FileKind::Dir {
+        k.invalidate_attr(node);
+    } else {
+        k.invalidate_data(node);
+    }
+    if name_went && !raced {
+        if let Some((parent_path, name)) = path.split_last() {
+            let parent = core.inodes.resolve(&parent_path);
+            let still = parent.is_some_and(|p| core.inodes.child(p, name) == Some(node));
+            if let (Some(p), true) = (parent, still) {
+                k.invalidate_entry(p, name);
+            }
+        }
+    }
+    true
+}

@@ -1,0 +1,402 @@
+//! Long caches kept true by the change feed: while the feed is connected, what the mount has
+//! cached is trusted indefinitely (warm commands cost no request), and a change made in the
+//! sandbox reaches the mount through the feed; when the feed drops or loses events, the mount
+//! revalidates. Real agents and FUSE mounts, plus the core over the in-memory sandbox where a
+//! fault (a feed cut at a chosen moment) must be placed exactly.
+
+mod common;
+
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use sbxfs::mount::core::{CoreConfig, FsCore};
+use sbxfs::mount::inode::ROOT;
+use sbxfs::remote::faulty::{Fault, FaultyRemote, Op};
+use sbxfs::remote::memory::MemoryRemote;
+use sbxfs::remote::{Remote, RemoteError, RemotePath};
+use serde_json::Value;
+
+/// Only stops a hung test: nothing here asserts how fast anything is.
+const DEADLINE: Duration = Duration::from_secs(20);
+/// A TTL no test outlives: whatever the mount sees of a sandbox change came from the feed.
+const LONG_TTL_MS: &str = "600000";
+
+fn status(m: &MountProcess) -> Value {
+    let (code, out, err) = run(Command::new(sbxfs_bin()).args([
+        "ctl",
+        "--mount",
+        m.dir.to_str().unwrap(),
+        "status",
+        "--json",
+    ]));
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+    serde_json::from_slice(&out).unwrap()
+}
+
+/// Poll `check` until it holds; panics with `what` at the deadline.
+fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !check() {
+        assert!(start.elapsed() < DEADLINE, "never happened: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn feed_connected(m: &MountProcess) {
+    eventually("the feed connects", || {
+        status(m)["feed"]["state"] == "connected"
+    });
+}
+
+fn workspace_requests(agent: &AgentProcess) -> u64 {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let stats = rt.block_on(agent.client().agent_stats()).unwrap();
+    stats["workspace_requests"].as_u64().unwrap()
+}
+
+fn read(p: &Path) -> Option<String> {
+    fs::read_to_string(p).ok()
+}
+
+#[test]
+fn sandbox_changes_reach_a_mount_whose_caches_are_long() {
+    let ws = tempfile::tempdir().unwrap();
+    let root = ws.path();
+    fs::create_dir(root.join("d")).unwrap();
+    fs::write(root.join("d/held.txt"), "old content\n").unwrap();
+    fs::write(root.join("d/doomed.txt"), "bye\n").unwrap();
+    fs::write(root.join("d/from.txt"), "moving\n").unwrap();
+    let agent = AgentProcess::start(root);
+    let m = MountProcess::start(&agent, &["--attr-ttl-ms", LONG_TTL_MS]);
+    let d = m.dir.join("d");
+    feed_connected(&m);
+
+    // Everything seen once: attributes, the listing, the held file's pages in the kernel.
+    let mut held = fs::File::open(d.join("held.txt")).unwrap();
+    let mut first = String::new();
+    held.read_to_string(&mut first).unwrap();
+    assert_eq!(first, "old content\n");
+    assert_eq!(read(&d.join("held.txt")).unwrap(), "old content\n");
+    let mut names: Vec<String> = fs::read_dir(&d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["doomed.txt", "from.txt", "held.txt"]);
+    assert!(d.join("doomed.txt").exists());
+    assert!(fs::metadata(d.join("new.txt")).is_err());
+
+    // The sandbox changes each of them behind the mount's back.
+    fs::write(root.join("d/held.txt"), "new content, longer\n").unwrap();
+    fs::write(root.join("d/new.txt"), "fresh\n").unwrap();
+    fs::remove_file(root.join("d/doomed.txt")).unwrap();
+    fs::rename(root.join("d/from.txt"), root.join("d/to.txt")).unwrap();
+
+    // `cat` of a file whose pages the kernel keeps (held open all along).
+    eventually("the changed file's new content", || {
+        read(&d.join("held.txt")).as_deref() == Some("new content, longer\n")
+    });
+    // `stat`.
+    eventually("the new size", || {
+        fs::metadata(d.join("held.txt")).is_ok_and(|m| m.len() == 20)
+    });
+    eventually("the created file", || {
+        read(&d.join("new.txt")).as_deref() == Some("fresh\n")
+    });
+    eventually("the deleted file gone", || {
+        fs::symlink_metadata(d.join("doomed.txt")).is_err()
+    });
+    eventually("the renamed file under its new name only", || {
+        read(&d.join("to.txt")).as_deref() == Some("moving\n")
+            && fs::symlink_metadata(d.join("from.txt")).is_err()
+    });
+    // `ls`.
+    eventually("the listing", || {
+        let mut names: Vec<String> = fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names == ["held.txt", "new.txt", "to.txt"]
+    });
+    // The descriptor held open all along reads what a local file would show.
+    held.seek(SeekFrom::Start(0)).unwrap();
+    let mut again = String::new();
+    held.read_to_string(&mut again).unwrap();
+    assert_eq!(again, "new content, longer\n");
+    let s = status(&m);
+    assert_eq!(s["feed"]["state"], "connected", "{s}");
+    assert!(s["feed"]["events"].as_u64().unwrap() >= 4, "{s}");
+}
+
+#[test]
+fn warm_find_and_cat_make_no_remote_request() {
+    let ws = tempfile::tempdir().unwrap();
+    for d in 0..5 {
+        let dir = ws.path().join(format!("dir{d}"));
+        fs::create_dir(&dir).unwrap();
+        for f in 0..6 {
+            fs::write(dir.join(format!("f{f}.txt")), format!("{d}/{f}\n")).unwrap();
+        }
+    }
+    let agent = AgentProcess::start(ws.path());
+    // The default TTL (1 s): only the feed makes the caches outlive it.
+    let m = MountProcess::start(&agent, &[]);
+    feed_connected(&m);
+    let find = || {
+        let (code, out, err) = run(Command::new("find").arg(&m.dir).args(["-type", "f"]));
+        assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+        let mut lines: Vec<String> = String::from_utf8(out)
+            .unwrap()
+            .lines()
+            .map(String::from)
+            .collect();
+        lines.sort();
+        lines
+    };
+    let cat_all = || {
+        (0..5)
+            .flat_map(|d| (0..6).map(move |f| (d, f)))
+            .map(|(d, f)| read(&m.dir.join(format!("dir{d}/f{f}.txt"))).unwrap())
+            .collect::<Vec<_>>()
+    };
+    let cold_find = find();
+    assert_eq!(cold_find.len(), 30);
+    let cold_cat = cat_all();
+    // Past the TTL: without the feed, every one of these would ask again.
+    std::thread::sleep(Duration::from_millis(1500));
+    let before = workspace_requests(&agent);
+    assert_eq!(find(), cold_find);
+    assert_eq!(cat_all(), cold_cat);
+    let _ = fs::metadata(m.dir.join("dir3/f2.txt")).unwrap();
+    let after = workspace_requests(&agent);
+    assert_eq!(
+        after - before,
+        0,
+        "a warm find and cat asked the sandbox {} times",
+        after - before
+    );
+}
+
+#[test]
+fn own_writes_survive_their_own_change_events() {
+    let ws = tempfile::tempdir().unwrap();
+    let agent = AgentProcess::start(ws.path());
+    let m = MountProcess::start(&agent, &["--attr-ttl-ms", LONG_TTL_MS]);
+    feed_connected(&m);
+    let path = m.dir.join("mine.txt");
+    let mut f = fs::OpenOptions::new()
+        .create(true)
+        .read(true)
+        .write(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    let events = status(&m)["feed"]["events"].as_u64().unwrap();
+    f.write_all(b"hello").unwrap();
+    f.sync_all().unwrap();
+    // The sandbox reports our own push back; the mount applies it.
+    eventually("the push's own events arrive", || {
+        fs::read(ws.path().join("mine.txt")).is_ok_and(|d| d == b"hello")
+            && status(&m)["feed"]["events"].as_u64().unwrap() > events
+    });
+    // The same descriptor goes on writing, and reads what it wrote.
+    f.write_all(b" world").unwrap();
+    let mut back = vec![0; 11];
+    f.read_exact_at(&mut back, 0).unwrap();
+    assert_eq!(back, b"hello world");
+    drop(f);
+    assert_eq!(read(&path).unwrap(), "hello world");
+    eventually("the sandbox has the whole file", || {
+        fs::read(ws.path().join("mine.txt")).is_ok_and(|d| d == b"hello world")
+    });
+    // Again after its events too.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(read(&path).unwrap(), "hello world");
+    assert_eq!(fs::metadata(&path).unwrap().len(), 11);
+}
+
+#[test]
+fn a_change_made_while_the_agent_was_down_is_seen_once_the_feed_is_back() {
+    let ws = tempfile::tempdir().unwrap();
+    fs::write(ws.path().join("f.txt"), "before\n").unwrap();
+    let mut agent = AgentProcess::start(ws.path());
+    let addr = agent.addr;
+    let m = MountProcess::start(&agent, &["--attr-ttl-ms", LONG_TTL_MS]);
+    feed_connected(&m);
+    assert_eq!(read(&m.dir.join("f.txt")).unwrap(), "before\n");
+
+    agent.kill();
+    eventually("status says the feed is reconnecting", || {
+        let s = status(&m);
+        s["feed"]["state"] == "reconnecting" && s["feed"]["trusted"] == false
+    });
+    let down = status(&m);
+    assert!(
+        down["feed"]["since_unix_ms"].as_u64().unwrap() > 0,
+        "{down}"
+    );
+    // No agent watches while it is down: no event will ever say this happened.
+    fs::write(ws.path().join("f.txt"), "changed while nobody watched\n").unwrap();
+    let _agent = AgentProcess::start_on(ws.path(), addr);
+
+    eventually("the feed reconnects and revalidates", || {
+        let s = status(&m);
+        s["feed"]["state"] == "connected" && s["feed"]["revalidations"].as_u64().unwrap() >= 2
+    });
+    eventually("the change is seen after reconnection", || {
+        read(&m.dir.join("f.txt")).as_deref() == Some("changed while nobody watched\n")
+    });
+    let s = status(&m);
+    assert_eq!(s["feed"]["trusted"], true, "{s}");
+    let last = &s["feed"]["last_revalidation"];
+    assert_eq!(last["reason"], "feed reconnected", "{s}");
+    assert!(last["checked"].as_u64().unwrap() >= 1, "{s}");
+    let log = m.log_text();
+    assert!(log.contains("change feed unavailable"), "{log}");
+    assert!(log.contains("revalidated"), "{log}");
+}
+
+// --- the core over the in-memory sandbox: faults placed exactly
+
+struct Core {
+    core: Arc<FsCore>,
+    memory: MemoryRemote,
+    faults: sbxfs::remote::faulty::FaultControl,
+    rt: tokio::runtime::Runtime,
+    _staging: tempfile::TempDir,
+}
+
+fn core_over_memory(
+    ttl: Duration,
+    prepare: impl FnOnce(&MemoryRemote, &sbxfs::remote::faulty::FaultControl),
+) -> Core {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let memory = MemoryRemote::new();
+    let faulty = FaultyRemote::new(memory.clone());
+    let faults = faulty.control();
+    prepare(&memory, &faults);
+    let remote: Arc<dyn Remote> = Arc::new(faulty);
+    let root = rt.block_on(remote.stat(&RemotePath::root())).unwrap();
+    let staging = tempfile::tempdir().unwrap();
+    let core = FsCore::new(
+        remote,
+        CoreConfig {
+            attr_ttl: ttl,
+            cache_bytes: 4 << 20,
+            staging_dir: staging.path().to_path_buf(),
+        },
+        root,
+    );
+    rt.spawn(sbxfs::mount::feed::follow(core.clone(), None));
+    Core {
+        core,
+        memory,
+        faults,
+        rt,
+        _staging: staging,
+    }
+}
+
+impl Core {
+    fn feed(&self) -> Value {
+        self.core.feed_status()
+    }
+
+    fn cat(&self, name: &str) -> Vec<u8> {
+        self.rt.block_on(async {
+            let node = self.core.lookup(ROOT, name.as_bytes()).await.unwrap().node;
+            let (fh, _) = self.core.open(node, false, false).await.unwrap();
+            let data = self.core.read(fh, 0, 1 << 20).await.unwrap();
+            self.core.release(fh).await.unwrap();
+            data
+        })
+    }
+}
+
+#[test]
+fn lost_events_make_the_mount_revalidate_everything() {
+    let c = core_over_memory(Duration::from_secs(600), |m, f| {
+        m.sandbox().write("a", b"one").unwrap();
+        // Keeps fewer events than happen while the feed is away.
+        m.set_ring_events(4);
+        // The first feed breaks after two events; the reconnect waits until released.
+        f.inject(Op::Watch, Fault::Cut { after: 2 }, Some(1));
+        f.inject(Op::Watch, Fault::Hang, Some(1));
+    });
+    let sb = c.memory.sandbox();
+    eventually("connected", || c.feed()["state"] == "connected");
+    assert_eq!(c.cat("a"), b"one");
+    sb.write("x1", b"1").unwrap();
+    sb.write("x2", b"2").unwrap();
+    eventually("the cut feed reconnects (and hangs there)", || {
+        c.faults.hanging() == 1
+    });
+    assert_eq!(c.feed()["trusted"], false);
+    // While it is away, more changes than the feed keeps for a reconnecting client.
+    sb.write("a", b"two!").unwrap();
+    for i in 0..10 {
+        sb.write(format!("y{i}"), b"y").unwrap();
+    }
+    c.faults.release();
+    eventually("the lost events are reported and revalidated", || {
+        let f = c.feed();
+        f["state"] == "connected"
+            && f["lost_events"].as_u64().unwrap() >= 1
+            && f["last_revalidation"]["reason"] == "lost events"
+    });
+    assert_eq!(c.cat("a"), b"two!");
+}
+
+#[test]
+fn with_the_feed_connected_warm_calls_stay_local_past_the_ttl() {
+    let c = core_over_memory(Duration::from_millis(50), |m, _| {
+        m.sandbox().write("f", b"cached").unwrap()
+    });
+    eventually("connected", || c.feed()["state"] == "connected");
+    assert_eq!(c.cat("f"), b"cached");
+    std::thread::sleep(Duration::from_millis(200));
+    c.faults.reset_counts();
+    assert_eq!(c.cat("f"), b"cached");
+    let node = c.rt.block_on(c.core.lookup(ROOT, b"f")).unwrap().node;
+    c.rt.block_on(c.core.getattr(node)).unwrap();
+    for op in [Op::Stat, Op::List, Op::Read, Op::StatMany] {
+        assert_eq!(c.faults.calls(op), 0, "{op:?} asked of the sandbox");
+    }
+    // A change in the sandbox is still seen, through the feed.
+    c.memory.sandbox().write("f", b"changed").unwrap();
+    eventually("the change arrives", || c.cat("f") == b"changed");
+}
+
+#[test]
+fn a_remote_without_a_feed_keeps_the_ttl() {
+    let ttl = Duration::from_millis(100);
+    let c = core_over_memory(ttl, |m, f| {
+        m.sandbox().write("f", b"one").unwrap();
+        f.fail_always(Op::Watch, RemoteError::Unsupported("no feed here".into()))
+    });
+    eventually("the feed is known to be missing", || {
+        c.feed()["state"] == "unsupported"
+    });
+    assert_eq!(c.feed()["trusted"], false);
+    assert_eq!(c.core.ttl(), ttl);
+    assert_eq!(c.cat("f"), b"one");
+    // Past the TTL, each look asks again.
+    std::thread::sleep(ttl * 2);
+    c.faults.reset_counts();
+    let node = c.rt.block_on(c.core.lookup(ROOT, b"f")).unwrap().node;
+    c.rt.block_on(c.core.getattr(node)).unwrap();
+    assert!(c.faults.calls(Op::Stat) + c.faults.calls(Op::List) >= 1);
+    c.memory.sandbox().write("f", b"two").unwrap();
+    eventually("the TTL lets the change in", || c.cat("f") == b"two");
+}
