@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
@@ -26,6 +26,7 @@ use super::handles::{DirEntryOut, Handles, OpenFile};
 use super::inode::{InodeTable, Node, NodeId, RemoteId, ROOT};
 use super::meta::MetaCache;
 use super::pages::{PageCache, PageIndex};
+use super::pushq::PushQueue;
 use super::staging::{Staged, PAGE};
 use super::writeback::{Failures, StagedEntry};
 use crate::remote::{
@@ -83,6 +84,12 @@ pub struct FsCore {
     epoch: AtomicU64,
     pub(super) staged: Mutex<HashMap<NodeId, Arc<StagedEntry>>>,
     pub(super) failures: Failures,
+    /// Pushes queued by `close` ([`super::pushq`]).
+    pub(super) pushq: PushQueue,
+    /// `close` pushes and waits (`-o sync_close`) instead of queueing.
+    sync_close: AtomicBool,
+    /// This core, for the tasks that run queued pushes.
+    me: Weak<FsCore>,
     kernel: Mutex<Option<Arc<dyn KernelCache>>>,
     /// The last remote call reached the sandbox (for `ctl status` and logs).
     reachable: AtomicBool,
@@ -112,7 +119,7 @@ pub(super) fn unreachable(e: &RemoteError) -> bool {
 
 impl FsCore {
     pub fn new(remote: Arc<dyn Remote>, cfg: CoreConfig, root: Attr) -> Arc<Self> {
-        Arc::new(FsCore {
+        Arc::new_cyclic(|me| FsCore {
             remote,
             inodes: InodeTable::new(root),
             meta: MetaCache::new(),
@@ -122,6 +129,9 @@ impl FsCore {
             epoch: AtomicU64::new(0),
             staged: Mutex::new(HashMap::new()),
             failures: Failures::default(),
+            pushq: PushQueue::default(),
+            sync_close: AtomicBool::new(false),
+            me: me.clone(),
             kernel: Mutex::new(None),
             reachable: AtomicBool::new(true),
             workspace_root: OnceLock::new(),
@@ -132,6 +142,20 @@ impl FsCore {
     /// Where the workspace is in the sandbox; set once, before the mount serves.
     pub fn set_workspace_root(&self, root: &[u8]) {
         let _ = self.workspace_root.set(root.to_vec());
+    }
+
+    /// `close` waits for its push (`-o sync_close`) instead of queueing it.
+    pub fn set_sync_close(&self, on: bool) {
+        self.sync_close.store(on, Ordering::Relaxed);
+    }
+
+    pub(super) fn sync_close(&self) -> bool {
+        self.sync_close.load(Ordering::Relaxed)
+    }
+
+    /// This core as an `Arc` (for a task that outlives the call).
+    pub(super) fn arc(&self) -> Option<Arc<FsCore>> {
+        self.me.upgrade()
     }
 
     pub fn set_kernel_cache(&self, k: Arc<dyn KernelCache>) {
@@ -748,16 +772,22 @@ impl FsCore {
 
     /// `close()` of one descriptor. A flush pushes only what this handle wrote since its last
     /// flush: bash's `echo x > f` closes a duplicate before writing, and that must not commit
-    /// an empty file. The last close (release) pushes whatever is left.
+    /// an empty file. The last close (release) pushes whatever is left. The push is queued
+    /// ([`super::pushq`]) unless `-o sync_close`; an earlier failed push of the file is
+    /// reported here.
     pub async fn flush(&self, fh: u64) -> Result<()> {
         let h = self.handles.file(fh)?;
         if h.writable && h.wrote.swap(false, Ordering::Relaxed) {
-            return self.push(h.node).await;
+            if self.sync_close() {
+                return self.push(h.node).await;
+            }
+            self.queue_push(h.node);
         }
         self.failures.take_report(h.node)
     }
 
-    /// `fsync`: everything staged for the file reaches the sandbox, or an error says why.
+    /// `fsync`: everything staged for the file reaches the sandbox, or an error says why (a
+    /// queued push of it is waited for: the push takes the file's staged lock).
     pub async fn fsync(&self, fh: u64) -> Result<()> {
         let h = self.handles.file(fh)?;
         h.wrote.store(false, Ordering::Relaxed);
@@ -782,9 +812,12 @@ impl FsCore {
             } else if removed {
                 Ok(())
             } else {
-                let r = if h.writable {
+                let r = if h.writable && self.sync_close() {
                     self.push(h.node).await
                 } else {
+                    if h.writable {
+                        self.queue_push(h.node);
+                    }
                     Ok(())
                 };
                 if last {
@@ -935,6 +968,8 @@ impl FsCore {
         let path = self.path_of(parent)?.join(name)?;
         let node = self.inodes.child(parent, name);
         if let Some(n) = node {
+            // A queued push of it lands first: the sandbox sees write, then unlink.
+            self.pushq.wait_for(&[n]).await;
             self.keep_open_copy(n).await?;
         }
         self.bump();
@@ -956,6 +991,7 @@ impl FsCore {
 
     pub async fn rmdir(&self, parent: NodeId, name: &[u8]) -> Result<()> {
         let path = self.path_of(parent)?.join(name)?;
+        self.pushq.wait_all().await;
         self.bump();
         let r = self.note(self.remote.rmdir(&path).await);
         self.dir_changed(parent);
@@ -980,6 +1016,11 @@ impl FsCore {
             RenameMode::Replace => self.inodes.child(new_parent, new_name),
             _ => None,
         };
+        self.wait_pushes_under(&[
+            self.inodes.child(parent, name),
+            self.inodes.child(new_parent, new_name),
+        ])
+        .await;
         if let Some(r) = replaced.filter(|r| Some(*r) != self.inodes.child(parent, name)) {
             self.keep_open_copy(r).await?;
         }
@@ -1020,6 +1061,22 @@ impl FsCore {
             self.inodes.update(n, |x| x.attr.ctime_ns = now_ns());
         }
         Ok(())
+    }
+
+    /// Wait for the queued pushes a namespace operation on these nodes could overtake: their
+    /// own, or every one when a directory is involved (files beneath it may be queued).
+    async fn wait_pushes_under(&self, nodes: &[Option<NodeId>]) {
+        let nodes: Vec<NodeId> = nodes.iter().flatten().copied().collect();
+        let dir = nodes.iter().any(|n| {
+            self.inodes
+                .get(*n)
+                .is_some_and(|x| x.attr.kind == FileKind::Dir)
+        });
+        if dir {
+            self.pushq.wait_all().await;
+        } else {
+            self.pushq.wait_for(&nodes).await;
+        }
     }
 
     /// The target as the laptop sees it: never a way out of the mount ([`super::links`]).

@@ -689,8 +689,36 @@ impl FsCore {
         self.failures.len()
     }
 
-    /// Push every node with staged changes (at unmount, or `sbxfs ctl flush`).
+    /// Queue a push of the node (`close`): a task runs it when one of the queue's slots is
+    /// free, and drops the staged image once it is pushed and nothing has the file open.
+    pub(super) fn queue_push(&self, node: NodeId) {
+        let Some(core) = self.arc() else {
+            return;
+        };
+        let Some(ticket) = self.pushq.enqueue(node) else {
+            return;
+        };
+        tokio::spawn(async move {
+            let permit = core.pushq.start(&ticket).await;
+            let pushed = core.push(node).await.is_ok();
+            drop(permit);
+            if pushed && core.inodes.get(node).is_none_or(|n| n.open == 0) {
+                core.drop_staged_if_clean(node).await;
+            }
+            core.pushq.done(ticket);
+        });
+    }
+
+    /// Pushes queued by `close` and not yet ended.
+    pub fn queued_pushes(&self) -> usize {
+        self.pushq.len()
+    }
+
+    /// Push every node with staged changes (at unmount, `sbxfs ctl flush`, before a query):
+    /// the queued pushes are waited for, then whatever is still unpushed (a failed push) is
+    /// tried once more.
     pub async fn flush_all(&self) -> Vec<(String, RemoteError)> {
+        self.pushq.wait_all().await;
         let nodes: Vec<NodeId> = self
             .staged
             .lock()
