@@ -25,6 +25,7 @@ use bytes::Bytes;
 use super::handles::{DirEntryOut, Handles, OpenFile};
 use super::inode::{InodeTable, Node, NodeId, RemoteId, ROOT};
 use super::meta::MetaCache;
+use super::newfiles::NewFiles;
 use super::pages::{PageCache, PageIndex};
 use super::pushq::PushQueue;
 use super::staging::{Staged, PAGE};
@@ -86,6 +87,8 @@ pub struct FsCore {
     pub(super) failures: Failures,
     /// Pushes queued by `close` ([`super::pushq`]).
     pub(super) pushq: PushQueue,
+    /// Files created here and not yet in the sandbox ([`super::newfiles`]).
+    pub(super) newfiles: NewFiles,
     /// `close` pushes and waits (`-o sync_close`) instead of queueing.
     sync_close: AtomicBool,
     /// This core, for the tasks that run queued pushes.
@@ -130,6 +133,7 @@ impl FsCore {
             staged: Mutex::new(HashMap::new()),
             failures: Failures::default(),
             pushq: PushQueue::default(),
+            newfiles: NewFiles::default(),
             sync_close: AtomicBool::new(false),
             me: me.clone(),
             kernel: Mutex::new(None),
@@ -294,6 +298,16 @@ impl FsCore {
     pub async fn lookup(&self, parent: NodeId, name: &[u8]) -> Result<NodeAttr> {
         let dir = self.path_of(parent)?;
         let path = dir.join(name)?;
+        if let Some(id) = self
+            .inodes
+            .child(parent, name)
+            .filter(|id| self.newfiles.contains(*id))
+        {
+            // Created here, not pushed yet: the sandbox does not know it.
+            self.inodes.update(id, |n| n.lookups += 1);
+            let attr = self.with_staged(id, self.node(id)?.attr);
+            return Ok(NodeAttr { node: id, attr });
+        }
         let offline = self.offline();
         let attr = match self.meta.entry(parent, name, self.cfg.attr_ttl, offline) {
             Some(Some(a)) => a,
@@ -315,7 +329,12 @@ impl FsCore {
                         },
                     }
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    if matches!(e, RemoteError::NotFound(_)) {
+                        self.newfiles.note_absent(parent, name);
+                    }
+                    return Err(e);
+                }
             },
         };
         let node = self.remember_entry(parent, name, attr);
@@ -542,6 +561,7 @@ impl FsCore {
             ino: a.ino,
             kind: a.kind,
         }));
+        self.add_new_files(node, &mut out);
         let out = Arc::new(out);
         self.handles.set_snapshot(fh, out.clone());
         Ok(out)
@@ -842,6 +862,12 @@ impl FsCore {
     ) -> Result<(NodeAttr, u64)> {
         let dir = self.path_of(parent)?;
         let path = dir.join(name)?;
+        let absent = self.meta.entry(parent, name, self.cfg.attr_ttl, false) == Some(None);
+        if (self.newfiles.take_absent(parent, name) || absent)
+            && self.inodes.child(parent, name).is_none()
+        {
+            return self.create_new(parent, name, mode).await;
+        }
         self.bump();
         let attr = match self.note(self.remote.create(&path, mode & 0o7777).await) {
             Ok(a) => a,
@@ -851,6 +877,40 @@ impl FsCore {
         self.dir_changed(parent);
         let node = self.inodes.remember(parent, name, attr.clone(), true);
         let (fh, _) = self.open(node, true, truncate).await?;
+        let attr = self.with_staged(node, self.node(node)?.attr);
+        Ok((NodeAttr { node, attr }, fh))
+    }
+
+    /// Create a file the sandbox does not have, locally only: its first push creates it
+    /// ([`super::newfiles`]).
+    async fn create_new(&self, parent: NodeId, name: &[u8], mode: u32) -> Result<(NodeAttr, u64)> {
+        let now = now_ns();
+        let owner = self.node(ROOT)?.attr;
+        let attr = Attr {
+            kind: FileKind::File,
+            size: 0,
+            mode: mode & 0o7777,
+            uid: owner.uid,
+            gid: owner.gid,
+            atime_ns: now,
+            mtime_ns: now,
+            ctime_ns: now,
+            dev: super::newfiles::UNPUSHED_DEV,
+            ino: self.newfiles.next_ino(),
+            nlink: 1,
+            rdev: 0,
+            symlink_target: None,
+            version: crate::remote::Version(String::new()),
+        };
+        self.bump();
+        let node = self.inodes.remember(parent, name, attr, true);
+        self.stage_new(node)?;
+        self.newfiles.add(node);
+        self.dir_changed(parent);
+        self.inodes.opened(node, 1);
+        let fh = self
+            .handles
+            .open_file(OpenFile::new(node, &self.node(node)?.attr, true));
         let attr = self.with_staged(node, self.node(node)?.attr);
         Ok((NodeAttr { node, attr }, fh))
     }
@@ -969,7 +1029,7 @@ impl FsCore {
         let node = self.inodes.child(parent, name);
         if let Some(n) = node {
             // A queued push of it lands first: the sandbox sees write, then unlink.
-            self.pushq.wait_for(&[n]).await;
+            self.wait_pushes_under(&[Some(n)]).await?;
             self.keep_open_copy(n).await?;
         }
         self.bump();
@@ -1020,7 +1080,7 @@ impl FsCore {
             self.inodes.child(parent, name),
             self.inodes.child(new_parent, new_name),
         ])
-        .await;
+        .await?;
         if let Some(r) = replaced.filter(|r| Some(*r) != self.inodes.child(parent, name)) {
             self.keep_open_copy(r).await?;
         }
@@ -1065,8 +1125,15 @@ impl FsCore {
 
     /// Wait for the queued pushes a namespace operation on these nodes could overtake: their
     /// own, or every one when a directory is involved (files beneath it may be queued).
-    async fn wait_pushes_under(&self, nodes: &[Option<NodeId>]) {
+    /// A file created here and not pushed yet is pushed first: the sandbox must have the
+    /// name the operation changes.
+    async fn wait_pushes_under(&self, nodes: &[Option<NodeId>]) -> Result<()> {
         let nodes: Vec<NodeId> = nodes.iter().flatten().copied().collect();
+        for n in &nodes {
+            if self.newfiles.contains(*n) {
+                self.push(*n).await?;
+            }
+        }
         let dir = nodes.iter().any(|n| {
             self.inodes
                 .get(*n)
@@ -1076,6 +1143,26 @@ impl FsCore {
             self.pushq.wait_all().await;
         } else {
             self.pushq.wait_for(&nodes).await;
+        }
+        Ok(())
+    }
+
+    /// Entries for the files created in `dir` and not yet pushed (the sandbox's listing
+    /// lacks them).
+    fn add_new_files(&self, dir: NodeId, out: &mut Vec<DirEntryOut>) {
+        for id in self.newfiles.all() {
+            let Some(n) = self.inodes.get(id) else {
+                continue;
+            };
+            for (p, name) in &n.links {
+                if *p == dir && !out.iter().any(|e| &e.name == name) {
+                    out.push(DirEntryOut {
+                        name: name.clone(),
+                        ino: n.attr.ino,
+                        kind: n.attr.kind,
+                    });
+                }
+            }
         }
     }
 

@@ -34,6 +34,7 @@ pub mod kernel;
 pub mod links;
 pub mod meta;
 pub mod mounts;
+pub mod newfiles;
 pub mod notify;
 pub mod options;
 pub mod pages;

@@ -309,6 +309,36 @@ impl FsCore {
         Ok(e)
     }
 
+    /// The staged state of a file created here and not in the sandbox yet (no base: its first
+    /// push creates it, with its mode, in one commit), open for writing once.
+    pub(super) fn stage_new(&self, node: NodeId) -> Result<Arc<StagedEntry>> {
+        let n = self
+            .inodes
+            .get(node)
+            .ok_or_else(|| RemoteError::NotFound(format!("node {}", node.0)))?;
+        let (journal, file) = Journal::create(
+            &self.cfg.staging_dir,
+            JournalMeta {
+                path: WireBytes(n.last_path.as_bytes().to_vec()),
+                base: None,
+                base_size: 0,
+                mode: Some(n.attr.mode),
+                sandbox: Some(self.sandbox_id()),
+            },
+        )
+        .map_err(|e| local_io(&e))?;
+        let mut s = Staged::new(file, None, 0);
+        s.journal = Some(journal);
+        let e = Arc::new(StagedEntry::new(s));
+        e.writers.fetch_add(1, Ordering::SeqCst);
+        self.staged
+            .lock()
+            .expect("staged lock")
+            .insert(node, e.clone());
+        self.inodes.pin(node, true);
+        Ok(e)
+    }
+
     /// This sandbox's identity: its workspace root's device and inode.
     pub(super) fn sandbox_id(&self) -> String {
         let root = self
@@ -331,6 +361,7 @@ impl FsCore {
             }
         }
         self.failures.clear(node);
+        self.newfiles.remove(node);
     }
 
     /// Drop a node's staged state once nothing is open on it and all of it is pushed.
@@ -403,6 +434,9 @@ impl FsCore {
             return Err(e);
         }
         let mut path = path;
+        // A file created here: the commit creates it, with the mode it has now (a chmod since
+        // its creation included), so no setattr follows for the mode.
+        let was_new = s.base.is_none();
         let mut result;
         let mut bytes;
         let mut rebased = false;
@@ -472,7 +506,10 @@ impl FsCore {
             Ok(mut attr) => {
                 self.stats.commits.fetch_add(1, Ordering::Relaxed);
                 self.stats.bytes_pushed.fetch_add(bytes, Ordering::Relaxed);
-                let pending = std::mem::take(&mut s.pending_attr);
+                let mut pending = std::mem::take(&mut s.pending_attr);
+                if was_new {
+                    pending.mode = None;
+                }
                 if pending != SetAttr::default() {
                     match self.note(self.remote.setattr(&path, pending).await) {
                         Ok(a) => attr = a,
@@ -488,6 +525,7 @@ impl FsCore {
                 // The atomic rename gave the file a new sandbox inode: this node now stands
                 // for it. What the kernel cached was written piecemeal: never a version.
                 self.inodes.rebind(node, &attr);
+                self.newfiles.remove(node);
                 self.handles.follow(node, &attr);
                 self.inodes.update(node, |x| x.kernel_version = None);
                 if let Some((parent, _)) = n.links.first() {
