@@ -652,6 +652,10 @@ impl FsCore {
             return self.read_staged(h.node, &s, offset, size as u64).await;
         }
         let path = self.path_of(h.node)?;
+        if h.remote().dev == super::newfiles::UNPUSHED_DEV {
+            // Opened while the file was new; pushed since: it is the sandbox's file now.
+            h.follow(&self.node(h.node)?.attr);
+        }
         let mut follows = 0;
         'again: loop {
             let version = h.version();
@@ -989,7 +993,7 @@ impl FsCore {
 
     /// Before a name goes away (unlink, or a rename over it): a node still open keeps a
     /// complete local copy, so its handles go on reading after the sandbox's file is gone.
-    async fn keep_open_copy(&self, node: NodeId) -> Result<()> {
+    pub(super) async fn keep_open_copy(&self, node: NodeId) -> Result<()> {
         let Some(n) = self.inodes.get(node) else {
             return Ok(());
         };
@@ -1005,7 +1009,7 @@ impl FsCore {
     }
 
     /// The node lost its last name through the mount: nothing staged for it is pushed.
-    fn removed(&self, node: NodeId) {
+    pub(super) fn removed(&self, node: NodeId) {
         let orphan = self.inodes.path_of(node).is_none();
         if !orphan {
             return;
@@ -1028,12 +1032,21 @@ impl FsCore {
         let path = self.path_of(parent)?.join(name)?;
         let node = self.inodes.child(parent, name);
         if let Some(n) = node {
+            if self.unlink_new(parent, name, n).await {
+                return Ok(());
+            }
             // A queued push of it lands first: the sandbox sees write, then unlink.
             self.wait_pushes_under(&[Some(n)]).await?;
             self.keep_open_copy(n).await?;
         }
         self.bump();
-        let r = self.note(self.remote.unlink(&path).await);
+        let r = match self.note(self.remote.unlink(&path).await) {
+            // A new file whose commit got no answer and did not land: gone all the same.
+            Err(RemoteError::NotFound(_)) if node.is_some_and(|n| self.newfiles.contains(n)) => {
+                Ok(())
+            }
+            r => r,
+        };
         self.dir_changed(parent);
         r?;
         if let Some(n) = self.inodes.unlink(parent, name) {
@@ -1076,6 +1089,12 @@ impl FsCore {
             RenameMode::Replace => self.inodes.child(new_parent, new_name),
             _ => None,
         };
+        if let Some(n) = self.inodes.child(parent, name) {
+            let (from, to) = ((parent, name), (new_parent, new_name));
+            if self.rename_new(from, to, mode, n).await? {
+                return Ok(());
+            }
+        }
         self.wait_pushes_under(&[
             self.inodes.child(parent, name),
             self.inodes.child(new_parent, new_name),
@@ -1085,7 +1104,18 @@ impl FsCore {
             self.keep_open_copy(r).await?;
         }
         self.bump();
-        let r = self.note(self.remote.rename(&from, &to, mode).await);
+        let source = self.inodes.child(parent, name);
+        let r = match self.note(self.remote.rename(&from, &to, mode).await) {
+            // A new file whose commit got no answer and did not land: renamed here, and its
+            // push goes to the new name.
+            Err(RemoteError::NotFound(_))
+                if mode != RenameMode::Exchange
+                    && source.is_some_and(|n| self.newfiles.contains(n)) =>
+            {
+                Ok(())
+            }
+            r => r,
+        };
         self.dir_changed(parent);
         self.dir_changed(new_parent);
         r?;
@@ -1125,15 +1155,10 @@ impl FsCore {
 
     /// Wait for the queued pushes a namespace operation on these nodes could overtake: their
     /// own, or every one when a directory is involved (files beneath it may be queued).
-    /// A file created here and not pushed yet is pushed first: the sandbox must have the
-    /// name the operation changes.
+    /// (A file created here and not pushed yet needs no push first: unlink and rename of it
+    /// stay local, [`super::newfiles`], and a rename over it makes the name.)
     async fn wait_pushes_under(&self, nodes: &[Option<NodeId>]) -> Result<()> {
         let nodes: Vec<NodeId> = nodes.iter().flatten().copied().collect();
-        for n in &nodes {
-            if self.newfiles.contains(*n) {
-                self.push(*n).await?;
-            }
-        }
         let dir = nodes.iter().any(|n| {
             self.inodes
                 .get(*n)

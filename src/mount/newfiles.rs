@@ -11,12 +11,15 @@
 //! looks a name up just before it creates it) or a fresh listing lacks it; anything else is
 //! created in the sandbox as before, so `O_EXCL` still fails on a file made there.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::core::{now_ns, FsCore};
 use super::inode::NodeId;
+use super::writeback::StagedEntry;
+use crate::remote::{RemoteError, RenameMode, Result};
 
 /// How long a lookup's "absent" stands for a following `creat()`: the kernel's LOOKUP comes
 /// right before its CREATE, and a sandbox-side creation in this window is as likely as in the
@@ -30,7 +33,9 @@ pub const UNPUSHED_DEV: u64 = u64::MAX;
 
 #[derive(Default)]
 pub struct NewFiles {
-    nodes: Mutex<HashSet<NodeId>>,
+    /// Each new file, and whether a commit of it was sent (then it may be in the sandbox
+    /// even though no answer said so).
+    nodes: Mutex<HashMap<NodeId, bool>>,
     absent: Mutex<HashMap<(NodeId, Vec<u8>), Instant>>,
     next_ino: AtomicU64,
 }
@@ -70,7 +75,22 @@ impl NewFiles {
     }
 
     pub fn add(&self, node: NodeId) {
-        self.nodes.lock().expect("new files lock").insert(node);
+        self.nodes
+            .lock()
+            .expect("new files lock")
+            .insert(node, false);
+    }
+
+    /// A commit of it is on its way: from now on it may be in the sandbox.
+    pub fn sent(&self, node: NodeId) {
+        if let Some(s) = self.nodes.lock().expect("new files lock").get_mut(&node) {
+            *s = true;
+        }
+    }
+
+    /// New, and certainly not in the sandbox (no commit of it was ever sent).
+    pub fn unsent(&self, node: NodeId) -> bool {
+        self.nodes.lock().expect("new files lock").get(&node) == Some(&false)
     }
 
     /// Pushed (or dropped): the sandbox's listing speaks for it now.
@@ -79,17 +99,107 @@ impl NewFiles {
     }
 
     pub fn contains(&self, node: NodeId) -> bool {
-        self.nodes.lock().expect("new files lock").contains(&node)
+        self.nodes
+            .lock()
+            .expect("new files lock")
+            .contains_key(&node)
     }
 
     pub fn all(&self) -> Vec<NodeId> {
         self.nodes
             .lock()
             .expect("new files lock")
-            .iter()
+            .keys()
             .copied()
             .collect()
     }
+}
+
+impl FsCore {
+    /// Unlink a file the sandbox does not have yet: here only, no remote call (its push
+    /// never happens). Answers false when it may have reached the sandbox meanwhile.
+    pub(super) async fn unlink_new(&self, parent: NodeId, name: &[u8], node: NodeId) -> bool {
+        let Some(s) = self.claim_new(node).await else {
+            return false;
+        };
+        let g = s.lock().await;
+        if !self.newfiles.unsent(node) {
+            return false;
+        }
+        self.bump();
+        self.inodes.unlink(parent, name);
+        // Marked under the image's lock: a push waiting for it finds nothing to send.
+        self.inodes.update(node, |x| {
+            x.attr.nlink = x.attr.nlink.saturating_sub(1);
+            x.attr.ctime_ns = now_ns();
+            x.removed_locally = true;
+        });
+        drop(g);
+        self.removed(node);
+        self.dir_changed(parent);
+        if let Some(k) = self.kernel() {
+            k.invalidate_attr(node);
+        }
+        true
+    }
+
+    /// Rename a file the sandbox does not have yet: here only; its push creates the new name
+    /// (replacing what the sandbox has there, as the rename would). Answers false when it
+    /// may have reached the sandbox meanwhile.
+    pub(super) async fn rename_new(
+        &self,
+        (parent, name): (NodeId, &[u8]),
+        (new_parent, new_name): (NodeId, &[u8]),
+        mode: RenameMode,
+        node: NodeId,
+    ) -> Result<bool> {
+        if mode == RenameMode::Exchange {
+            return Ok(false);
+        }
+        let Some(s) = self.claim_new(node).await else {
+            return Ok(false);
+        };
+        let mut g = s.lock().await;
+        if !self.newfiles.unsent(node) {
+            return Ok(false);
+        }
+        let target = self.inodes.child(new_parent, new_name);
+        if target == Some(node) {
+            return Ok(true);
+        }
+        if let Some(t) = target {
+            if mode == RenameMode::NoReplace {
+                return Err(RemoteError::Exists(new_name_display(new_name)));
+            }
+            self.keep_open_copy(t).await?;
+        }
+        self.bump();
+        let replaced = self.inodes.rename(parent, name, new_parent, new_name);
+        if let (Some(j), Some(p)) = (&mut g.journal, self.inodes.path_of(node)) {
+            let _ = j.moved(&p);
+        }
+        drop(g);
+        if let Some(r) = replaced {
+            self.removed(r);
+        }
+        self.inodes.update(node, |x| x.attr.ctime_ns = now_ns());
+        self.dir_changed(parent);
+        self.dir_changed(new_parent);
+        Ok(true)
+    }
+
+    /// The staged image of a new file once its queued pushes ended (`None`: not new).
+    async fn claim_new(&self, node: NodeId) -> Option<Arc<StagedEntry>> {
+        if !self.newfiles.unsent(node) {
+            return None;
+        }
+        self.pushq.wait_for(&[node]).await;
+        self.staged_of(node)
+    }
+}
+
+fn new_name_display(name: &[u8]) -> String {
+    String::from_utf8_lossy(name).into_owned()
 }
 
 #[cfg(test)]

@@ -437,6 +437,9 @@ impl FsCore {
         // A file created here: the commit creates it, with the mode it has now (a chmod since
         // its creation included), so no setattr follows for the mode.
         let was_new = s.base.is_none();
+        if was_new {
+            self.newfiles.sent(node);
+        }
         let mut result;
         let mut bytes;
         let mut rebased = false;
