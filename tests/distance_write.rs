@@ -304,7 +304,12 @@ fn writes_renames_and_unlinks_with_handles_open_land_in_order() {
         seen, want_seen,
         "read back through the unlinked file's handle"
     );
-    assert_eq!(tree(&f.mount.dir), want, "the mount, at once");
+    assert_eq!(
+        tree(&f.mount.dir),
+        want,
+        "the mount, at once; log: {}",
+        f.mount.log_text()
+    );
     f.flush();
     assert_eq!(tree(&f.root), want, "the sandbox, after ctl flush");
     let names: Vec<String> = fs::read_dir(&f.root)

@@ -4,8 +4,10 @@
 //! in the mount at once (its node, a staged image with no base), and its first push creates
 //! it in the sandbox with its mode and whole content in one commit. So a sandbox-side reader
 //! never sees it empty or partial, and `tar -x` pays no round trip per `creat()`. Until then
-//! lookups and listings of its directory show it from here; a namespace operation on it
-//! (rename, unlink, link) pushes it first.
+//! lookups and listings of its directory show it from here; unlinking or renaming it stays
+//! local (the push goes to the new name, or never happens); a hard link pushes it first. Once a
+//! commit of it was sent without an answer it may be in the sandbox: unlink and rename then go
+//! to the sandbox, and a "not found" there means it never landed.
 //!
 //! A name counts as absent only when a lookup answered so within [`ABSENT_FOR`] (the kernel
 //! looks a name up just before it creates it) or a fresh listing lacks it; anything else is

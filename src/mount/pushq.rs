@@ -8,10 +8,11 @@
 //! - **Ordered per file.** A push takes the file's staged image lock for its whole commit, so
 //!   two pushes of one file never overlap, and each sends the image as it is when it starts
 //!   (a push queued while another of the same file still waits is merged into it).
-//! - **Namespace operations wait.** A rename, unlink, link or setattr of a file, or a rename or
-//!   rmdir of a directory, first waits for the queued pushes it could overtake (the file's own;
-//!   all of them for a directory), so the sandbox sees the operations in the order the
-//!   program made them. Waiting is simpler than moving a queued push with a rename, and costs
+//! - **Namespace operations wait.** A rename or unlink of a file, or a rename or rmdir of a
+//!   directory, first waits for the queued pushes it could overtake (the file's own; all of
+//!   them for a directory), so the sandbox sees the operations in the order the program made
+//!   them. A link pushes the file first; a chmod or utimens of a file with unpushed writes is
+//!   applied after its push (under the same staged lock). Waiting is simpler than moving a queued push with a rename, and costs
 //!   only the time of pushes that were already on their way.
 //! - **Barriers.** `fsync`, `sbxfs ctl flush`, queries and unmount wait for what is queued.
 //! - **Failures are kept.** A failed push leaves the data staged and is recorded

@@ -286,6 +286,11 @@ impl FsCore {
             .path_of(node)
             .or_else(|| self.inodes.get(node).map(|n| n.last_path))
             .unwrap_or_default();
+        // The node's attributes as they are now: `attr` may have been read before a queued
+        // push of an earlier image ended (and that image was dropped), and its version would
+        // make the next push a false conflict.
+        let current = self.inodes.get(node).map(|n| n.attr);
+        let attr = current.as_ref().unwrap_or(attr);
         let (journal, file) = Journal::create(
             &self.cfg.staging_dir,
             JournalMeta {
