@@ -13,7 +13,7 @@
 //! looks a name up just before it creates it) or a fresh listing lacks it; anything else is
 //! created in the sandbox as before, so `O_EXCL` still fails on a file made there.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -38,6 +38,9 @@ pub struct NewFiles {
     /// Each new file, and whether a commit of it was sent (then it may be in the sandbox
     /// even though no answer said so).
     nodes: Mutex<HashMap<NodeId, bool>>,
+    /// New files renamed over a name the sandbox may have: that file is replaced by the push,
+    /// or must be removed if the new file moves on before it.
+    covers: Mutex<HashSet<NodeId>>,
     absent: Mutex<HashMap<(NodeId, Vec<u8>), Instant>>,
     next_ino: AtomicU64,
 }
@@ -98,6 +101,17 @@ impl NewFiles {
     /// Pushed (or dropped): the sandbox's listing speaks for it now.
     pub fn remove(&self, node: NodeId) {
         self.nodes.lock().expect("new files lock").remove(&node);
+        self.covers.lock().expect("covers lock").remove(&node);
+    }
+
+    /// Whether the new file's name may hide a sandbox file (set by a rename over one).
+    fn set_covers(&self, node: NodeId, covers: bool) -> bool {
+        let mut c = self.covers.lock().expect("covers lock");
+        if covers {
+            !c.insert(node)
+        } else {
+            c.remove(&node)
+        }
     }
 
     pub fn contains(&self, node: NodeId) -> bool {
@@ -121,11 +135,16 @@ impl FsCore {
     /// Unlink a file the sandbox does not have yet: here only, no remote call (its push
     /// never happens). Answers false when it may have reached the sandbox meanwhile.
     pub(super) async fn unlink_new(&self, parent: NodeId, name: &[u8], node: NodeId) -> bool {
+        // (A name it was renamed over is unlinked in the sandbox too: that file was replaced.)
         let Some(s) = self.claim_new(node).await else {
             return false;
         };
         let g = s.lock().await;
         if !self.newfiles.unsent(node) {
+            return false;
+        }
+        if self.newfiles.set_covers(node, false) && !self.unlink_covered(parent, name).await {
+            self.newfiles.set_covers(node, true);
             return false;
         }
         self.bump();
@@ -169,11 +188,21 @@ impl FsCore {
         if target == Some(node) {
             return Ok(true);
         }
+        // The target may be a sandbox file (anything but a new file of ours): the push will
+        // replace it, as the rename would have.
+        let covers = target.is_some_and(|t| !self.newfiles.unsent(t));
         if let Some(t) = target {
             if mode == RenameMode::NoReplace {
                 return Err(RemoteError::Exists(new_name_display(new_name)));
             }
             self.keep_open_copy(t).await?;
+        }
+        // Leaving a name it was renamed over: the file there was replaced, so it goes.
+        if self.newfiles.set_covers(node, covers) && !self.unlink_covered(parent, name).await {
+            self.newfiles.set_covers(node, true);
+            return Err(RemoteError::Transport(
+                "the sandbox did not remove the file this one replaced".into(),
+            ));
         }
         self.bump();
         let replaced = self.inodes.rename(parent, name, new_parent, new_name);
@@ -188,6 +217,17 @@ impl FsCore {
         self.dir_changed(parent);
         self.dir_changed(new_parent);
         Ok(true)
+    }
+
+    /// Remove the sandbox's file at a name a new file was renamed over (gone already is fine).
+    async fn unlink_covered(&self, parent: NodeId, name: &[u8]) -> bool {
+        let Ok(path) = self.path_of(parent).and_then(|p| p.join(name)) else {
+            return false;
+        };
+        matches!(
+            self.note(self.remote.unlink(&path).await),
+            Ok(()) | Err(RemoteError::NotFound(_))
+        )
     }
 
     /// The staged image of a new file once its queued pushes ended (`None`: not new).
