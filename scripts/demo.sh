@@ -62,6 +62,7 @@ if $smoke; then
   run ls -l
   run cat src/main.rs
   run sh -c 'echo "// edited through the mount" >> src/main.rs'
+  run "$sbxfs" ctl flush   # close queued the push; flush waits for it
   run tail -n 1 "$ws/src/main.rs"
   run "$sbxfs" grep TODO
   echo; echo "smoke test passed"

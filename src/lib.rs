@@ -22,9 +22,10 @@
 //!   work over the inode table ([`mount::inode`]: own node ids, names as links, orphans), listings
 //!   ([`mount::meta`]), the page cache ([`mount::pages`]) filled ahead of sequential readers
 //!   ([`mount::readahead`]), open handles ([`mount::handles`]) and
-//!   write-back ([`mount::writeback`]: pushes, retries, conflicts) of durable staged images
-//!   ([`mount::staging`]) in a private directory ([`mount::state`]); the change feed follower
-//!   ([`mount::feed`]) decides how long caches are trusted. Every remote call has a
+//!   write-back ([`mount::writeback`]: pushes, retries, conflicts; queued by `close` in
+//!   [`mount::pushq`]; new files created by their first push, [`mount::newfiles`]) of durable
+//!   staged images ([`mount::staging`]) in a private directory ([`mount::state`]); the change
+//!   feed follower ([`mount::feed`]) decides how long caches are trusted. Every remote call has a
 //!   deadline ([`remote::deadline`]), and every answer is bounded before it is held (the
 //!   client parses JSON as it streams, with caps on size, entries and names; a read answer is
 //!   never longer than asked). Symlink targets are shown so none leads out of the mount
@@ -53,8 +54,9 @@
 //!
 //! # The path of a write
 //! `write(2)` goes to the node's staged image ([`mount::staging`]; a journal line records it),
-//! fetching nothing. `close` (of a descriptor that wrote), the last close and `fsync` push
-//! ([`mount::writeback`]): [`remote::Remote::commit`] streams a patch — where the file was cut,
+//! fetching nothing. `close` (of a descriptor that wrote) and the last close queue a push
+//! ([`mount::pushq`]: up to 16 in flight, in order per file; `-o sync_close` waits), `fsync`
+//! pushes and waits ([`mount::writeback`]): [`remote::Remote::commit`] streams a patch — where the file was cut,
 //! its final length, the dirty ranges — or the whole file, naming the base version; the agent
 //! writes a temp file beside the target, fsyncs it, checks the base version once more and
 //! renames it over the target (a file with several hard links is written in place). Readers in the sandbox see the old or the new file, never a mix; a stale base is a
@@ -73,13 +75,15 @@
 //! `scan` streams a file through [`search::scan::LineWindow`] in 64 KiB positional reads.
 //!
 //! # Consistency
-//! Close-to-open: `open` revalidates the version; `close`/`fsync` return once the sandbox has the
-//! data. Data pages are keyed by version so they are never stale. While the agent's change feed
-//! ([`agent::watch`]) is connected, [`mount::feed`] follows it: attributes, listings and pages
-//! are trusted indefinitely (here and in the kernel; `open` does not revalidate), and each event
-//! drops what it touches once a batched stat ([`remote::Remote::stat_many`]) shows its version
-//! changed. When the feed drops or loses events, the TTL applies again at once and every cached
-//! path is revalidated before the feed is trusted again; a remote without a feed keeps the TTL.
+//! Close-to-open: `open` revalidates the version; `fsync` returns once the sandbox has the data,
+//! `close` once the push is queued (namespace operations, `ctl flush`, queries and unmount wait
+//! for the queued pushes they could overtake). Data pages are keyed by version so they are
+//! never stale. While the agent's change feed ([`agent::watch`]) is connected, [`mount::feed`]
+//! follows it: attributes, listings and pages are trusted indefinitely (here and in the kernel;
+//! `open` does not revalidate), and each event drops what it touches once a batched stat
+//! ([`remote::Remote::stat_many`]) shows its version changed. When the feed drops or loses
+//! events, the TTL applies again at once and every cached path is revalidated before the feed
+//! is trusted again; a remote without a feed keeps the TTL.
 
 pub mod agent;
 pub mod atomic;

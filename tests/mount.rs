@@ -39,6 +39,22 @@ fn setup_with(extra: &[&str]) -> Setup {
     }
 }
 
+/// `sbxfs ctl flush`: close queues the push, so a test that looks in the sandbox right after
+/// a program closed its files waits for the queued pushes first.
+fn flushed(mount: &Path) {
+    let (code, out, err) = run(Command::new(sbxfs_bin())
+        .args(["ctl", "--mount"])
+        .arg(mount)
+        .arg("flush"));
+    assert_eq!(
+        code,
+        0,
+        "ctl flush: {}{}",
+        String::from_utf8_lossy(&out),
+        String::from_utf8_lossy(&err)
+    );
+}
+
 fn sh(dir: &Path, script: &str) -> (i32, String, String) {
     let (code, out, err) = run(Command::new("sh").arg("-c").arg(script).current_dir(dir));
     (
@@ -76,6 +92,7 @@ fn shell_tools_work_through_the_mount() {
         ),
     );
     assert_eq!(code, 0, "{err}");
+    flushed(m);
     let (code, _, _) = sh(
         r,
         &format!(
@@ -121,6 +138,7 @@ fn shell_tools_work_through_the_mount() {
     fs::create_dir(m.join("untar")).unwrap();
     let (code, _, err) = sh(&m.join("untar"), &format!("tar -xf {}", tar.display()));
     assert_eq!(code, 0, "{err}");
+    flushed(m);
     assert_eq!(fs::read_dir(r.join("untar")).unwrap().count(), 500);
     assert_eq!(
         fs::read_to_string(r.join("untar/f499.txt")).unwrap(),
@@ -134,6 +152,7 @@ fn shell_tools_work_through_the_mount() {
          truncate -s 1 d/g && touch -d '2020-01-02 03:04:05' d/g && rm d/link && mkdir e && rmdir e",
     );
     assert_eq!(code, 0, "{err}");
+    flushed(m);
     let g = fs::metadata(r.join("d/g")).unwrap();
     assert_eq!((g.len(), g.permissions().mode() & 0o777), (1, 0o600));
     assert_eq!(g.mtime(), 1_577_934_245);

@@ -26,7 +26,9 @@ fn setup() -> Setup {
     let root = dir.path().join("ws");
     fs::create_dir(&root).unwrap();
     let agent = AgentProcess::start(&root);
-    let mount = MountProcess::start(&agent, &[]);
+    // These tests look in the sandbox right after a close: that is the `sync_close` model
+    // (by default close queues the push; tests/distance_write.rs pins that model).
+    let mount = MountProcess::start(&agent, &["-o", "sync_close"]);
     Setup {
         _dir: dir,
         root,

@@ -671,3 +671,41 @@ fn a_failed_push_is_kept_and_pushed_later() {
         Close(0),
     ]);
 }
+
+#[test]
+fn a_new_file_renamed_over_a_sandbox_file_and_away_leaves_it_gone() {
+    use Step::*;
+    run(&[
+        SandboxWrite {
+            name: 2,
+            len: 0,
+            byte: 0,
+        },
+        Open {
+            name: 0,
+            slot: 0,
+            write: false,
+            create: true,
+            trunc: false,
+        },
+        Rename { from: 0, to: 2 },
+        Rename { from: 2, to: 0 },
+    ]);
+}
+
+#[test]
+fn a_new_file_whose_commit_answer_was_lost_can_be_unlinked() {
+    use Step::*;
+    run(&[
+        Open {
+            name: 1,
+            slot: 1,
+            write: false,
+            create: true,
+            trunc: false,
+        },
+        LoseNextCommitAnswer,
+        Close(1),
+        Unlink(1),
+    ]);
+}

@@ -80,8 +80,9 @@ pub(super) struct MountArgs {
     /// The empty directory to mount on.
     mountpoint: PathBuf,
     /// Mount options, comma-separated: allow_other, default_permissions, ro, noexec,
-    /// idmap=none|user, nonempty, timeout_ms=MS, token_file=FILE, and every long flag below as
-    /// KEY=VALUE (see README "Mount options"; mount(8)'s own options are accepted and ignored).
+    /// idmap=none|user, nonempty, sync_close, timeout_ms=MS, token_file=FILE, and every long
+    /// flag below as KEY=VALUE (see README "Mount options"; mount(8)'s own options are
+    /// accepted and ignored).
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
     /// File holding the agent's token (else the SBXFS_TOKEN environment variable).
@@ -251,6 +252,7 @@ pub(super) fn run_mount(a: MountArgs) -> i32 {
         cfg.no_exec = o.no_exec.unwrap_or(false);
         cfg.idmap = o.idmap.unwrap_or_default();
         cfg.nonempty = o.nonempty;
+        cfg.sync_close = o.sync_close;
         cfg.detached = a.detached;
         crate::mount::run(cfg)
     });

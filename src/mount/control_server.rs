@@ -342,18 +342,25 @@ pub async fn answer(control: &Control, request: Request) -> Result<serde_json::V
             }
             Err(RemoteError::Transport("the grep answer ended early".into()))
         }
+        // Every query waits for the queued pushes: a file closed a moment ago is found.
         Request::Glob { path: p, pattern } => match path(p) {
-            Ok(p) => remote
-                .glob(&p, &pattern)
-                .await
-                .map(|paths| json!({ "paths": paths })),
+            Ok(p) => {
+                let _ = core.flush_all().await;
+                remote
+                    .glob(&p, &pattern)
+                    .await
+                    .map(|paths| json!({ "paths": paths }))
+            }
             Err(e) => Err(e),
         },
         Request::Fuzzy { path: p, request } => match path(p) {
-            Ok(p) => remote
-                .fuzzy(&p, request)
-                .await
-                .map(|m| json!({ "matches": m })),
+            Ok(p) => {
+                let _ = core.flush_all().await;
+                remote
+                    .fuzzy(&p, request)
+                    .await
+                    .map(|m| json!({ "matches": m }))
+            }
             Err(e) => Err(e),
         },
         Request::Scan { path: p, request } => match path(p) {
@@ -413,6 +420,7 @@ pub async fn answer(control: &Control, request: Request) -> Result<serde_json::V
             v["pending_commits"] = json!(core.pending_count());
             v["unpushed"] = json!(core.has_unpushed());
             v["push_failures"] = json!(core.push_failures());
+            v["queued_pushes"] = json!(core.queued_pushes());
             v["stats"] = json!(&core.stats);
             v["feed"] = core.feed_status();
             Ok(v)

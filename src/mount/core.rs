@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
@@ -25,7 +25,9 @@ use bytes::Bytes;
 use super::handles::{DirEntryOut, Handles, OpenFile};
 use super::inode::{InodeTable, Node, NodeId, RemoteId, ROOT};
 use super::meta::MetaCache;
+use super::newfiles::NewFiles;
 use super::pages::{PageCache, PageIndex};
+use super::pushq::PushQueue;
 use super::staging::{Staged, PAGE};
 use super::writeback::{Failures, StagedEntry};
 use crate::remote::{
@@ -90,6 +92,14 @@ pub struct FsCore {
     epoch: AtomicU64,
     pub(super) staged: Mutex<HashMap<NodeId, Arc<StagedEntry>>>,
     pub(super) failures: Failures,
+    /// Pushes queued by `close` ([`super::pushq`]).
+    pub(super) pushq: PushQueue,
+    /// Files created here and not yet in the sandbox ([`super::newfiles`]).
+    pub(super) newfiles: NewFiles,
+    /// `close` pushes and waits (`-o sync_close`) instead of queueing.
+    sync_close: AtomicBool,
+    /// This core, for the tasks that run queued pushes.
+    me: Weak<FsCore>,
     kernel: Mutex<Option<Arc<dyn KernelCache>>>,
     /// The last remote call reached the sandbox (for `ctl status` and logs).
     reachable: AtomicBool,
@@ -123,7 +133,7 @@ pub(super) fn unreachable(e: &RemoteError) -> bool {
 
 impl FsCore {
     pub fn new(remote: Arc<dyn Remote>, cfg: CoreConfig, root: Attr) -> Arc<Self> {
-        Arc::new(FsCore {
+        Arc::new_cyclic(|me| FsCore {
             remote,
             inodes: InodeTable::new(root),
             meta: MetaCache::new(),
@@ -134,6 +144,10 @@ impl FsCore {
             epoch: AtomicU64::new(0),
             staged: Mutex::new(HashMap::new()),
             failures: Failures::default(),
+            pushq: PushQueue::default(),
+            newfiles: NewFiles::default(),
+            sync_close: AtomicBool::new(false),
+            me: me.clone(),
             kernel: Mutex::new(None),
             reachable: AtomicBool::new(true),
             workspace_root: OnceLock::new(),
@@ -146,6 +160,20 @@ impl FsCore {
     /// Where the workspace is in the sandbox; set once, before the mount serves.
     pub fn set_workspace_root(&self, root: &[u8]) {
         let _ = self.workspace_root.set(root.to_vec());
+    }
+
+    /// `close` waits for its push (`-o sync_close`) instead of queueing it.
+    pub fn set_sync_close(&self, on: bool) {
+        self.sync_close.store(on, Ordering::Relaxed);
+    }
+
+    pub(super) fn sync_close(&self) -> bool {
+        self.sync_close.load(Ordering::Relaxed)
+    }
+
+    /// This core as an `Arc` (for a task that outlives the call).
+    pub(super) fn arc(&self) -> Option<Arc<FsCore>> {
+        self.me.upgrade()
     }
 
     pub fn set_kernel_cache(&self, k: Arc<dyn KernelCache>) {
@@ -299,6 +327,16 @@ impl FsCore {
     pub async fn lookup(&self, parent: NodeId, name: &[u8]) -> Result<NodeAttr> {
         let dir = self.path_of(parent)?;
         let path = dir.join(name)?;
+        if let Some(id) = self
+            .inodes
+            .child(parent, name)
+            .filter(|id| self.newfiles.contains(*id))
+        {
+            // Created here, not pushed yet: the sandbox does not know it.
+            self.inodes.update(id, |n| n.lookups += 1);
+            let attr = self.with_staged(id, self.node(id)?.attr);
+            return Ok(NodeAttr { node: id, attr });
+        }
         let offline = self.offline();
         let attr = match self.meta.entry(parent, name, self.ttl(), offline) {
             Some(Some(a)) => a,
@@ -324,7 +362,12 @@ impl FsCore {
                         },
                     }
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    if matches!(e, RemoteError::NotFound(_)) {
+                        self.newfiles.note_absent(parent, name);
+                    }
+                    return Err(e);
+                }
             },
         };
         let node = self.remember_entry(parent, name, attr);
@@ -560,6 +603,7 @@ impl FsCore {
             ino: a.ino,
             kind: a.kind,
         }));
+        self.add_new_files(node, &mut out);
         let out = Arc::new(out);
         self.handles.set_snapshot(fh, out.clone());
         Ok(out)
@@ -652,6 +696,10 @@ impl FsCore {
             return self.read_staged(h.node, &s, offset, size as u64).await;
         }
         let path = self.path_of(h.node)?;
+        if h.remote().dev == super::newfiles::UNPUSHED_DEV {
+            // Opened while the file was new; pushed since: it is the sandbox's file now.
+            h.follow(&self.node(h.node)?.attr);
+        }
         let mut follows = 0;
         'again: loop {
             let version = h.version();
@@ -793,16 +841,22 @@ impl FsCore {
 
     /// `close()` of one descriptor. A flush pushes only what this handle wrote since its last
     /// flush: bash's `echo x > f` closes a duplicate before writing, and that must not commit
-    /// an empty file. The last close (release) pushes whatever is left.
+    /// an empty file. The last close (release) pushes whatever is left. The push is queued
+    /// ([`super::pushq`]) unless `-o sync_close`; an earlier failed push of the file is
+    /// reported here.
     pub async fn flush(&self, fh: u64) -> Result<()> {
         let h = self.handles.file(fh)?;
         if h.writable && h.wrote.swap(false, Ordering::Relaxed) {
-            return self.push(h.node).await;
+            if self.sync_close() {
+                return self.push(h.node).await;
+            }
+            self.queue_push(h.node);
         }
         self.failures.take_report(h.node)
     }
 
-    /// `fsync`: everything staged for the file reaches the sandbox, or an error says why.
+    /// `fsync`: everything staged for the file reaches the sandbox, or an error says why (a
+    /// queued push of it is waited for: the push takes the file's staged lock).
     pub async fn fsync(&self, fh: u64) -> Result<()> {
         let h = self.handles.file(fh)?;
         h.wrote.store(false, Ordering::Relaxed);
@@ -827,9 +881,12 @@ impl FsCore {
             } else if removed {
                 Ok(())
             } else {
-                let r = if h.writable {
+                let r = if h.writable && self.sync_close() {
                     self.push(h.node).await
                 } else {
+                    if h.writable {
+                        self.queue_push(h.node);
+                    }
                     Ok(())
                 };
                 if last {
@@ -854,6 +911,12 @@ impl FsCore {
     ) -> Result<(NodeAttr, u64)> {
         let dir = self.path_of(parent)?;
         let path = dir.join(name)?;
+        let absent = self.meta.entry(parent, name, self.cfg.attr_ttl, false) == Some(None);
+        if (self.newfiles.take_absent(parent, name) || absent)
+            && self.inodes.child(parent, name).is_none()
+        {
+            return self.create_new(parent, name, mode).await;
+        }
         self.bump();
         let attr = match self.note(self.remote.create(&path, mode & 0o7777).await) {
             Ok(a) => a,
@@ -863,6 +926,40 @@ impl FsCore {
         self.dir_changed(parent);
         let node = self.inodes.remember(parent, name, attr.clone(), true);
         let (fh, _) = self.open(node, true, truncate).await?;
+        let attr = self.with_staged(node, self.node(node)?.attr);
+        Ok((NodeAttr { node, attr }, fh))
+    }
+
+    /// Create a file the sandbox does not have, locally only: its first push creates it
+    /// ([`super::newfiles`]).
+    async fn create_new(&self, parent: NodeId, name: &[u8], mode: u32) -> Result<(NodeAttr, u64)> {
+        let now = now_ns();
+        let owner = self.node(ROOT)?.attr;
+        let attr = Attr {
+            kind: FileKind::File,
+            size: 0,
+            mode: mode & 0o7777,
+            uid: owner.uid,
+            gid: owner.gid,
+            atime_ns: now,
+            mtime_ns: now,
+            ctime_ns: now,
+            dev: super::newfiles::UNPUSHED_DEV,
+            ino: self.newfiles.next_ino(),
+            nlink: 1,
+            rdev: 0,
+            symlink_target: None,
+            version: crate::remote::Version(String::new()),
+        };
+        self.bump();
+        let node = self.inodes.remember(parent, name, attr, true);
+        self.stage_new(node)?;
+        self.newfiles.add(node);
+        self.dir_changed(parent);
+        self.inodes.opened(node, 1);
+        let fh = self
+            .handles
+            .open_file(OpenFile::new(node, &self.node(node)?.attr, true));
         let attr = self.with_staged(node, self.node(node)?.attr);
         Ok((NodeAttr { node, attr }, fh))
     }
@@ -941,7 +1038,7 @@ impl FsCore {
 
     /// Before a name goes away (unlink, or a rename over it): a node still open keeps a
     /// complete local copy, so its handles go on reading after the sandbox's file is gone.
-    async fn keep_open_copy(&self, node: NodeId) -> Result<()> {
+    pub(super) async fn keep_open_copy(&self, node: NodeId) -> Result<()> {
         let Some(n) = self.inodes.get(node) else {
             return Ok(());
         };
@@ -957,7 +1054,7 @@ impl FsCore {
     }
 
     /// The node lost its last name through the mount: nothing staged for it is pushed.
-    fn removed(&self, node: NodeId) {
+    pub(super) fn removed(&self, node: NodeId) {
         let orphan = self.inodes.path_of(node).is_none();
         if !orphan {
             return;
@@ -980,10 +1077,21 @@ impl FsCore {
         let path = self.path_of(parent)?.join(name)?;
         let node = self.inodes.child(parent, name);
         if let Some(n) = node {
+            if self.unlink_new(parent, name, n).await {
+                return Ok(());
+            }
+            // A queued push of it lands first: the sandbox sees write, then unlink.
+            self.wait_pushes_under(&[Some(n)]).await?;
             self.keep_open_copy(n).await?;
         }
         self.bump();
-        let r = self.note(self.remote.unlink(&path).await);
+        let r = match self.note(self.remote.unlink(&path).await) {
+            // A new file whose commit got no answer and did not land: gone all the same.
+            Err(RemoteError::NotFound(_)) if node.is_some_and(|n| self.newfiles.contains(n)) => {
+                Ok(())
+            }
+            r => r,
+        };
         self.dir_changed(parent);
         r?;
         if let Some(n) = self.inodes.unlink(parent, name) {
@@ -1001,6 +1109,7 @@ impl FsCore {
 
     pub async fn rmdir(&self, parent: NodeId, name: &[u8]) -> Result<()> {
         let path = self.path_of(parent)?.join(name)?;
+        self.pushq.wait_all().await;
         self.bump();
         let r = self.note(self.remote.rmdir(&path).await);
         self.dir_changed(parent);
@@ -1025,11 +1134,33 @@ impl FsCore {
             RenameMode::Replace => self.inodes.child(new_parent, new_name),
             _ => None,
         };
+        if let Some(n) = self.inodes.child(parent, name) {
+            let (from, to) = ((parent, name), (new_parent, new_name));
+            if self.rename_new(from, to, mode, n).await? {
+                return Ok(());
+            }
+        }
+        self.wait_pushes_under(&[
+            self.inodes.child(parent, name),
+            self.inodes.child(new_parent, new_name),
+        ])
+        .await?;
         if let Some(r) = replaced.filter(|r| Some(*r) != self.inodes.child(parent, name)) {
             self.keep_open_copy(r).await?;
         }
         self.bump();
-        let r = self.note(self.remote.rename(&from, &to, mode).await);
+        let source = self.inodes.child(parent, name);
+        let r = match self.note(self.remote.rename(&from, &to, mode).await) {
+            // A new file whose commit got no answer and did not land: renamed here, and its
+            // push goes to the new name.
+            Err(RemoteError::NotFound(_))
+                if mode != RenameMode::Exchange
+                    && source.is_some_and(|n| self.newfiles.contains(n)) =>
+            {
+                Ok(())
+            }
+            r => r,
+        };
         self.dir_changed(parent);
         self.dir_changed(new_parent);
         r?;
@@ -1065,6 +1196,44 @@ impl FsCore {
             self.inodes.update(n, |x| x.attr.ctime_ns = now_ns());
         }
         Ok(())
+    }
+
+    /// Wait for the queued pushes a namespace operation on these nodes could overtake: their
+    /// own, or every one when a directory is involved (files beneath it may be queued).
+    /// (A file created here and not pushed yet needs no push first: unlink and rename of it
+    /// stay local, [`super::newfiles`], and a rename over it makes the name.)
+    async fn wait_pushes_under(&self, nodes: &[Option<NodeId>]) -> Result<()> {
+        let nodes: Vec<NodeId> = nodes.iter().flatten().copied().collect();
+        let dir = nodes.iter().any(|n| {
+            self.inodes
+                .get(*n)
+                .is_some_and(|x| x.attr.kind == FileKind::Dir)
+        });
+        if dir {
+            self.pushq.wait_all().await;
+        } else {
+            self.pushq.wait_for(&nodes).await;
+        }
+        Ok(())
+    }
+
+    /// Entries for the files created in `dir` and not yet pushed (the sandbox's listing
+    /// lacks them).
+    fn add_new_files(&self, dir: NodeId, out: &mut Vec<DirEntryOut>) {
+        for id in self.newfiles.all() {
+            let Some(n) = self.inodes.get(id) else {
+                continue;
+            };
+            for (p, name) in &n.links {
+                if *p == dir && !out.iter().any(|e| &e.name == name) {
+                    out.push(DirEntryOut {
+                        name: name.clone(),
+                        ino: n.attr.ino,
+                        kind: n.attr.kind,
+                    });
+                }
+            }
+        }
     }
 
     /// The target as the laptop sees it: never a way out of the mount ([`super::links`]).

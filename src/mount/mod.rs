@@ -36,10 +36,12 @@ pub mod kernel;
 pub mod links;
 pub mod meta;
 pub mod mounts;
+pub mod newfiles;
 pub mod notify;
 pub mod options;
 pub mod pages;
 pub mod preflight;
+pub mod pushq;
 pub mod readahead;
 pub mod staging;
 pub mod state;
@@ -95,6 +97,9 @@ pub struct MountConfig {
     pub idmap: IdMap,
     /// Mount over a directory that is not empty (`-o nonempty`), hiding what is there.
     pub nonempty: bool,
+    /// `close` waits until the sandbox has the file (`-o sync_close`); by default it queues
+    /// the push and returns ([`pushq`]).
+    pub sync_close: bool,
     /// Started by [`background::start`]: once the mount answers, let go of the terminal.
     pub detached: bool,
 }
@@ -116,6 +121,7 @@ impl MountConfig {
             no_exec: false,
             idmap: IdMap::None,
             nonempty: false,
+            sync_close: false,
             detached: false,
         }
     }
@@ -326,6 +332,7 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
         },
         root.clone(),
     );
+    core.set_sync_close(cfg.sync_close);
     let owners = Arc::new(gate::Owners {
         idmap: cfg.idmap,
         mount_uid: rustix::process::getuid().as_raw(),

@@ -47,6 +47,8 @@ pub struct MountOptions {
     pub token_file: Option<PathBuf>,
     /// Mount over a directory that is not empty.
     pub nonempty: bool,
+    /// `close` waits until the sandbox has the file (`sync_close`).
+    pub sync_close: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -133,6 +135,7 @@ impl MountOptions {
                 "allow_other" => flag(&mut self.allow_other)?,
                 "default_permissions" => flag(&mut self.default_permissions)?,
                 "nonempty" => flag(&mut self.nonempty)?,
+                "sync_close" => flag(&mut self.sync_close)?,
                 "ro" | "rw" => {
                     flag(&mut false)?;
                     self.read_only = Some(key == "ro");
@@ -247,7 +250,7 @@ mod tests {
     fn every_option_is_read_into_its_field() {
         let o = parse(
             "allow_other,default_permissions,nonempty,ro,idmap=none,attr_ttl_ms=250,cache_size=512M,\
-             staging_dir=/var/tmp/s,token_file=/etc/sbxfs/token,noexec,timeout_ms=1500",
+             staging_dir=/var/tmp/s,token_file=/etc/sbxfs/token,noexec,timeout_ms=1500,sync_close",
         )
         .unwrap();
         assert_eq!(
@@ -264,6 +267,7 @@ mod tests {
                 staging_dir: Some("/var/tmp/s".into()),
                 token_file: Some("/etc/sbxfs/token".into()),
                 nonempty: true,
+                sync_close: true,
             }
         );
     }

@@ -92,9 +92,16 @@ impl Staged {
         self.dirty.iter().map(|(a, b)| b - a).sum()
     }
 
-    /// Is the page local (so its bytes can be read from the staging file)?
+    /// Is the page local (so its bytes can be read from the staging file)? Also when writes
+    /// covered every base byte of it: nothing of the base is left to fetch.
     pub fn page_present(&self, page: u64) -> bool {
-        page * PAGE >= self.base_size || self.present.contains(&page)
+        let start = page * PAGE;
+        if start >= self.base_size || self.present.contains(&page) {
+            return true;
+        }
+        let end = (start + PAGE).min(self.base_size);
+        let i = self.dirty.partition_point(|&(a, _)| a <= start);
+        i > 0 && self.dirty[i - 1].1 >= end
     }
 
     /// Put fetched base bytes of `page` in place (only where the user has not written).
@@ -542,6 +549,28 @@ mod tests {
         r.replay(&ops);
         assert_eq!((r.dirty.clone(), r.len, r.base_size), (dirty, len, cut));
         assert_eq!(r.read_local(10, 3).unwrap(), b"abc");
+    }
+
+    #[test]
+    fn a_page_whose_base_bytes_were_all_written_needs_no_fetch() {
+        let f = tempfile::tempfile().unwrap();
+        let mut s = Staged::new(f, Some(Version("v".into())), 3);
+        assert_eq!(s.missing_in(0, 10), vec![0]);
+        s.write(1, b"xy").unwrap();
+        assert_eq!(s.missing_in(0, 10), vec![0], "byte 0 is still the base's");
+        s.write(0, b"new data").unwrap();
+        assert!(
+            s.missing_in(0, 10).is_empty(),
+            "every base byte was written"
+        );
+        let big = tempfile::tempfile().unwrap();
+        let mut s = Staged::new(big, Some(Version("v".into())), 3 * PAGE);
+        s.write(PAGE + 5, b"x").unwrap();
+        assert_eq!(
+            s.missing_in(0, 3 * PAGE),
+            vec![0, 1, 2],
+            "a 1-byte write fetches nothing"
+        );
     }
 
     #[test]

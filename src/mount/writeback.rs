@@ -286,6 +286,11 @@ impl FsCore {
             .path_of(node)
             .or_else(|| self.inodes.get(node).map(|n| n.last_path))
             .unwrap_or_default();
+        // The node's attributes as they are now: `attr` may have been read before a queued
+        // push of an earlier image ended (and that image was dropped), and its version would
+        // make the next push a false conflict.
+        let current = self.inodes.get(node).map(|n| n.attr);
+        let attr = current.as_ref().unwrap_or(attr);
         let (journal, file) = Journal::create(
             &self.cfg.staging_dir,
             JournalMeta {
@@ -305,6 +310,36 @@ impl FsCore {
         }
         staged.insert(node, e.clone());
         drop(staged);
+        self.inodes.pin(node, true);
+        Ok(e)
+    }
+
+    /// The staged state of a file created here and not in the sandbox yet (no base: its first
+    /// push creates it, with its mode, in one commit), open for writing once.
+    pub(super) fn stage_new(&self, node: NodeId) -> Result<Arc<StagedEntry>> {
+        let n = self
+            .inodes
+            .get(node)
+            .ok_or_else(|| RemoteError::NotFound(format!("node {}", node.0)))?;
+        let (journal, file) = Journal::create(
+            &self.cfg.staging_dir,
+            JournalMeta {
+                path: WireBytes(n.last_path.as_bytes().to_vec()),
+                base: None,
+                base_size: 0,
+                mode: Some(n.attr.mode),
+                sandbox: Some(self.sandbox_id()),
+            },
+        )
+        .map_err(|e| local_io(&e))?;
+        let mut s = Staged::new(file, None, 0);
+        s.journal = Some(journal);
+        let e = Arc::new(StagedEntry::new(s));
+        e.writers.fetch_add(1, Ordering::SeqCst);
+        self.staged
+            .lock()
+            .expect("staged lock")
+            .insert(node, e.clone());
         self.inodes.pin(node, true);
         Ok(e)
     }
@@ -331,6 +366,7 @@ impl FsCore {
             }
         }
         self.failures.clear(node);
+        self.newfiles.remove(node);
     }
 
     /// Drop a node's staged state once nothing is open on it and all of it is pushed.
@@ -403,6 +439,12 @@ impl FsCore {
             return Err(e);
         }
         let mut path = path;
+        // A file created here: the commit creates it, with the mode it has now (a chmod since
+        // its creation included), so no setattr follows for the mode.
+        let was_new = s.base.is_none();
+        if was_new {
+            self.newfiles.sent(node);
+        }
         let mut result;
         let mut bytes;
         let mut rebased = false;
@@ -472,7 +514,10 @@ impl FsCore {
             Ok(mut attr) => {
                 self.stats.commits.fetch_add(1, Ordering::Relaxed);
                 self.stats.bytes_pushed.fetch_add(bytes, Ordering::Relaxed);
-                let pending = std::mem::take(&mut s.pending_attr);
+                let mut pending = std::mem::take(&mut s.pending_attr);
+                if was_new {
+                    pending.mode = None;
+                }
                 if pending != SetAttr::default() {
                     match self.note(self.remote.setattr(&path, pending).await) {
                         Ok(a) => attr = a,
@@ -488,6 +533,7 @@ impl FsCore {
                 // The atomic rename gave the file a new sandbox inode: this node now stands
                 // for it. What the kernel cached was written piecemeal: never a version.
                 self.inodes.rebind(node, &attr);
+                self.newfiles.remove(node);
                 self.handles.follow(node, &attr);
                 self.inodes.update(node, |x| x.kernel_version = None);
                 if let Some((parent, _)) = n.links.first() {
@@ -689,8 +735,36 @@ impl FsCore {
         self.failures.len()
     }
 
-    /// Push every node with staged changes (at unmount, or `sbxfs ctl flush`).
+    /// Queue a push of the node (`close`): a task runs it when one of the queue's slots is
+    /// free, and drops the staged image once it is pushed and nothing has the file open.
+    pub(super) fn queue_push(&self, node: NodeId) {
+        let Some(core) = self.arc() else {
+            return;
+        };
+        let Some(ticket) = self.pushq.enqueue(node) else {
+            return;
+        };
+        tokio::spawn(async move {
+            let permit = core.pushq.start(&ticket).await;
+            let pushed = core.push(node).await.is_ok();
+            drop(permit);
+            if pushed && core.inodes.get(node).is_none_or(|n| n.open == 0) {
+                core.drop_staged_if_clean(node).await;
+            }
+            core.pushq.done(ticket);
+        });
+    }
+
+    /// Pushes queued by `close` and not yet ended.
+    pub fn queued_pushes(&self) -> usize {
+        self.pushq.len()
+    }
+
+    /// Push every node with staged changes (at unmount, `sbxfs ctl flush`, before a query):
+    /// the queued pushes are waited for, then whatever is still unpushed (a failed push) is
+    /// tried once more.
     pub async fn flush_all(&self) -> Vec<(String, RemoteError)> {
+        self.pushq.wait_all().await;
         let nodes: Vec<NodeId> = self
             .staged
             .lock()

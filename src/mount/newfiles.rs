@@ -1,0 +1,271 @@
+//! Files created through the mount that the sandbox does not have yet.
+//!
+//! `creat()` of a name a lookup has just found absent makes no remote call: the file exists
+//! in the mount at once (its node, a staged image with no base), and its first push creates
+//! it in the sandbox with its mode and whole content in one commit. So a sandbox-side reader
+//! never sees it empty or partial, and `tar -x` pays no round trip per `creat()`. Until then
+//! lookups and listings of its directory show it from here; unlinking or renaming it stays
+//! local (the push goes to the new name, or never happens); a hard link pushes it first. Once a
+//! commit of it was sent without an answer it may be in the sandbox: unlink and rename then go
+//! to the sandbox, and a "not found" there means it never landed.
+//!
+//! A name counts as absent only when a lookup answered so within [`ABSENT_FOR`] (the kernel
+//! looks a name up just before it creates it) or a fresh listing lacks it; anything else is
+//! created in the sandbox as before, so `O_EXCL` still fails on a file made there.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::core::{now_ns, FsCore};
+use super::inode::NodeId;
+use super::writeback::StagedEntry;
+use crate::remote::{RemoteError, RenameMode, Result};
+
+/// How long a lookup's "absent" stands for a following `creat()`: the kernel's LOOKUP comes
+/// right before its CREATE, and a sandbox-side creation in this window is as likely as in the
+/// round trip a remote create would take.
+pub const ABSENT_FOR: Duration = Duration::from_secs(1);
+/// Absent names remembered at most (oldest dropped first): bounded whatever a walk looks up.
+const MAX_ABSENT: usize = 4096;
+/// Device number of a file not yet in the sandbox: no real device has it, so its identity
+/// never matches a sandbox file's.
+pub const UNPUSHED_DEV: u64 = u64::MAX;
+
+#[derive(Default)]
+pub struct NewFiles {
+    /// Each new file, and whether a commit of it was sent (then it may be in the sandbox
+    /// even though no answer said so).
+    nodes: Mutex<HashMap<NodeId, bool>>,
+    /// New files renamed over a name the sandbox may have: that file is replaced by the push,
+    /// or must be removed if the new file moves on before it.
+    covers: Mutex<HashSet<NodeId>>,
+    absent: Mutex<HashMap<(NodeId, Vec<u8>), Instant>>,
+    next_ino: AtomicU64,
+}
+
+impl NewFiles {
+    /// A lookup found `name` absent in `parent` just now.
+    pub fn note_absent(&self, parent: NodeId, name: &[u8]) {
+        let mut m = self.absent.lock().expect("absent lock");
+        if m.len() >= MAX_ABSENT {
+            let now = Instant::now();
+            m.retain(|_, at| now.duration_since(*at) < ABSENT_FOR);
+            if m.len() >= MAX_ABSENT {
+                m.clear();
+            }
+        }
+        m.insert((parent, name.to_vec()), Instant::now());
+    }
+
+    /// Was `name` found absent within [`ABSENT_FOR`]? (Used once: a create consumes it.)
+    pub fn take_absent(&self, parent: NodeId, name: &[u8]) -> bool {
+        let mut m = self.absent.lock().expect("absent lock");
+        m.remove(&(parent, name.to_vec()))
+            .is_some_and(|at| at.elapsed() < ABSENT_FOR)
+    }
+
+    /// Forget an absent name (something made it).
+    pub fn made(&self, parent: NodeId, name: &[u8]) {
+        self.absent
+            .lock()
+            .expect("absent lock")
+            .remove(&(parent, name.to_vec()));
+    }
+
+    /// An inode number for a file not yet pushed (shown until the sandbox gives it one).
+    pub fn next_ino(&self) -> u64 {
+        u64::MAX - 1 - self.next_ino.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub fn add(&self, node: NodeId) {
+        self.nodes
+            .lock()
+            .expect("new files lock")
+            .insert(node, false);
+    }
+
+    /// A commit of it is on its way: from now on it may be in the sandbox.
+    pub fn sent(&self, node: NodeId) {
+        if let Some(s) = self.nodes.lock().expect("new files lock").get_mut(&node) {
+            *s = true;
+        }
+    }
+
+    /// New, and certainly not in the sandbox (no commit of it was ever sent).
+    pub fn unsent(&self, node: NodeId) -> bool {
+        self.nodes.lock().expect("new files lock").get(&node) == Some(&false)
+    }
+
+    /// Pushed (or dropped): the sandbox's listing speaks for it now.
+    pub fn remove(&self, node: NodeId) {
+        self.nodes.lock().expect("new files lock").remove(&node);
+        self.covers.lock().expect("covers lock").remove(&node);
+    }
+
+    /// Whether the new file's name may hide a sandbox file (set by a rename over one).
+    fn set_covers(&self, node: NodeId, covers: bool) -> bool {
+        let mut c = self.covers.lock().expect("covers lock");
+        if covers {
+            !c.insert(node)
+        } else {
+            c.remove(&node)
+        }
+    }
+
+    pub fn contains(&self, node: NodeId) -> bool {
+        self.nodes
+            .lock()
+            .expect("new files lock")
+            .contains_key(&node)
+    }
+
+    pub fn all(&self) -> Vec<NodeId> {
+        self.nodes
+            .lock()
+            .expect("new files lock")
+            .keys()
+            .copied()
+            .collect()
+    }
+}
+
+impl FsCore {
+    /// Unlink a file the sandbox does not have yet: here only, no remote call (its push
+    /// never happens). Answers false when it may have reached the sandbox meanwhile.
+    pub(super) async fn unlink_new(&self, parent: NodeId, name: &[u8], node: NodeId) -> bool {
+        // (A name it was renamed over is unlinked in the sandbox too: that file was replaced.)
+        let Some(s) = self.claim_new(node).await else {
+            return false;
+        };
+        let g = s.lock().await;
+        if !self.newfiles.unsent(node) {
+            return false;
+        }
+        if self.newfiles.set_covers(node, false) && !self.unlink_covered(parent, name).await {
+            self.newfiles.set_covers(node, true);
+            return false;
+        }
+        self.bump();
+        self.inodes.unlink(parent, name);
+        // Marked under the image's lock: a push waiting for it finds nothing to send.
+        self.inodes.update(node, |x| {
+            x.attr.nlink = x.attr.nlink.saturating_sub(1);
+            x.attr.ctime_ns = now_ns();
+            x.removed_locally = true;
+        });
+        drop(g);
+        self.removed(node);
+        self.dir_changed(parent);
+        if let Some(k) = self.kernel() {
+            k.invalidate_attr(node);
+        }
+        true
+    }
+
+    /// Rename a file the sandbox does not have yet: here only; its push creates the new name
+    /// (replacing what the sandbox has there, as the rename would). Answers false when it
+    /// may have reached the sandbox meanwhile.
+    pub(super) async fn rename_new(
+        &self,
+        (parent, name): (NodeId, &[u8]),
+        (new_parent, new_name): (NodeId, &[u8]),
+        mode: RenameMode,
+        node: NodeId,
+    ) -> Result<bool> {
+        if mode == RenameMode::Exchange {
+            return Ok(false);
+        }
+        let Some(s) = self.claim_new(node).await else {
+            return Ok(false);
+        };
+        let mut g = s.lock().await;
+        if !self.newfiles.unsent(node) {
+            return Ok(false);
+        }
+        let target = self.inodes.child(new_parent, new_name);
+        if target == Some(node) {
+            return Ok(true);
+        }
+        // The target may be a sandbox file (anything but a new file of ours): the push will
+        // replace it, as the rename would have.
+        let covers = target.is_some_and(|t| !self.newfiles.unsent(t));
+        if let Some(t) = target {
+            if mode == RenameMode::NoReplace {
+                return Err(RemoteError::Exists(new_name_display(new_name)));
+            }
+            self.keep_open_copy(t).await?;
+        }
+        // Leaving a name it was renamed over: the file there was replaced, so it goes.
+        if self.newfiles.set_covers(node, covers) && !self.unlink_covered(parent, name).await {
+            self.newfiles.set_covers(node, true);
+            return Err(RemoteError::Transport(
+                "the sandbox did not remove the file this one replaced".into(),
+            ));
+        }
+        self.bump();
+        let replaced = self.inodes.rename(parent, name, new_parent, new_name);
+        if let (Some(j), Some(p)) = (&mut g.journal, self.inodes.path_of(node)) {
+            let _ = j.moved(&p);
+        }
+        drop(g);
+        if let Some(r) = replaced {
+            self.removed(r);
+        }
+        self.inodes.update(node, |x| x.attr.ctime_ns = now_ns());
+        self.dir_changed(parent);
+        self.dir_changed(new_parent);
+        Ok(true)
+    }
+
+    /// Remove the sandbox's file at a name a new file was renamed over (gone already is fine).
+    async fn unlink_covered(&self, parent: NodeId, name: &[u8]) -> bool {
+        let Ok(path) = self.path_of(parent).and_then(|p| p.join(name)) else {
+            return false;
+        };
+        matches!(
+            self.note(self.remote.unlink(&path).await),
+            Ok(()) | Err(RemoteError::NotFound(_))
+        )
+    }
+
+    /// The staged image of a new file once its queued pushes ended (`None`: not new).
+    async fn claim_new(&self, node: NodeId) -> Option<Arc<StagedEntry>> {
+        if !self.newfiles.unsent(node) {
+            return None;
+        }
+        self.pushq.wait_for(&[node]).await;
+        self.staged_of(node)
+    }
+}
+
+fn new_name_display(name: &[u8]) -> String {
+    String::from_utf8_lossy(name).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_absent_name_is_used_once() {
+        let f = NewFiles::default();
+        assert!(!f.take_absent(NodeId(1), b"a"), "never looked up");
+        f.note_absent(NodeId(1), b"a");
+        assert!(f.take_absent(NodeId(1), b"a"));
+        assert!(!f.take_absent(NodeId(1), b"a"), "consumed");
+        f.note_absent(NodeId(1), b"b");
+        f.made(NodeId(1), b"b");
+        assert!(!f.take_absent(NodeId(1), b"b"), "made meanwhile");
+    }
+
+    #[test]
+    fn absent_names_stay_bounded() {
+        let f = NewFiles::default();
+        for i in 0..(MAX_ABSENT as u64 * 3) {
+            f.note_absent(NodeId(i), b"x");
+        }
+        assert!(f.absent.lock().unwrap().len() <= MAX_ABSENT);
+    }
+}
