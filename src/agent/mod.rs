@@ -15,6 +15,7 @@
 
 pub mod confine;
 pub mod server;
+mod tree;
 pub mod watch;
 pub mod workspace;
 
@@ -428,6 +429,7 @@ async fn info(State(app): State<Shared>) -> Json<RemoteInfo> {
         root: app.ws.root_path().display().to_string(),
         user: Some(crate::remote::Identity::of_this_process()),
         landlock: Some(app.confinement.as_str().to_string()),
+        tree_formats: vec![crate::remote::treepack::FORMAT.to_string()],
     })
 }
 
@@ -527,11 +529,33 @@ fn json_line<T: Serialize>(v: &T) -> Bytes {
 }
 
 async fn tree(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
-    let path = args(&q).path("path")?;
+    let a = args(&q);
+    let path = a.path("path")?;
     // Fail before streaming when the directory itself is wrong, so the status says so.
     let ws = app.ws.clone();
     let p = path.clone();
     blocking(move || ws.open_dir(&p).map(|_| ())).await?;
+    if a.bytes("format") == Some(crate::remote::treepack::FORMAT.as_bytes()) {
+        let max: usize = a
+            .number("max")?
+            .unwrap_or(crate::remote::listings::MAX_TREE_ENTRIES);
+        let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+        let ws = app.ws.clone();
+        producer(move || {
+            let _ = unpanic(|| {
+                tree::packed(&ws, &path, max, &mut |chunk| {
+                    tx.blocking_send(Bytes::from(chunk)).is_ok()
+                });
+                Ok(())
+            });
+        })?;
+        let mut resp = line_stream(rx);
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(crate::remote::treepack::CONTENT_TYPE),
+        );
+        return Ok(resp);
+    }
     let (tx, rx) = mpsc::channel(STREAM_QUEUE);
     let ws = app.ws.clone();
     producer(move || {

@@ -870,6 +870,7 @@ impl Remote for MemoryRemote {
                 groups: vec![gid],
             }),
             landlock: None,
+            tree_formats: Vec::new(),
         })
     }
 
