@@ -48,6 +48,9 @@ pub struct CoreConfig {
     pub cache_bytes: u64,
     /// Where staged writes live (private to the user, one directory per remote).
     pub staging_dir: PathBuf,
+    /// Entries a directory's first look fetches with its subtree ([`super::subtree`]); 0:
+    /// list directory by directory.
+    pub tree_max: usize,
 }
 
 /// What the kernel should forget (the adapter sends these through the FUSE notifier).
@@ -75,6 +78,11 @@ pub struct FsCore {
     pub(super) cfg: CoreConfig,
     pub(super) inodes: InodeTable,
     pub(super) meta: MetaCache,
+    /// Subdirectories' listings from a subtree fetch, until their nodes exist.
+    pub(super) prefetched: super::prefetch::Prefetched,
+    pub(super) flights: super::subtree::Flights,
+    /// The agent answers no packed trees: list directory by directory.
+    pub(super) tree_unsupported: AtomicBool,
     pub(super) pages: PageCache,
     pub(super) handles: Handles,
     /// Bumped by every change made through the mount. An answer fetched while it moved may
@@ -116,6 +124,9 @@ impl FsCore {
             remote,
             inodes: InodeTable::new(root),
             meta: MetaCache::new(),
+            prefetched: Default::default(),
+            flights: Default::default(),
+            tree_unsupported: AtomicBool::new(false),
             pages: PageCache::new(cfg.cache_bytes),
             handles: Handles::default(),
             cfg,
@@ -152,7 +163,7 @@ impl FsCore {
 
     /// While the sandbox does not answer, what is known is served at once instead of waiting
     /// for each call's deadline; [`FsCore::probe`] notices when it answers again.
-    fn offline(&self) -> bool {
+    pub(super) fn offline(&self) -> bool {
         !self.is_reachable()
     }
 
@@ -216,6 +227,11 @@ impl FsCore {
             .ok_or_else(|| RemoteError::NotFound(format!("node {}", node.0)))
     }
 
+    /// Moves with every local change ([`Self::bump`]).
+    pub(super) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
     /// A local change is being made: answers racing it are not cached.
     pub(super) fn bump(&self) {
         self.epoch.fetch_add(1, Ordering::SeqCst);
@@ -226,6 +242,9 @@ impl FsCore {
     pub(super) fn dir_changed(&self, dir: NodeId) {
         self.bump();
         self.meta.invalidate(dir);
+        if let Some(p) = self.inodes.path_of(dir) {
+            self.prefetched.forget_under(&p);
+        }
         self.inodes.update(dir, |n| n.fetched = stale_instant());
         if let Some(k) = self.kernel() {
             k.invalidate_attr(dir);
@@ -270,6 +289,11 @@ impl FsCore {
     pub async fn lookup(&self, parent: NodeId, name: &[u8]) -> Result<NodeAttr> {
         let dir = self.path_of(parent)?;
         let path = dir.join(name)?;
+        if self.first_look(parent) {
+            // The first look into a directory lists it with its subtree ([`super::subtree`]);
+            // if that fails, the stat below says why.
+            let _ = self.listing(parent).await;
+        }
         let offline = self.offline();
         let attr = match self.meta.entry(parent, name, self.cfg.attr_ttl, offline) {
             Some(Some(a)) => a,
@@ -460,7 +484,18 @@ impl FsCore {
         if let Some(l) = self.meta.listing(dir, self.cfg.attr_ttl, self.offline()) {
             return Ok(l);
         }
+        if let Some(l) = self.adopt_prefetched(dir, self.offline()) {
+            return Ok(l);
+        }
         let path = self.path_of(dir)?;
+        match self.fetch_subtree(dir, &path).await {
+            None => {}
+            Some(Ok(l)) => return Ok(l),
+            Some(Err(e)) if unreachable(&e) => {
+                return self.meta.listing(dir, self.cfg.attr_ttl, true).ok_or(e)
+            }
+            Some(Err(e)) => return Err(e),
+        }
         let before = self.epoch.load(Ordering::SeqCst);
         match self.note(self.remote.list(&path).await) {
             Ok(fetched) => {

@@ -46,6 +46,11 @@ impl MetaCache {
     }
 
     pub fn put(&self, dir: NodeId, entries: Entries) {
+        self.put_at(dir, entries, Instant::now());
+    }
+
+    /// A listing fetched at `fetched` (a prefetched one: its TTL counts from its fetch).
+    pub fn put_at(&self, dir: NodeId, entries: Entries, fetched: Instant) {
         let by_name = entries
             .iter()
             .enumerate()
@@ -56,7 +61,7 @@ impl MetaCache {
             Listing {
                 entries,
                 by_name,
-                fetched: Instant::now(),
+                fetched,
             },
         );
     }

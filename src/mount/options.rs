@@ -43,6 +43,8 @@ pub struct MountOptions {
     /// Deadline of one remote call (`timeout_ms=`); the others scale with it.
     pub timeout_ms: Option<u64>,
     pub cache_size: Option<u64>,
+    /// Entries a directory's first look fetches with its subtree (`tree_max=N`; 0: off).
+    pub tree_max: Option<usize>,
     pub staging_dir: Option<PathBuf>,
     pub token_file: Option<PathBuf>,
     /// Mount over a directory that is not empty.
@@ -162,6 +164,13 @@ impl MountOptions {
                                 bad("not a positive number of milliseconds".into())
                             })?,
                         )
+                }
+                "tree_max" => {
+                    self.tree_max = Some(
+                        needed()?
+                            .parse()
+                            .map_err(|_| bad("not a number of entries (0 turns it off)".into()))?,
+                    )
                 }
                 "cache_size" => self.cache_size = Some(parse_size(&needed()?).map_err(bad)?),
                 "staging_dir" => self.staging_dir = Some(non_empty_path(needed()?).map_err(bad)?),

@@ -221,8 +221,9 @@ pub enum Record {
     End(Option<RemoteError>),
 }
 
+/// A malformed answer: the sandbox answered, wrongly (`EIO`, not "unreachable").
 fn bad(why: impl std::fmt::Display) -> RemoteError {
-    RemoteError::Transport(format!("bad packed tree answer: {why}"))
+    RemoteError::Io(String::new(), format!("bad packed tree answer: {why}"))
 }
 
 struct Cursor<'a>(&'a [u8]);

@@ -1,0 +1,191 @@
+//! The first look at a directory fetches its subtree's metadata in one round trip
+//! ([`crate::remote::Remote::tree_listings`], up to `-o tree_max=N` entries): the directory's
+//! own listing goes to the metadata cache ([`super::meta`]), its subdirectories' to the
+//! prefetched listings ([`super::prefetch`]) until their nodes exist. So a cold `find`,
+//! `ls -lR` or `git status` costs a handful of round trips instead of one per directory, and
+//! every entry's attributes arrive with it. Directories beyond the cap are listed when first
+//! entered, by a further bounded fetch.
+//!
+//! One fetch per directory at a time: lookups racing into the same cold directory (git's
+//! parallel `lstat`s) wait for the first one's answer instead of each asking.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use futures_util::StreamExt;
+
+use super::core::{unreachable, FsCore};
+use super::inode::{NodeId, RemoteId};
+use super::meta::Entries;
+use crate::remote::{Attr, RemoteError, RemotePath, Result};
+
+/// Default `-o tree_max`: a large repository's tree (about 4 MB of metadata in memory, a
+/// few hundred kB on the link) in one answer; `0` turns prefetching off.
+pub const DEFAULT_TREE_MAX: usize = 20_000;
+
+/// Fetches in flight, by directory.
+#[derive(Default)]
+pub struct Flights(Mutex<HashMap<NodeId, Arc<tokio::sync::Mutex<()>>>>);
+
+impl Flights {
+    async fn enter(&self, dir: NodeId) -> FlightGuard<'_> {
+        let lock = self
+            .0
+            .lock()
+            .expect("flights lock")
+            .entry(dir)
+            .or_default()
+            .clone();
+        let guard = lock.clone().lock_owned().await;
+        FlightGuard {
+            flights: self,
+            dir,
+            lock,
+            _guard: guard,
+        }
+    }
+}
+
+struct FlightGuard<'a> {
+    flights: &'a Flights,
+    dir: NodeId,
+    lock: Arc<tokio::sync::Mutex<()>>,
+    _guard: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl Drop for FlightGuard<'_> {
+    fn drop(&mut self) {
+        let mut m = self.flights.0.lock().expect("flights lock");
+        // Ours, the map's and the guard's: nobody else waits.
+        if Arc::strong_count(&self.lock) <= 3 {
+            m.remove(&self.dir);
+        }
+    }
+}
+
+/// Whether a failed tree call should fall back to a plain listing (an agent that does not
+/// answer packed trees, or refuses the request's form) rather than fail the operation.
+fn falls_back(e: &RemoteError) -> bool {
+    matches!(e, RemoteError::Unsupported(_) | RemoteError::Invalid(_))
+}
+
+impl FsCore {
+    /// A listing prefetched for `dir`, moved into the metadata cache if it is still fresh
+    /// (at any age while the sandbox does not answer).
+    pub(super) fn adopt_prefetched(&self, dir: NodeId, stale_ok: bool) -> Option<Entries> {
+        if self.prefetched.is_empty() {
+            return None;
+        }
+        let node = self.inodes.get(dir)?;
+        let path = self.inodes.path_of(dir)?;
+        let (entries, fetched) = self.prefetched.take(&path, RemoteId::of(&node.attr))?;
+        if !stale_ok && fetched.elapsed() >= self.cfg.attr_ttl {
+            return None;
+        }
+        self.meta.put_at(dir, entries.clone(), fetched);
+        Some(entries)
+    }
+
+    /// Prefetching is on: a cap above zero, an agent that answers packed trees, and
+    /// attributes trusted for some time (with a zero TTL nothing fetched ahead is ever used).
+    fn prefetching(&self) -> bool {
+        self.cfg.tree_max > 0
+            && !self.cfg.attr_ttl.is_zero()
+            && !self.tree_unsupported.load(Ordering::Relaxed)
+    }
+
+    /// Nothing is known of `dir`'s entries, not even stale: its first look (a listing kept
+    /// ahead and still fresh counts as known, and is adopted here). Later looks past the TTL
+    /// refresh one directory at a time, as before.
+    pub(super) fn first_look(&self, dir: NodeId) -> bool {
+        self.prefetching()
+            && !self.offline()
+            && self.meta.listing(dir, self.cfg.attr_ttl, true).is_none()
+            && self.adopt_prefetched(dir, false).is_none()
+    }
+
+    /// `dir`'s listing from a subtree fetch if this is its first look, else `None` (a plain
+    /// listing is in order; so too when the agent cannot answer a subtree).
+    pub(super) async fn fetch_subtree(
+        &self,
+        dir: NodeId,
+        path: &RemotePath,
+    ) -> Option<Result<Entries>> {
+        if !self.first_look(dir) {
+            return None;
+        }
+        let _flight = self.flights.enter(dir).await;
+        // Fetched by the flight we waited for.
+        if let Some(l) = self.meta.listing(dir, self.cfg.attr_ttl, false) {
+            return Some(Ok(l));
+        }
+        let before = self.epoch();
+        let fetched = Instant::now();
+        let collected = match self.note(self.remote.tree_listings(path, self.cfg.tree_max).await) {
+            Ok(stream) => self.collect(path, stream).await,
+            Err(e) => Err(e),
+        };
+        let (first, rest) = match collected {
+            Ok(c) => c,
+            Err(e) if falls_back(&e) => {
+                tracing::info!(error = %e, "no subtree prefetch from this agent: listing by directory");
+                self.tree_unsupported.store(true, Ordering::Relaxed);
+                return None;
+            }
+            Err(e) => return Some(Err(e)),
+        };
+        // An answer that raced a change made through the mount may predate it: used once,
+        // not kept.
+        if self.epoch() == before {
+            self.meta.put_at(dir, first.clone(), fetched);
+            for (p, id, entries) in rest {
+                self.prefetched.put(p, id, entries, fetched);
+            }
+        }
+        Some(Ok(first))
+    }
+
+    /// The first listing (the directory's own) and every other one with its directory's
+    /// identity; directories not descended are simply absent.
+    #[allow(clippy::type_complexity)]
+    async fn collect(
+        &self,
+        path: &RemotePath,
+        mut stream: futures_util::stream::BoxStream<'static, Result<crate::remote::TreeListing>>,
+    ) -> Result<(Entries, Vec<(RemotePath, RemoteId, Entries)>)> {
+        let mut first: Option<Entries> = None;
+        let mut ids: HashMap<RemotePath, RemoteId> = HashMap::new();
+        let mut rest = Vec::new();
+        while let Some(item) = stream.next().await {
+            let l = match item {
+                Ok(l) => l,
+                Err(e) if unreachable(&e) => return self.note(Err(e)),
+                Err(e) => return Err(e),
+            };
+            let Some(entries) = l.entries else { continue };
+            for e in entries.iter().filter(|e| is_dir(&e.attr)) {
+                ids.insert(l.path.join(&e.name.0)?, RemoteId::of(&e.attr));
+            }
+            let entries: Entries =
+                Arc::new(entries.into_iter().map(|e| (e.name.0, e.attr)).collect());
+            if first.is_none() && l.path == *path {
+                first = Some(entries);
+            } else if let Some(id) = ids.get(&l.path) {
+                rest.push((l.path, *id, entries));
+            }
+        }
+        let first = first.ok_or_else(|| {
+            RemoteError::Io(
+                path.display(),
+                "the sandbox's tree answer lacks the directory's own listing".into(),
+            )
+        })?;
+        Ok((first, rest))
+    }
+}
+
+fn is_dir(a: &Attr) -> bool {
+    a.kind == crate::remote::FileKind::Dir
+}
