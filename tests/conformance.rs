@@ -218,6 +218,81 @@ fn whole(data: Vec<u8>) -> CommitContent {
     CommitContent::Whole(Box::new(std::io::Cursor::new(data)))
 }
 
+/// `tree_listings`: the asked directory's listing whole, then its subdirectories' breadth
+/// first, each exactly what `list` says, until the cap; the rest answered as not descended.
+async fn tree_listings_are_breadth_first_and_capped(b: &Backend) {
+    let r = &b.remote;
+    b.sb.mkdir_all(b"a/x");
+    b.sb.mkdir_all(b"b/y\nz");
+    for f in [
+        &b"a/a1"[..],
+        b"a/a2",
+        b"a/x/1",
+        b"a/x/2",
+        b"a/x/3",
+        b"b/new\nline",
+        b"b/bad\xff",
+        b"c",
+    ] {
+        b.sb.write(f, b"x");
+    }
+    b.sb.write(b"b/y\nz/deep", b"y");
+    let all: Vec<TreeListing> = r
+        .tree_listings(&RemotePath::root(), 1000)
+        .await
+        .unwrap()
+        .map(|l| l.unwrap())
+        .collect()
+        .await;
+    let order: Vec<&[u8]> = all.iter().map(|l| l.path.as_bytes()).collect();
+    assert_eq!(order, [&b""[..], b"a", b"b", b"a/x", b"b/y\nz"]);
+    // Listing a directory may move its access time (relatime): all else must agree.
+    let no_atime = |mut v: Vec<DirEntry>| {
+        v.iter_mut().for_each(|e| e.attr.atime_ns = 0);
+        v
+    };
+    for l in &all {
+        let plain = no_atime(r.list(&l.path).await.unwrap());
+        assert_eq!(l.entries.clone().map(no_atime), Some(plain), "{:?}", l.path);
+    }
+    // Three entries after the first listing: `a`'s fit, `b`'s do not; the walk stops there.
+    let capped: Vec<(Vec<u8>, bool)> = r
+        .tree_listings(&RemotePath::root(), 3)
+        .await
+        .unwrap()
+        .map(|l| l.unwrap())
+        .map(|l| (l.path.as_bytes().to_vec(), l.entries.is_some()))
+        .collect()
+        .await;
+    assert_eq!(
+        capped,
+        [
+            (b"".to_vec(), true),
+            (b"a".to_vec(), true),
+            (b"b".to_vec(), false),
+            (b"a/x".to_vec(), false)
+        ]
+    );
+    let none: Vec<TreeListing> = r
+        .tree_listings(&rp("a"), 0)
+        .await
+        .unwrap()
+        .map(|l| l.unwrap())
+        .collect()
+        .await;
+    assert_eq!(none.len(), 2, "a's own listing, then a/x not descended");
+    assert_eq!(none[0].entries.as_ref().map(Vec::len), Some(3));
+    assert!(none[1].entries.is_none());
+    assert!(matches!(
+        r.tree_listings(&rp("nope"), 10).await.map(drop),
+        Err(RemoteError::NotFound(_))
+    ));
+    assert!(matches!(
+        r.tree_listings(&rp("c"), 10).await.map(drop),
+        Err(RemoteError::NotDir(_))
+    ));
+}
+
 async fn stat_list_and_tree(b: &Backend) {
     let r = &b.remote;
     b.sb.mkdir_all(b"src/deep");
@@ -1709,6 +1784,7 @@ macro_rules! conformance {
 
 conformance!(agent_backend:
     stat_list_and_tree,
+    tree_listings_are_breadth_first_and_capped,
     ranged_reads_carry_the_version,
     commits_replace_whole_files_atomically_and_keep_mode,
     patch_commits_apply_ranges_over_the_base,
@@ -1735,6 +1811,7 @@ conformance!(agent_backend:
 
 conformance!(memory_backend:
     stat_list_and_tree,
+    tree_listings_are_breadth_first_and_capped,
     ranged_reads_carry_the_version,
     commits_replace_whole_files_atomically_and_keep_mode,
     patch_commits_apply_ranges_over_the_base,

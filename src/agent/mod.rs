@@ -121,6 +121,8 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 #[derive(Default, Serialize)]
 pub struct AgentStats {
     pub requests: AtomicU64,
+    /// Of which metadata reads: `stat`, `list` and `tree` (what browsing a tree costs).
+    pub metadata_requests: AtomicU64,
     pub unauthorized: AtomicU64,
     pub commits: AtomicU64,
     pub conflicts: AtomicU64,
@@ -438,6 +440,7 @@ async fn stats(State(app): State<Shared>) -> Json<serde_json::Value> {
 }
 
 async fn stat(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+    app.stats.metadata_requests.fetch_add(1, Ordering::Relaxed);
     let path = args(&q).path("path")?;
     let ws = app.ws.clone();
     Ok(Json(blocking(move || ws.stat(&path)).await?).into_response())
@@ -448,6 +451,7 @@ async fn stat(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Res
 /// An error after the first piece ends the body short, so the client sees a broken answer,
 /// never a listing silently cut.
 async fn list(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+    app.stats.metadata_requests.fetch_add(1, Ordering::Relaxed);
     let path = args(&q).path("path")?;
     // Fail before streaming when the directory itself is wrong, so the status says so.
     let ws = app.ws.clone();
@@ -529,6 +533,7 @@ fn json_line<T: Serialize>(v: &T) -> Bytes {
 }
 
 async fn tree(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+    app.stats.metadata_requests.fetch_add(1, Ordering::Relaxed);
     let a = args(&q);
     let path = a.path("path")?;
     // Fail before streaming when the directory itself is wrong, so the status says so.

@@ -1191,6 +1191,7 @@ impl FsCore {
     /// Forget cached data and attributes of a path (the change feed, `sbxfs ctl invalidate`).
     pub fn invalidate_path(&self, path: &RemotePath) {
         self.bump();
+        self.prefetched.forget_under(path);
         for id in self.inodes.nodes_at(path) {
             self.meta.invalidate(id);
             self.inodes.update(id, |n| n.fetched = stale_instant());

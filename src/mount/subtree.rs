@@ -65,10 +65,16 @@ impl Drop for FlightGuard<'_> {
     }
 }
 
-/// Whether a failed tree call should fall back to a plain listing (an agent that does not
-/// answer packed trees, or refuses the request's form) rather than fail the operation.
-fn falls_back(e: &RemoteError) -> bool {
-    matches!(e, RemoteError::Unsupported(_) | RemoteError::Invalid(_))
+/// Whether a failed tree call falls back to a plain listing rather than fail the operation:
+/// `Some(true)` for an agent that cannot answer packed trees (never asked again), `Some(false)`
+/// for this once (not found: an agent without the route says so too, and a plain listing
+/// gives the real answer).
+fn falls_back(e: &RemoteError) -> Option<bool> {
+    match e {
+        RemoteError::Unsupported(_) | RemoteError::Invalid(_) => Some(true),
+        RemoteError::NotFound(_) => Some(false),
+        _ => None,
+    }
 }
 
 impl FsCore {
@@ -129,9 +135,11 @@ impl FsCore {
         };
         let (first, rest) = match collected {
             Ok(c) => c,
-            Err(e) if falls_back(&e) => {
-                tracing::info!(error = %e, "no subtree prefetch from this agent: listing by directory");
-                self.tree_unsupported.store(true, Ordering::Relaxed);
+            Err(e) if falls_back(&e).is_some() => {
+                if falls_back(&e) == Some(true) {
+                    tracing::info!(error = %e, "no subtree prefetch from this agent: listing by directory");
+                    self.tree_unsupported.store(true, Ordering::Relaxed);
+                }
                 return None;
             }
             Err(e) => return Some(Err(e)),
