@@ -541,9 +541,8 @@ async fn tree(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Res
     let p = path.clone();
     blocking(move || ws.open_dir(&p).map(|_| ())).await?;
     if a.bytes("format") == Some(crate::remote::treepack::FORMAT.as_bytes()) {
-        let max: usize = a
-            .number("max")?
-            .unwrap_or(crate::remote::listings::MAX_TREE_ENTRIES);
+        let most = crate::remote::listings::MAX_TREE_ENTRIES;
+        let max = a.number::<usize>("max")?.unwrap_or(most).min(most);
         let (tx, rx) = mpsc::channel(STREAM_QUEUE);
         let ws = app.ws.clone();
         producer(move || {

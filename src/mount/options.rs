@@ -256,7 +256,7 @@ mod tests {
     fn every_option_is_read_into_its_field() {
         let o = parse(
             "allow_other,default_permissions,nonempty,ro,idmap=none,attr_ttl_ms=250,cache_size=512M,\
-             staging_dir=/var/tmp/s,token_file=/etc/sbxfs/token,noexec,timeout_ms=1500",
+             staging_dir=/var/tmp/s,token_file=/etc/sbxfs/token,noexec,timeout_ms=1500,tree_max=0",
         )
         .unwrap();
         assert_eq!(
@@ -270,6 +270,7 @@ mod tests {
                 attr_ttl_ms: Some(250),
                 timeout_ms: Some(1500),
                 cache_size: Some(512 << 20),
+                tree_max: Some(0),
                 staging_dir: Some("/var/tmp/s".into()),
                 token_file: Some("/etc/sbxfs/token".into()),
                 nonempty: true,
