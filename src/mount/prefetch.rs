@@ -12,13 +12,17 @@ use std::time::Instant;
 
 use lru::LruCache;
 
-use super::inode::RemoteId;
+use super::inode::{NodeId, RemoteId};
 use super::meta::Entries;
 use crate::remote::RemotePath;
 
 /// Directories kept ahead: a large source tree's directories (the benchmark tree has 300);
 /// beyond it the least recently fetched are listed again when entered.
 const MAX_PREFETCHED: usize = 8192;
+
+/// Directories remembered as looked at: forgetting one costs one more subtree fetch, no more
+/// (8 bytes each).
+const MAX_LOOKED: usize = 1 << 16;
 
 struct Held {
     dir: RemoteId,
@@ -28,6 +32,8 @@ struct Held {
 
 pub struct Prefetched {
     by_path: Mutex<LruCache<RemotePath, Held>>,
+    /// Directories whose first look is done (listed, or given a listing fetched ahead).
+    looked: Mutex<LruCache<NodeId, ()>>,
 }
 
 impl Default for Prefetched {
@@ -35,6 +41,9 @@ impl Default for Prefetched {
         Prefetched {
             by_path: Mutex::new(LruCache::new(
                 NonZeroUsize::new(MAX_PREFETCHED).expect("non-zero"),
+            )),
+            looked: Mutex::new(LruCache::new(
+                NonZeroUsize::new(MAX_LOOKED).expect("non-zero"),
             )),
         }
     }
@@ -78,6 +87,15 @@ impl Prefetched {
         for k in gone {
             m.pop(&k);
         }
+    }
+
+    /// `dir`'s first look is done.
+    pub fn mark_looked(&self, dir: NodeId) {
+        self.looked.lock().expect("prefetch lock").put(dir, ());
+    }
+
+    pub fn looked(&self, dir: NodeId) -> bool {
+        self.looked.lock().expect("prefetch lock").contains(&dir)
     }
 
     pub fn len(&self) -> usize {

@@ -91,6 +91,7 @@ impl FsCore {
             return None;
         }
         self.meta.put_at(dir, entries.clone(), fetched);
+        self.prefetched.mark_looked(dir);
         Some(entries)
     }
 
@@ -110,6 +111,9 @@ impl FsCore {
             && !self.offline()
             && self.meta.listing(dir, self.cfg.attr_ttl, true).is_none()
             && self.adopt_prefetched(dir, false).is_none()
+            // A listing dropped by a change made through the mount is not a first look: one
+            // file created in a directory must not cost its whole subtree again.
+            && !self.prefetched.looked(dir)
     }
 
     /// `dir`'s listing from a subtree fetch if this is its first look, else `None` (a plain
@@ -127,6 +131,7 @@ impl FsCore {
         if let Some(l) = self.meta.listing(dir, self.cfg.attr_ttl, false) {
             return Some(Ok(l));
         }
+        self.prefetched.mark_looked(dir);
         let before = self.epoch();
         let fetched = Instant::now();
         let collected = match self.note(self.remote.tree_listings(path, self.cfg.tree_max).await) {
@@ -196,4 +201,129 @@ impl FsCore {
 
 fn is_dir(a: &Attr) -> bool {
     a.kind == crate::remote::FileKind::Dir
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::mount::core::CoreConfig;
+    use crate::mount::inode::ROOT;
+    use crate::remote::faulty::{FaultControl, FaultyRemote, Op};
+    use crate::remote::memory::{MemoryRemote, MemorySandbox};
+    use crate::remote::{Remote, RenameMode};
+
+    async fn core(
+        tree_max: usize,
+    ) -> (Arc<FsCore>, MemorySandbox, FaultControl, tempfile::TempDir) {
+        let memory = MemoryRemote::new();
+        let sb = memory.sandbox();
+        for d in ["a/b/c", "a/d", "e"] {
+            sb.mkdir_all(d).unwrap();
+        }
+        for f in ["a/1", "a/b/2", "a/b/c/3", "a/d/4", "e/5"] {
+            sb.write(f, f.as_bytes()).unwrap();
+        }
+        // Before the counting wrapper: the calls counted are the mount's.
+        let root = memory.stat(&RemotePath::root()).await.unwrap();
+        let faulty = FaultyRemote::new(memory);
+        let faults = faulty.control();
+        let remote: Arc<dyn Remote> = Arc::new(faulty);
+        let staging = tempfile::tempdir().unwrap();
+        let core = FsCore::new(
+            remote,
+            CoreConfig {
+                attr_ttl: Duration::from_secs(600),
+                cache_bytes: 1 << 20,
+                staging_dir: staging.path().to_path_buf(),
+                tree_max,
+            },
+            root,
+        );
+        (core, sb, faults, staging)
+    }
+
+    async fn names(core: &FsCore, dir: NodeId) -> Vec<Vec<u8>> {
+        let fh = core.opendir(dir).unwrap();
+        let out = core.readdir(fh, 0).await.unwrap();
+        core.releasedir(fh);
+        out.iter().skip(2).map(|e| e.name.clone()).collect()
+    }
+
+    async fn walk(core: &FsCore, path: &[&str]) -> NodeId {
+        let mut node = ROOT;
+        for name in path {
+            node = core.lookup(node, name.as_bytes()).await.unwrap().node;
+        }
+        node
+    }
+
+    #[tokio::test]
+    async fn the_first_look_fetches_the_subtree_and_the_rest_asks_nothing() {
+        let (core, _sb, faults, _s) = core(DEFAULT_TREE_MAX).await;
+        assert_eq!(names(&core, ROOT).await, [b"a".to_vec(), b"e".to_vec()]);
+        let c = walk(&core, &["a", "b", "c"]).await;
+        assert_eq!(names(&core, c).await, [b"3".to_vec()]);
+        let d = walk(&core, &["a", "d"]).await;
+        assert_eq!(names(&core, d).await, [b"4".to_vec()]);
+        assert_eq!(core.lookup(d, b"4").await.unwrap().attr.size, 5);
+        assert_eq!(faults.calls(Op::Tree), 1);
+        assert_eq!(faults.calls(Op::List) + faults.calls(Op::Stat), 0);
+        // A change through the mount drops `a`'s listing; it is not a first look again (one
+        // file made must not cost the subtree): the next lookup there is one stat.
+        let a = walk(&core, &["a"]).await;
+        core.mkdir(a, b"new", 0o755).await.unwrap();
+        assert!(core.lookup(a, b"absent").await.is_err());
+        assert_eq!(faults.calls(Op::Tree), 1);
+        assert_eq!(faults.calls(Op::Stat), 1);
+    }
+
+    #[tokio::test]
+    async fn with_tree_max_0_every_directory_is_listed_on_its_own() {
+        let (core, _sb, faults, _s) = core(0).await;
+        let c = walk(&core, &["a", "b", "c"]).await;
+        assert_eq!(names(&core, c).await, [b"3".to_vec()]);
+        assert_eq!(faults.calls(Op::Tree), 0);
+    }
+
+    #[tokio::test]
+    async fn a_directory_beyond_the_cap_is_fetched_when_entered() {
+        // Two entries past the root's: `a`'s four do not fit, so nothing below the root comes.
+        let (core, _sb, faults, _s) = core(2).await;
+        let c = walk(&core, &["a", "b", "c"]).await;
+        assert_eq!(names(&core, c).await, [b"3".to_vec()]);
+        assert!(faults.calls(Op::Tree) >= 2, "{}", faults.calls(Op::Tree));
+    }
+
+    #[tokio::test]
+    async fn a_listing_fetched_ahead_is_never_given_to_another_directory_at_its_path() {
+        let (core, sb, _faults, _s) = core(DEFAULT_TREE_MAX).await;
+        assert_eq!(names(&core, ROOT).await.len(), 2);
+        // `a/b` is known ahead; `a` moves away and a new `a/b` is made, through the mount.
+        core.rename(ROOT, b"a", ROOT, b"moved", RenameMode::Replace)
+            .await
+            .unwrap();
+        let a = core.mkdir(ROOT, b"a", 0o755).await.unwrap().node;
+        let b = core.mkdir(a, b"b", 0o755).await.unwrap().node;
+        assert!(names(&core, b).await.is_empty(), "the new a/b is empty");
+        let old = walk(&core, &["moved", "b"]).await;
+        assert_eq!(names(&core, old).await, [b"2".to_vec(), b"c".to_vec()]);
+        // Made behind the mount's back, in the sandbox: found by a lookup (a stat).
+        sb.write("moved/b/late", b"x").unwrap();
+        assert!(
+            core.lookup(old, b"late").await.is_err(),
+            "listing trusted for the TTL"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_agent_without_packed_trees_is_listed_directory_by_directory() {
+        let (core, _sb, faults, _s) = core(DEFAULT_TREE_MAX).await;
+        faults.fail_always(Op::Tree, RemoteError::Unsupported("old agent".into()));
+        let c = walk(&core, &["a", "b", "c"]).await;
+        assert_eq!(names(&core, c).await, [b"3".to_vec()]);
+        let _ = walk(&core, &["e"]).await;
+        assert_eq!(faults.calls(Op::Tree), 1, "asked once, then never again");
+    }
 }
