@@ -293,6 +293,48 @@ async fn tree_listings_are_breadth_first_and_capped(b: &Backend) {
     ));
 }
 
+/// Stat, listings and trees say whether each entry has extended attributes (a symlink: its
+/// own, not its target's), so a mount can answer "none" without asking.
+async fn stat_list_and_tree_tell_whether_xattrs_exist(b: &Backend) {
+    let r = &b.remote;
+    b.sb.mkdir_all(b"d");
+    b.sb.write(b"d/plain", b"x");
+    b.sb.write(b"d/tagged", b"y");
+    b.sb.symlink(b"tagged", b"d/link");
+    r.setxattr(&rp("d/tagged"), b"user.k", b"v", XattrFlags::default())
+        .await
+        .unwrap();
+    let want = [
+        (b"link".to_vec(), Some(false)),
+        (b"plain".to_vec(), Some(false)),
+        (b"tagged".to_vec(), Some(true)),
+    ];
+    let bits = |v: &[DirEntry]| -> Vec<(Vec<u8>, Option<bool>)> {
+        v.iter()
+            .map(|e| (e.name.0.clone(), e.attr.has_xattrs))
+            .collect()
+    };
+    assert_eq!(bits(&r.list(&rp("d")).await.unwrap()), want);
+    for (name, has) in &want {
+        let path = rp("d").join(name).unwrap();
+        assert_eq!(r.stat(&path).await.unwrap().has_xattrs, *has, "{path:?}");
+    }
+    let tree: Vec<TreeListing> = r
+        .tree_listings(&RemotePath::root(), 100)
+        .await
+        .unwrap()
+        .map(|l| l.unwrap())
+        .collect()
+        .await;
+    let d = tree.iter().find(|l| l.path == rp("d")).unwrap();
+    assert_eq!(bits(d.entries.as_ref().unwrap()), want);
+    r.removexattr(&rp("d/tagged"), b"user.k").await.unwrap();
+    assert_eq!(
+        r.stat(&rp("d/tagged")).await.unwrap().has_xattrs,
+        Some(false)
+    );
+}
+
 async fn stat_list_and_tree(b: &Backend) {
     let r = &b.remote;
     b.sb.mkdir_all(b"src/deep");
@@ -1785,6 +1827,7 @@ macro_rules! conformance {
 conformance!(agent_backend:
     stat_list_and_tree,
     tree_listings_are_breadth_first_and_capped,
+    stat_list_and_tree_tell_whether_xattrs_exist,
     ranged_reads_carry_the_version,
     commits_replace_whole_files_atomically_and_keep_mode,
     patch_commits_apply_ranges_over_the_base,
@@ -1812,6 +1855,7 @@ conformance!(agent_backend:
 conformance!(memory_backend:
     stat_list_and_tree,
     tree_listings_are_breadth_first_and_capped,
+    stat_list_and_tree_tell_whether_xattrs_exist,
     ranged_reads_carry_the_version,
     commits_replace_whole_files_atomically_and_keep_mode,
     patch_commits_apply_ranges_over_the_base,

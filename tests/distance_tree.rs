@@ -169,19 +169,116 @@ fn a_cold_find_takes_a_handful_of_requests_and_shows_exactly_the_local_tree() {
     assert_eq!(meta, 0, "a warm find asks nothing");
 }
 
+/// `ls -lRn` without its "total" lines (block counts: the local filesystem's allocation, which
+/// a mount reports from the size).
+fn ls_lr(dir: &Path) -> String {
+    String::from_utf8_lossy(&ls_r(dir, true))
+        .lines()
+        .filter(|l| !l.starts_with("total "))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 #[test]
 fn a_cold_ls_lr_takes_a_handful_of_requests_and_lists_what_ls_lists_locally() {
     let (ws, agent) = fixture();
     let m = MountProcess::start(&agent, LONG_TTL);
-    let (meta, all, long) = requests_during(&agent, || ls_r(&m.dir, true));
-    // `ls -l` also asks each file for its SELinux label and ACL (getxattr): not metadata
-    // reads, and not prefetched (yet).
+    // `ls -l` asks every file for its security label and ACL (getxattr, listxattr): the tree
+    // says which files have none, so those are answered without a round trip.
+    let started = Instant::now();
+    let (meta, all, long) = requests_during(&agent, || ls_lr(&m.dir));
+    // The mount's health probe asks once per interval whatever the load: those aside.
+    let probes = started.elapsed().as_secs() / sbxfs::mount::health::PROBE_INTERVAL.as_secs() + 1;
     println!(
-        "cold ls -lR: {meta} metadata requests, {all} in all; {} bytes listed",
+        "cold ls -lR: {meta} metadata requests, {all} in all (up to {probes} health probes); {} bytes listed",
         long.len()
     );
     assert!(meta <= 3, "a cold ls -lR made {meta} metadata requests");
+    // A handful, whatever the tree's size (6,921 when every file's xattrs were asked for).
+    assert!(
+        all <= 3 + probes,
+        "a cold ls -lR made {all} requests in all"
+    );
+    assert_eq!(long, ls_lr(ws.path()));
     assert_eq!(ls_r(&m.dir, false), ls_r(ws.path(), false));
+}
+
+/// `getfattr -d` (the `user.` attributes and their values) of `path`, its output as text.
+fn getfattr(getfattr: &Path, path: &Path) -> String {
+    let (code, out, err) = run(Command::new(getfattr)
+        .arg("-d")
+        .arg("--absolute-names")
+        .arg(path));
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[test]
+fn an_xattr_set_in_the_sandbox_shows_through_the_mount_after_the_ttl() {
+    let (Some(get), Some(_)) = (require_tool("getfattr"), require_tool("setfattr")) else {
+        return;
+    };
+    let (ws, agent) = fixture();
+    let m = MountProcess::start(&agent, &["--attr-ttl-ms", "300"]);
+    let file = m.dir.join("pkg02/mod03/file4.rs");
+    assert_eq!(getfattr(&get, &file), "");
+    let local = ws.path().join("pkg02/mod03/file4.rs");
+    let (code, _, err) = run(Command::new(require_tool("setfattr").unwrap())
+        .args(["-n", "user.origin", "-v", "sandbox"])
+        .arg(&local));
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+    // The deadline only stops a hung test: it shows once the TTL has passed.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !getfattr(&get, &file).contains("user.origin=\"sandbox\"") {
+        assert!(
+            Instant::now() < deadline,
+            "the sandbox's xattr never showed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        getfattr(&get, &file),
+        getfattr(&get, &local).replace(&local.display().to_string(), &file.display().to_string())
+    );
+}
+
+#[test]
+fn an_xattr_set_through_the_mount_shows_at_once_and_its_removal_too() {
+    let (Some(get), Some(set)) = (require_tool("getfattr"), require_tool("setfattr")) else {
+        return;
+    };
+    let (ws, agent) = fixture();
+    let m = MountProcess::start(&agent, LONG_TTL);
+    let file = m.dir.join("pkg05/file1.rs");
+    // Listed (and so known to have none) before the change.
+    assert!(ls_lr(&m.dir.join("pkg05")).contains("file1.rs"));
+    // Known to have none: answered without asking (the health probe may add one request).
+    let (_, all, shown) = requests_during(&agent, || {
+        (0..5).map(|_| getfattr(&get, &file)).collect::<String>()
+    });
+    assert_eq!(shown, "");
+    assert!(
+        all <= 1,
+        "five getfattr of a file without xattrs: {all} requests"
+    );
+    for args in [
+        &["-n", "user.a", "-v", "one"][..],
+        &["-n", "user.b", "-v", "two"],
+        &["-x", "user.a"],
+    ] {
+        let (code, _, err) = run(Command::new(&set).args(args).arg(&file));
+        assert_eq!(code, 0, "{args:?}: {}", String::from_utf8_lossy(&err));
+    }
+    let shown = getfattr(&get, &file);
+    assert!(shown.contains("user.b=\"two\""), "{shown}");
+    assert!(!shown.contains("user.a"), "{shown}");
+    // A second look at the directory (from its cached listing) does not forget it.
+    assert!(ls_lr(&m.dir.join("pkg05")).contains("file1.rs"));
+    assert!(getfattr(&get, &file).contains("user.b=\"two\""));
+    let (code, _, _) = run(Command::new(&set).args(["-x", "user.b"]).arg(&file));
+    assert_eq!(code, 0);
+    assert_eq!(getfattr(&get, &file), "");
+    assert_eq!(getfattr(&get, &ws.path().join("pkg05/file1.rs")), "");
 }
 
 #[test]

@@ -15,14 +15,20 @@ use super::workspace::Workspace;
 const ENTRIES_PER_CHUNK: usize = 2048;
 
 /// Walk `path` and hand each compressed chunk to `send` (which answers `false` once the
-/// client is gone). Errors after the first listing end the answer in its end record.
+/// client is gone). Errors after the first listing end the answer in its end record. With
+/// `xattrs`, each entry says whether it has extended attributes.
 pub fn packed(
     ws: &Workspace,
     path: &RemotePath,
     max_entries: usize,
+    xattrs: bool,
     send: &mut dyn FnMut(Vec<u8>) -> bool,
 ) {
-    let mut enc = Encoder::new();
+    let mut enc = if xattrs {
+        Encoder::with_xattrs()
+    } else {
+        Encoder::new()
+    };
     let error = match walk(ws, path, max_entries, &mut enc, send) {
         Ok(true) => None,
         Ok(false) => return,

@@ -282,7 +282,7 @@ impl FsCore {
         attr
     }
 
-    fn fresh(&self, fetched: Instant) -> bool {
+    pub(super) fn fresh(&self, fetched: Instant) -> bool {
         fetched.elapsed() < self.cfg.attr_ttl
     }
 
@@ -1086,11 +1086,17 @@ impl FsCore {
 
     pub async fn getxattr(&self, node: NodeId, name: &[u8]) -> Result<Vec<u8>> {
         let path = self.path_of(node)?;
+        if self.known_without_xattrs(node) {
+            return Err(RemoteError::NoAttr(path.display()));
+        }
         self.note(self.remote.getxattr(&path, name).await)
     }
 
     pub async fn listxattr(&self, node: NodeId) -> Result<Vec<Vec<u8>>> {
         let path = self.path_of(node)?;
+        if self.known_without_xattrs(node) {
+            return Ok(Vec::new());
+        }
         self.note(self.remote.listxattr(&path).await)
     }
 
@@ -1104,13 +1110,23 @@ impl FsCore {
         let path = self.path_of(node)?;
         // An attribute set on the sandbox's file would be lost to the next push's rename.
         self.push(node).await?;
-        self.note(self.remote.setxattr(&path, name, value, flags).await)
+        self.bump();
+        let r = self.note(self.remote.setxattr(&path, name, value, flags).await);
+        if r.is_ok() {
+            self.xattrs_changed(node, Some(true));
+        }
+        r
     }
 
     pub async fn removexattr(&self, node: NodeId, name: &[u8]) -> Result<()> {
         let path = self.path_of(node)?;
         self.push(node).await?;
-        self.note(self.remote.removexattr(&path, name).await)
+        self.bump();
+        let r = self.note(self.remote.removexattr(&path, name).await);
+        if r.is_ok() {
+            self.xattrs_changed(node, None);
+        }
+        r
     }
 
     /// `fallocate` mode 0 / KEEP_SIZE: a staged file grows locally (zeros); otherwise the

@@ -90,6 +90,16 @@ impl MetaCache {
         Some(x.by_name.get(name).map(|&i| x.entries[i].1.clone()))
     }
 
+    /// One entry's has-xattrs bit, changed through the mount (the rest of the listing stands).
+    pub fn set_has_xattrs(&self, dir: NodeId, name: &[u8], has: Option<bool>) {
+        let mut l = self.listings.lock().expect("listings lock");
+        if let Some(x) = l.get_mut(&dir) {
+            if let Some(&i) = x.by_name.get(name) {
+                Arc::make_mut(&mut x.entries)[i].1.has_xattrs = has;
+            }
+        }
+    }
+
     pub fn invalidate(&self, dir: NodeId) {
         self.listings.lock().expect("listings lock").pop(&dir);
     }
@@ -116,6 +126,7 @@ mod tests {
             rdev: 0,
             symlink_target: None,
             version: Version("v".into()),
+            has_xattrs: None,
         }
     }
 

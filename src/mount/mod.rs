@@ -43,6 +43,7 @@ pub mod staging;
 pub mod state;
 pub mod subtree;
 pub mod writeback;
+pub mod xattr_hint;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -291,6 +291,7 @@ impl State {
                 _ => None,
             },
             version: self.version(ino),
+            has_xattrs: Some(!n.xattrs.is_empty()),
         }
     }
 

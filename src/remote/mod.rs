@@ -238,6 +238,11 @@ pub struct Attr {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub symlink_target: Option<WireBytes>,
     pub version: Version,
+    /// Whether the file has any extended attribute (a symlink: its own), so a mount can
+    /// answer `getxattr`/`listxattr` for one that has none without a round trip. `None`:
+    /// not known (an older agent), ask.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub has_xattrs: Option<bool>,
 }
 
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]

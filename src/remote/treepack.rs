@@ -11,6 +11,10 @@
 //! - `E varint(0 | 1 + len) [error]`: the end, with an optional [`super::wire::ErrorBody`] as
 //!   JSON.
 //!
+//! With `xattrs=1` in the query, each `F` record ends with one more byte: 0 the entry has no
+//! extended attribute, 1 it has some, 2 unknown. An older agent ignores the parameter and
+//! sends none (unknown); an older client never asks, so never sees the byte.
+//!
 //! "The next directory": directory 0 is the one asked for; each `F` of kind directory numbers
 //! the next one, in stream order, and listings (`L` or `S`) come in that order. Directories
 //! numbered but neither listed nor skipped at `E` were not descended (the size cap): the
@@ -33,6 +37,8 @@ use super::{
 pub const CONTENT_TYPE: &str = "application/x-sbxfs-tree";
 /// The query value asking for this encoding; `/v1/info`'s `tree_formats` lists it.
 pub const FORMAT: &str = "packed";
+/// The query parameter (`=1`) asking for each entry's has-xattrs byte.
+pub const XATTRS_PARAM: &str = "xattrs";
 /// Longest record: a 255-byte name, a 4 KiB symlink target, a version and the numbers fit
 /// well within it; anything longer is a broken or hostile agent.
 pub const MAX_RECORD: usize = 16 * 1024;
@@ -120,8 +126,8 @@ pub fn derived_version(a: &Attr) -> Version {
 
 /// One entry: name, kind byte, then size, mode, uid, gid, zigzag atime, mtime, ctime, dev,
 /// ino, nlink, rdev as varints, the symlink target (optional bytes) and the version (optional
-/// bytes, absent when it is [`derived_version`]).
-fn put_entry(out: &mut Vec<u8>, name: &[u8], a: &Attr) {
+/// bytes, absent when it is [`derived_version`]), then with `xattrs` the has-xattrs byte.
+fn put_entry(out: &mut Vec<u8>, name: &[u8], a: &Attr, xattrs: bool) {
     out.push(b'F');
     put_bytes(out, name);
     out.push(kind_code(a.kind));
@@ -142,6 +148,13 @@ fn put_entry(out: &mut Vec<u8>, name: &[u8], a: &Attr) {
     put_opt_bytes(out, a.symlink_target.as_ref().map(|t| t.0.as_slice()));
     let derived = derived_version(a) == a.version;
     put_opt_bytes(out, (!derived).then_some(a.version.0.as_bytes()));
+    if xattrs {
+        out.push(match a.has_xattrs {
+            Some(false) => 0,
+            Some(true) => 1,
+            None => 2,
+        });
+    }
 }
 
 /// Builds a packed answer: records are compressed as they are added; [`Encoder::take`] hands
@@ -149,6 +162,8 @@ fn put_entry(out: &mut Vec<u8>, name: &[u8], a: &Attr) {
 pub struct Encoder {
     z: flate2::write::DeflateEncoder<Vec<u8>>,
     record: Vec<u8>,
+    /// Whether entries carry the has-xattrs byte (the client asked for it).
+    xattrs: bool,
 }
 
 impl Default for Encoder {
@@ -162,6 +177,15 @@ impl Encoder {
         Encoder {
             z: flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast()),
             record: Vec::new(),
+            xattrs: false,
+        }
+    }
+
+    /// An encoder whose entries carry the has-xattrs byte.
+    pub fn with_xattrs() -> Self {
+        Encoder {
+            xattrs: true,
+            ..Self::new()
         }
     }
 
@@ -180,8 +204,9 @@ impl Encoder {
             r.push(b'L');
             put_varint(r, entries.len() as u64);
         });
+        let xattrs = self.xattrs;
         for e in entries {
-            self.record(|r| put_entry(r, &e.name.0, &e.attr));
+            self.record(|r| put_entry(r, &e.name.0, &e.attr, xattrs));
         }
     }
 
@@ -287,6 +312,15 @@ fn entry(c: &mut Cursor) -> Result<DirEntry> {
     let version = c
         .opt_bytes()?
         .map(|v| String::from_utf8_lossy(v).into_owned());
+    let has_xattrs = match c.0.first() {
+        None => None,
+        Some(_) => match c.byte()? {
+            0 => Some(false),
+            1 => Some(true),
+            2 => None,
+            b => return Err(bad(format!("has-xattrs byte {b}"))),
+        },
+    };
     let mut attr = Attr {
         kind,
         size,
@@ -302,6 +336,7 @@ fn entry(c: &mut Cursor) -> Result<DirEntry> {
         rdev,
         symlink_target,
         version: Version(String::new()),
+        has_xattrs,
     };
     attr.version = match version {
         Some(v) => Version(v),
@@ -540,6 +575,7 @@ mod tests {
             rdev: 0,
             symlink_target: None,
             version: Version(String::new()),
+            has_xattrs: None,
         };
         a.version = derived_version(&a);
         a
@@ -640,6 +676,46 @@ mod tests {
         let err = d.feed(&bomb, &mut |_| Ok(())).unwrap_err();
         assert!(err.to_string().contains("varint") || err.to_string().contains("record"));
         assert!(d.pending.capacity() <= 8 << 20);
+    }
+
+    #[test]
+    fn the_has_xattrs_byte_is_sent_only_when_asked_and_optional_when_read() {
+        let entries: Vec<DirEntry> = [Some(false), Some(true), None]
+            .into_iter()
+            .enumerate()
+            .map(|(i, x)| DirEntry {
+                name: WireBytes(vec![b'a' + i as u8]),
+                attr: Attr {
+                    has_xattrs: x,
+                    ..attr(FileKind::File, i as u64)
+                },
+            })
+            .collect();
+        let decoded = |mut e: Encoder| {
+            e.listing(&entries);
+            e.end(None);
+            decode_all(&e.finish())
+                .unwrap()
+                .into_iter()
+                .filter_map(|r| match r {
+                    Record::Entry(e) => Some(e.attr.has_xattrs),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            decoded(Encoder::with_xattrs()),
+            [Some(false), Some(true), None]
+        );
+        // An older agent's records (no byte): unknown, so the mount asks.
+        assert_eq!(decoded(Encoder::new()), [None, None, None]);
+        let mut r = Vec::new();
+        put_entry(&mut r, b"a", &entries[0].attr, true);
+        *r.last_mut().unwrap() = 7;
+        assert!(record(&r).is_err());
+        *r.last_mut().unwrap() = 0;
+        r.push(0);
+        assert!(record(&r).is_err());
     }
 
     #[test]
