@@ -25,7 +25,8 @@
 //!   work over the inode table ([`mount::inode`]: own node ids, names as links, orphans), listings
 //!   ([`mount::meta`]; a directory's first look fetches its subtree's in one packed answer,
 //!   [`mount::subtree`], subdirectories' kept by path until their nodes exist,
-//!   [`mount::prefetch`]), the page cache ([`mount::pages`]), open handles ([`mount::handles`]) and
+//!   [`mount::prefetch`]; a file known to have no extended attributes answers the xattr calls
+//!   locally, [`mount::xattr_hint`]), the page cache ([`mount::pages`]), open handles ([`mount::handles`]) and
 //!   write-back ([`mount::writeback`]: pushes, retries, conflicts) of durable staged images
 //!   ([`mount::staging`]) in a private directory ([`mount::state`]). Every remote call has a
 //!   deadline ([`remote::deadline`]), and every answer is bounded before it is held (the
