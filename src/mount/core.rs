@@ -1112,9 +1112,8 @@ impl FsCore {
         self.push(node).await?;
         self.bump();
         let r = self.note(self.remote.setxattr(&path, name, value, flags).await);
-        if r.is_ok() {
-            self.xattrs_changed(node, Some(true));
-        }
+        // A failed call may still have landed (a lost answer): unknown, ask next time.
+        self.xattrs_changed(node, r.is_ok().then_some(true));
         r
     }
 
@@ -1123,9 +1122,7 @@ impl FsCore {
         self.push(node).await?;
         self.bump();
         let r = self.note(self.remote.removexattr(&path, name).await);
-        if r.is_ok() {
-            self.xattrs_changed(node, None);
-        }
+        self.xattrs_changed(node, None);
         r
     }
 

@@ -141,4 +141,23 @@ mod tests {
         m.invalidate(NodeId(1));
         assert!(m.entry(NodeId(1), b"a", ttl, true).is_none());
     }
+
+    #[test]
+    fn an_entrys_xattr_bit_changes_alone() {
+        let m = MetaCache::new();
+        let none = Attr {
+            has_xattrs: Some(false),
+            ..attr()
+        };
+        let held = Arc::new(vec![(b"a".to_vec(), none.clone()), (b"b".to_vec(), none)]);
+        m.put(NodeId(1), held.clone());
+        m.set_has_xattrs(NodeId(1), b"a", Some(true));
+        m.set_has_xattrs(NodeId(1), b"gone", Some(true));
+        let ttl = Duration::from_secs(60);
+        let got = |n: &[u8]| m.entry(NodeId(1), n, ttl, false).unwrap().unwrap();
+        assert_eq!(got(b"a").has_xattrs, Some(true));
+        assert_eq!(got(b"b").has_xattrs, Some(false));
+        // A listing already handed out is not changed under its reader.
+        assert_eq!(held[0].1.has_xattrs, Some(false));
+    }
 }

@@ -16,8 +16,8 @@ impl FsCore {
     }
 
     /// An attribute was set (`Some(true)`) or removed (unknown: others may remain) through
-    /// the mount: the node and its directory's cached listing say so, so neither answers
-    /// "none" from before the change.
+    /// the mount, or the call failed (unknown): the node and its directory's cached listing
+    /// say so, so neither answers "none" from before the change.
     pub(super) fn xattrs_changed(&self, node: NodeId, has: Option<bool>) {
         self.bump();
         self.inodes.update(node, |n| n.attr.has_xattrs = has);
