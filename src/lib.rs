@@ -9,6 +9,9 @@
 //!   [`remote::memory`]: a whole sandbox in memory, the reference backend for tests (with a
 //!   sandbox-side API to change files behind the mount's back).
 //!   [`remote::faulty`]: a wrapper around any `Remote` injecting latency, errors, hangs, cut streams.
+//!   [`remote::listings`]: a subtree's listings breadth first under a cap (what every backend
+//!   answers for `tree_listings`); [`remote::treepack`]: the agent's packed, compressed
+//!   encoding of them.
 //! - [`agent`]: `sbxfs agent`, the HTTP server that runs inside a sandbox; every path confined
 //!   to its root by `openat2(RESOLVE_BENEATH)` ([`agent::workspace`]), its searches walking
 //!   beneath the root's descriptor ([`search::beneath`]) under a deadline and cancelled when
@@ -20,8 +23,11 @@
 //!   the permission gate ([`mount::gate`]) applies the POSIX rules ([`mount::access`]), the
 //!   mounting user acting as the sandbox's user, whose owners the mount shows. The operations
 //!   work over the inode table ([`mount::inode`]: own node ids, names as links, orphans), listings
-//!   ([`mount::meta`]), the page cache ([`mount::pages`]) filled ahead of sequential readers
-//!   ([`mount::readahead`]), open handles ([`mount::handles`]) and
+//!   ([`mount::meta`]; a directory's first look fetches its subtree's in one packed answer,
+//!   [`mount::subtree`], subdirectories' kept by path until their nodes exist,
+//!   [`mount::prefetch`]; a file known to have no extended attributes answers the xattr calls
+//!   locally, [`mount::xattr_hint`]), the page cache ([`mount::pages`]) filled ahead of
+//!   sequential readers ([`mount::readahead`]), open handles ([`mount::handles`]) and
 //!   write-back ([`mount::writeback`]: pushes, retries, conflicts; queued by `close` in
 //!   [`mount::pushq`]; new files created by their first push, [`mount::newfiles`]) of durable
 //!   staged images ([`mount::staging`]) in a private directory ([`mount::state`]); the change

@@ -218,6 +218,123 @@ fn whole(data: Vec<u8>) -> CommitContent {
     CommitContent::Whole(Box::new(std::io::Cursor::new(data)))
 }
 
+/// `tree_listings`: the asked directory's listing whole, then its subdirectories' breadth
+/// first, each exactly what `list` says, until the cap; the rest answered as not descended.
+async fn tree_listings_are_breadth_first_and_capped(b: &Backend) {
+    let r = &b.remote;
+    b.sb.mkdir_all(b"a/x");
+    b.sb.mkdir_all(b"b/y\nz");
+    for f in [
+        &b"a/a1"[..],
+        b"a/a2",
+        b"a/x/1",
+        b"a/x/2",
+        b"a/x/3",
+        b"b/new\nline",
+        b"b/bad\xff",
+        b"c",
+    ] {
+        b.sb.write(f, b"x");
+    }
+    b.sb.write(b"b/y\nz/deep", b"y");
+    let all: Vec<TreeListing> = r
+        .tree_listings(&RemotePath::root(), 1000)
+        .await
+        .unwrap()
+        .map(|l| l.unwrap())
+        .collect()
+        .await;
+    let order: Vec<&[u8]> = all.iter().map(|l| l.path.as_bytes()).collect();
+    assert_eq!(order, [&b""[..], b"a", b"b", b"a/x", b"b/y\nz"]);
+    // Listing a directory may move its access time (relatime): all else must agree.
+    let no_atime = |mut v: Vec<DirEntry>| {
+        v.iter_mut().for_each(|e| e.attr.atime_ns = 0);
+        v
+    };
+    for l in &all {
+        let plain = no_atime(r.list(&l.path).await.unwrap());
+        assert_eq!(l.entries.clone().map(no_atime), Some(plain), "{:?}", l.path);
+    }
+    // Three entries after the first listing: `a`'s fit, `b`'s do not; the walk stops there.
+    let capped: Vec<(Vec<u8>, bool)> = r
+        .tree_listings(&RemotePath::root(), 3)
+        .await
+        .unwrap()
+        .map(|l| l.unwrap())
+        .map(|l| (l.path.as_bytes().to_vec(), l.entries.is_some()))
+        .collect()
+        .await;
+    assert_eq!(
+        capped,
+        [
+            (b"".to_vec(), true),
+            (b"a".to_vec(), true),
+            (b"b".to_vec(), false),
+            (b"a/x".to_vec(), false)
+        ]
+    );
+    let none: Vec<TreeListing> = r
+        .tree_listings(&rp("a"), 0)
+        .await
+        .unwrap()
+        .map(|l| l.unwrap())
+        .collect()
+        .await;
+    assert_eq!(none.len(), 2, "a's own listing, then a/x not descended");
+    assert_eq!(none[0].entries.as_ref().map(Vec::len), Some(3));
+    assert!(none[1].entries.is_none());
+    assert!(matches!(
+        r.tree_listings(&rp("nope"), 10).await.map(drop),
+        Err(RemoteError::NotFound(_))
+    ));
+    assert!(matches!(
+        r.tree_listings(&rp("c"), 10).await.map(drop),
+        Err(RemoteError::NotDir(_))
+    ));
+}
+
+/// Stat, listings and trees say whether each entry has extended attributes (a symlink: its
+/// own, not its target's), so a mount can answer "none" without asking.
+async fn stat_list_and_tree_tell_whether_xattrs_exist(b: &Backend) {
+    let r = &b.remote;
+    b.sb.mkdir_all(b"d");
+    b.sb.write(b"d/plain", b"x");
+    b.sb.write(b"d/tagged", b"y");
+    b.sb.symlink(b"tagged", b"d/link");
+    r.setxattr(&rp("d/tagged"), b"user.k", b"v", XattrFlags::default())
+        .await
+        .unwrap();
+    let want = [
+        (b"link".to_vec(), Some(false)),
+        (b"plain".to_vec(), Some(false)),
+        (b"tagged".to_vec(), Some(true)),
+    ];
+    let bits = |v: &[DirEntry]| -> Vec<(Vec<u8>, Option<bool>)> {
+        v.iter()
+            .map(|e| (e.name.0.clone(), e.attr.has_xattrs))
+            .collect()
+    };
+    assert_eq!(bits(&r.list(&rp("d")).await.unwrap()), want);
+    for (name, has) in &want {
+        let path = rp("d").join(name).unwrap();
+        assert_eq!(r.stat(&path).await.unwrap().has_xattrs, *has, "{path:?}");
+    }
+    let tree: Vec<TreeListing> = r
+        .tree_listings(&RemotePath::root(), 100)
+        .await
+        .unwrap()
+        .map(|l| l.unwrap())
+        .collect()
+        .await;
+    let d = tree.iter().find(|l| l.path == rp("d")).unwrap();
+    assert_eq!(bits(d.entries.as_ref().unwrap()), want);
+    r.removexattr(&rp("d/tagged"), b"user.k").await.unwrap();
+    assert_eq!(
+        r.stat(&rp("d/tagged")).await.unwrap().has_xattrs,
+        Some(false)
+    );
+}
+
 async fn stat_list_and_tree(b: &Backend) {
     let r = &b.remote;
     b.sb.mkdir_all(b"src/deep");
@@ -1759,6 +1876,8 @@ macro_rules! conformance {
 
 conformance!(agent_backend:
     stat_list_and_tree,
+    tree_listings_are_breadth_first_and_capped,
+    stat_list_and_tree_tell_whether_xattrs_exist,
     ranged_reads_carry_the_version,
     commits_replace_whole_files_atomically_and_keep_mode,
     patch_commits_apply_ranges_over_the_base,
@@ -1786,6 +1905,8 @@ conformance!(agent_backend:
 
 conformance!(memory_backend:
     stat_list_and_tree,
+    tree_listings_are_breadth_first_and_capped,
+    stat_list_and_tree_tell_whether_xattrs_exist,
     ranged_reads_carry_the_version,
     commits_replace_whole_files_atomically_and_keep_mode,
     patch_commits_apply_ranges_over_the_base,

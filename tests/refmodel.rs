@@ -128,6 +128,7 @@ impl Real {
                 attr_ttl: Duration::ZERO,
                 cache_bytes: 4 * 1024 * 1024,
                 staging_dir: staging.path().to_path_buf(),
+                tree_max: sbxfs::mount::subtree::DEFAULT_TREE_MAX,
             },
             root,
         );

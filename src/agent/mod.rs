@@ -15,6 +15,7 @@
 
 pub mod confine;
 pub mod server;
+mod tree;
 pub mod watch;
 pub mod workspace;
 
@@ -123,6 +124,8 @@ pub struct AgentStats {
     /// Authorised requests about the workspace: all but `info`, `stats` and `watch` (what a
     /// mount's warm commands must not cost).
     pub workspace_requests: AtomicU64,
+    /// Of which metadata reads: `stat`, `list` and `tree` (what browsing a tree costs).
+    pub metadata_requests: AtomicU64,
     pub unauthorized: AtomicU64,
     pub commits: AtomicU64,
     pub conflicts: AtomicU64,
@@ -435,6 +438,7 @@ async fn info(State(app): State<Shared>) -> Json<RemoteInfo> {
         root: app.ws.root_path().display().to_string(),
         user: Some(crate::remote::Identity::of_this_process()),
         landlock: Some(app.confinement.as_str().to_string()),
+        tree_formats: vec![crate::remote::treepack::FORMAT.to_string()],
     })
 }
 
@@ -443,6 +447,7 @@ async fn stats(State(app): State<Shared>) -> Json<serde_json::Value> {
 }
 
 async fn stat(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+    app.stats.metadata_requests.fetch_add(1, Ordering::Relaxed);
     let path = args(&q).path("path")?;
     let ws = app.ws.clone();
     Ok(Json(blocking(move || ws.stat(&path)).await?).into_response())
@@ -486,6 +491,7 @@ async fn stat_many(
 /// An error after the first piece ends the body short, so the client sees a broken answer,
 /// never a listing silently cut.
 async fn list(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+    app.stats.metadata_requests.fetch_add(1, Ordering::Relaxed);
     let path = args(&q).path("path")?;
     // Fail before streaming when the directory itself is wrong, so the status says so.
     let ws = app.ws.clone();
@@ -567,11 +573,34 @@ fn json_line<T: Serialize>(v: &T) -> Bytes {
 }
 
 async fn tree(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
-    let path = args(&q).path("path")?;
+    app.stats.metadata_requests.fetch_add(1, Ordering::Relaxed);
+    let a = args(&q);
+    let path = a.path("path")?;
     // Fail before streaming when the directory itself is wrong, so the status says so.
     let ws = app.ws.clone();
     let p = path.clone();
     blocking(move || ws.open_dir(&p).map(|_| ())).await?;
+    if a.bytes("format") == Some(crate::remote::treepack::FORMAT.as_bytes()) {
+        let most = crate::remote::listings::MAX_TREE_ENTRIES;
+        let max = a.number::<usize>("max")?.unwrap_or(most).min(most);
+        let xattrs = a.bytes(crate::remote::treepack::XATTRS_PARAM) == Some(&b"1"[..]);
+        let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+        let ws = app.ws.clone();
+        producer(move || {
+            let _ = unpanic(|| {
+                tree::packed(&ws, &path, max, xattrs, &mut |chunk| {
+                    tx.blocking_send(Bytes::from(chunk)).is_ok()
+                });
+                Ok(())
+            });
+        })?;
+        let mut resp = line_stream(rx);
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(crate::remote::treepack::CONTENT_TYPE),
+        );
+        return Ok(resp);
+    }
     let (tx, rx) = mpsc::channel(STREAM_QUEUE);
     let ws = app.ws.clone();
     producer(move || {

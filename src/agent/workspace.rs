@@ -149,7 +149,14 @@ fn attr_of(st: &rfs::Statx, symlink_target: Option<Vec<u8>>) -> Attr {
         rdev: libc::makedev(st.stx_rdev_major, st.stx_rdev_minor),
         symlink_target: symlink_target.map(WireBytes),
         version: version_of(st),
+        has_xattrs: None,
     }
+}
+
+/// Whether a list of attribute names this long has any; an error (a filesystem without
+/// xattrs answers `EOPNOTSUPP`, not "none") leaves it unknown, for the mount to ask.
+fn any_xattrs(listed: rustix::io::Result<usize>) -> Option<bool> {
+    listed.ok().map(|len| len > 0)
 }
 
 const STATX_MASK: StatxFlags = StatxFlags::BASIC_STATS;
@@ -383,7 +390,9 @@ impl Workspace {
     pub fn stat(&self, path: &RemotePath) -> Result<Attr> {
         if path.is_root() {
             let st = statx_fd(&self.root).map_err(|e| errno(e, path))?;
-            return Ok(attr_of(&st, None));
+            let mut attr = attr_of(&st, None);
+            attr.has_xattrs = any_xattrs(rfs::flistxattr_query(&self.root));
+            return Ok(attr);
         }
         let (dir, name) = self.parent(path)?;
         self.stat_at(&dir, name, path)
@@ -400,7 +409,15 @@ impl Workspace {
         } else {
             None
         };
-        Ok(attr_of(&st, target))
+        let mut attr = attr_of(&st, target);
+        // The name's own attributes (never followed), through its parent's descriptor; a
+        // size query only, one syscall.
+        let mut p = proc_fd(dir).into_bytes();
+        p.push(b'/');
+        p.extend_from_slice(name);
+        let p = PathBuf::from(std::ffi::OsString::from_vec(p));
+        attr.has_xattrs = any_xattrs(rfs::llistxattr_query(&p));
+        Ok(attr)
     }
 
     pub fn list(&self, path: &RemotePath) -> Result<Vec<DirEntry>> {

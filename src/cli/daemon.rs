@@ -241,6 +241,9 @@ pub(super) fn run_mount(a: MountArgs) -> i32 {
         if let Some(bytes) = o.cache_size.or(a.cache_size) {
             cfg.cache_bytes = bytes;
         }
+        if let Some(n) = o.tree_max {
+            cfg.tree_max = n;
+        }
         if let Some(ms) = o.timeout_ms {
             cfg.call_timeout = std::time::Duration::from_millis(ms);
         }

@@ -53,6 +53,9 @@ pub struct CoreConfig {
     pub cache_bytes: u64,
     /// Where staged writes live (private to the user, one directory per remote).
     pub staging_dir: PathBuf,
+    /// Entries a directory's first look fetches with its subtree ([`super::subtree`]); 0:
+    /// list directory by directory.
+    pub tree_max: usize,
 }
 
 /// What the kernel should forget (the adapter sends these through the FUSE notifier).
@@ -82,6 +85,11 @@ pub struct FsCore {
     pub(super) cfg: CoreConfig,
     pub(super) inodes: InodeTable,
     pub(super) meta: MetaCache,
+    /// Subdirectories' listings from a subtree fetch, until their nodes exist.
+    pub(super) prefetched: super::prefetch::Prefetched,
+    pub(super) flights: super::subtree::Flights,
+    /// The agent answers no packed trees: list directory by directory.
+    pub(super) tree_unsupported: AtomicBool,
     pub(super) pages: PageCache,
     /// Read-ahead's remote reads in flight, over all handles.
     pub(super) prefetchers: super::readahead::Prefetchers,
@@ -137,6 +145,9 @@ impl FsCore {
             remote,
             inodes: InodeTable::new(root),
             meta: MetaCache::new(),
+            prefetched: Default::default(),
+            flights: Default::default(),
+            tree_unsupported: AtomicBool::new(false),
             pages: PageCache::new(cfg.cache_bytes),
             prefetchers: Default::default(),
             handles: Handles::default(),
@@ -194,7 +205,7 @@ impl FsCore {
 
     /// While the sandbox does not answer, what is known is served at once instead of waiting
     /// for each call's deadline; [`FsCore::probe`] notices when it answers again.
-    fn offline(&self) -> bool {
+    pub(super) fn offline(&self) -> bool {
         !self.is_reachable()
     }
 
@@ -273,6 +284,9 @@ impl FsCore {
     pub(super) fn dir_changed(&self, dir: NodeId) {
         self.bump();
         self.meta.invalidate(dir);
+        if let Some(p) = self.inodes.path_of(dir) {
+            self.prefetched.forget_under(&p);
+        }
         self.inodes.update(dir, |n| n.fetched = stale_instant());
         if let Some(k) = self.kernel() {
             k.invalidate_attr(dir);
@@ -310,7 +324,7 @@ impl FsCore {
         attr
     }
 
-    fn fresh(&self, fetched: Instant) -> bool {
+    pub(super) fn fresh(&self, fetched: Instant) -> bool {
         fetched.elapsed() < self.ttl()
     }
 
@@ -336,6 +350,11 @@ impl FsCore {
             self.inodes.update(id, |n| n.lookups += 1);
             let attr = self.with_staged(id, self.node(id)?.attr);
             return Ok(NodeAttr { node: id, attr });
+        }
+        if self.first_look(parent) {
+            // The first look into a directory lists it with its subtree ([`super::subtree`]);
+            // if that fails, the stat below says why.
+            let _ = self.listing(parent).await;
         }
         let offline = self.offline();
         let attr = match self.meta.entry(parent, name, self.ttl(), offline) {
@@ -545,7 +564,18 @@ impl FsCore {
         if let Some(l) = self.meta.listing(dir, self.ttl(), self.offline()) {
             return Ok(l);
         }
+        if let Some(l) = self.adopt_prefetched(dir, self.offline()) {
+            return Ok(l);
+        }
         let path = self.path_of(dir)?;
+        match self.fetch_subtree(dir, &path).await {
+            None => {}
+            Some(Ok(l)) => return Ok(l),
+            Some(Err(e)) if unreachable(&e) => {
+                return self.meta.listing(dir, self.cfg.attr_ttl, true).ok_or(e)
+            }
+            Some(Err(e)) => return Err(e),
+        }
         let before = self.epoch.load(Ordering::SeqCst);
         match self.note(self.remote.list(&path).await) {
             Ok(fetched) => {
@@ -1274,11 +1304,17 @@ impl FsCore {
 
     pub async fn getxattr(&self, node: NodeId, name: &[u8]) -> Result<Vec<u8>> {
         let path = self.path_of(node)?;
+        if self.known_without_xattrs(node) {
+            return Err(RemoteError::NoAttr(path.display()));
+        }
         self.note(self.remote.getxattr(&path, name).await)
     }
 
     pub async fn listxattr(&self, node: NodeId) -> Result<Vec<Vec<u8>>> {
         let path = self.path_of(node)?;
+        if self.known_without_xattrs(node) {
+            return Ok(Vec::new());
+        }
         self.note(self.remote.listxattr(&path).await)
     }
 
@@ -1292,13 +1328,20 @@ impl FsCore {
         let path = self.path_of(node)?;
         // An attribute set on the sandbox's file would be lost to the next push's rename.
         self.push(node).await?;
-        self.note(self.remote.setxattr(&path, name, value, flags).await)
+        self.bump();
+        let r = self.note(self.remote.setxattr(&path, name, value, flags).await);
+        // A failed call may still have landed (a lost answer): unknown, ask next time.
+        self.xattrs_changed(node, r.is_ok().then_some(true));
+        r
     }
 
     pub async fn removexattr(&self, node: NodeId, name: &[u8]) -> Result<()> {
         let path = self.path_of(node)?;
         self.push(node).await?;
-        self.note(self.remote.removexattr(&path, name).await)
+        self.bump();
+        let r = self.note(self.remote.removexattr(&path, name).await);
+        self.xattrs_changed(node, None);
+        r
     }
 
     /// `fallocate` mode 0 / KEEP_SIZE: a staged file grows locally (zeros); otherwise the
@@ -1379,6 +1422,7 @@ impl FsCore {
     /// Forget cached data and attributes of a path (the change feed, `sbxfs ctl invalidate`).
     pub fn invalidate_path(&self, path: &RemotePath) {
         self.bump();
+        self.prefetched.forget_under(path);
         for id in self.inodes.nodes_at(path) {
             self.meta.invalidate(id);
             self.inodes.update(id, |n| n.fetched = stale_instant());

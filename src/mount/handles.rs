@@ -176,6 +176,7 @@ mod tests {
             rdev: 0,
             symlink_target: None,
             version: Version("v".into()),
+            has_xattrs: None,
         };
         let mk = |n| OpenFile::new(NodeId(n), &attr, false);
         let a = h.open_file(mk(5));

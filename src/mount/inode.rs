@@ -449,6 +449,7 @@ mod tests {
             rdev: 0,
             symlink_target: None,
             version: Version(format!("v{ino}")),
+            has_xattrs: None,
         }
     }
 

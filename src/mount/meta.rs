@@ -46,6 +46,11 @@ impl MetaCache {
     }
 
     pub fn put(&self, dir: NodeId, entries: Entries) {
+        self.put_at(dir, entries, Instant::now());
+    }
+
+    /// A listing fetched at `fetched` (a prefetched one: its TTL counts from its fetch).
+    pub fn put_at(&self, dir: NodeId, entries: Entries, fetched: Instant) {
         let by_name = entries
             .iter()
             .enumerate()
@@ -56,7 +61,7 @@ impl MetaCache {
             Listing {
                 entries,
                 by_name,
-                fetched: Instant::now(),
+                fetched,
             },
         );
     }
@@ -83,6 +88,16 @@ impl MetaCache {
             return None;
         }
         Some(x.by_name.get(name).map(|&i| x.entries[i].1.clone()))
+    }
+
+    /// One entry's has-xattrs bit, changed through the mount (the rest of the listing stands).
+    pub fn set_has_xattrs(&self, dir: NodeId, name: &[u8], has: Option<bool>) {
+        let mut l = self.listings.lock().expect("listings lock");
+        if let Some(x) = l.get_mut(&dir) {
+            if let Some(&i) = x.by_name.get(name) {
+                Arc::make_mut(&mut x.entries)[i].1.has_xattrs = has;
+            }
+        }
     }
 
     pub fn invalidate(&self, dir: NodeId) {
@@ -116,6 +131,7 @@ mod tests {
             rdev: 0,
             symlink_target: None,
             version: Version("v".into()),
+            has_xattrs: None,
         }
     }
 
@@ -129,5 +145,24 @@ mod tests {
         assert!(matches!(m.entry(NodeId(1), b"b", ttl, true), Some(None)));
         m.invalidate(NodeId(1));
         assert!(m.entry(NodeId(1), b"a", ttl, true).is_none());
+    }
+
+    #[test]
+    fn an_entrys_xattr_bit_changes_alone() {
+        let m = MetaCache::new();
+        let none = Attr {
+            has_xattrs: Some(false),
+            ..attr()
+        };
+        let held = Arc::new(vec![(b"a".to_vec(), none.clone()), (b"b".to_vec(), none)]);
+        m.put(NodeId(1), held.clone());
+        m.set_has_xattrs(NodeId(1), b"a", Some(true));
+        m.set_has_xattrs(NodeId(1), b"gone", Some(true));
+        let ttl = Duration::from_secs(60);
+        let got = |n: &[u8]| m.entry(NodeId(1), n, ttl, false).unwrap().unwrap();
+        assert_eq!(got(b"a").has_xattrs, Some(true));
+        assert_eq!(got(b"b").has_xattrs, Some(false));
+        // A listing already handed out is not changed under its reader.
+        assert_eq!(held[0].1.has_xattrs, Some(false));
     }
 }

@@ -40,12 +40,15 @@ pub mod newfiles;
 pub mod notify;
 pub mod options;
 pub mod pages;
+pub mod prefetch;
 pub mod preflight;
 pub mod pushq;
 pub mod readahead;
 pub mod staging;
 pub mod state;
+pub mod subtree;
 pub mod writeback;
+pub mod xattr_hint;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -81,6 +84,8 @@ pub struct MountConfig {
     /// Deadline of one remote call (queries and idle transfers get multiples of it).
     pub call_timeout: Duration,
     pub cache_bytes: u64,
+    /// Entries a directory's first look fetches with its subtree (`-o tree_max=N`; 0: off).
+    pub tree_max: usize,
     pub staging_dir: Option<PathBuf>,
     /// Other users (and root) may use the mount (`-o allow_other`).
     pub allow_other: bool,
@@ -114,6 +119,7 @@ impl MountConfig {
             attr_ttl: DEFAULT_ATTR_TTL,
             call_timeout: crate::remote::deadline::CALL,
             cache_bytes: DEFAULT_CACHE_BYTES,
+            tree_max: subtree::DEFAULT_TREE_MAX,
             staging_dir: None,
             allow_other: false,
             default_permissions: false,
@@ -329,6 +335,7 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
             attr_ttl: cfg.attr_ttl,
             cache_bytes: cfg.cache_bytes,
             staging_dir: staging_path.clone(),
+            tree_max: cfg.tree_max,
         },
         root.clone(),
     );

@@ -43,6 +43,8 @@ pub struct MountOptions {
     /// Deadline of one remote call (`timeout_ms=`); the others scale with it.
     pub timeout_ms: Option<u64>,
     pub cache_size: Option<u64>,
+    /// Entries a directory's first look fetches with its subtree (`tree_max=N`; 0: off).
+    pub tree_max: Option<usize>,
     pub staging_dir: Option<PathBuf>,
     pub token_file: Option<PathBuf>,
     /// Mount over a directory that is not empty.
@@ -166,6 +168,13 @@ impl MountOptions {
                             })?,
                         )
                 }
+                "tree_max" => {
+                    self.tree_max = Some(
+                        needed()?
+                            .parse()
+                            .map_err(|_| bad("not a number of entries (0 turns it off)".into()))?,
+                    )
+                }
                 "cache_size" => self.cache_size = Some(parse_size(&needed()?).map_err(bad)?),
                 "staging_dir" => self.staging_dir = Some(non_empty_path(needed()?).map_err(bad)?),
                 "token_file" => self.token_file = Some(non_empty_path(needed()?).map_err(bad)?),
@@ -250,7 +259,7 @@ mod tests {
     fn every_option_is_read_into_its_field() {
         let o = parse(
             "allow_other,default_permissions,nonempty,ro,idmap=none,attr_ttl_ms=250,cache_size=512M,\
-             staging_dir=/var/tmp/s,token_file=/etc/sbxfs/token,noexec,timeout_ms=1500,sync_close",
+             staging_dir=/var/tmp/s,token_file=/etc/sbxfs/token,noexec,timeout_ms=1500,sync_close,tree_max=0",
         )
         .unwrap();
         assert_eq!(
@@ -264,6 +273,7 @@ mod tests {
                 attr_ttl_ms: Some(250),
                 timeout_ms: Some(1500),
                 cache_size: Some(512 << 20),
+                tree_max: Some(0),
                 staging_dir: Some("/var/tmp/s".into()),
                 token_file: Some("/etc/sbxfs/token".into()),
                 nonempty: true,

@@ -323,6 +323,59 @@ fn json_lines(resp: reqwest::Response) -> BoxStream<'static, Result<serde_json::
     .boxed()
 }
 
+/// A packed tree answer ([`treepack`]) decoded as it arrives: each listing is handed out once
+/// complete; a body that stops before its end record is an error.
+fn packed_listings(
+    resp: reqwest::Response,
+    path: &RemotePath,
+    max_entries: usize,
+) -> BoxStream<'static, Result<TreeListing>> {
+    struct St {
+        body: BoxStream<'static, reqwest::Result<Bytes>>,
+        dec: Option<treepack::Decoder>,
+        asm: treepack::Assembler,
+        failed: bool,
+    }
+    let st = St {
+        body: resp.bytes_stream().boxed(),
+        dec: Some(treepack::Decoder::new()),
+        asm: treepack::Assembler::new(path, max_entries),
+        failed: false,
+    };
+    futures_util::stream::unfold(st, |mut st| async move {
+        loop {
+            if st.failed {
+                return None;
+            }
+            if let Some(l) = st.asm.ready.pop_front() {
+                return Some((Ok(l), st));
+            }
+            if st.asm.ended() {
+                return None;
+            }
+            let err = match st.body.next().await {
+                Some(Ok(chunk)) => {
+                    let (dec, asm) = (st.dec.as_mut().expect("decoding"), &mut st.asm);
+                    match dec.feed(&chunk, &mut |r| asm.on(r)) {
+                        Ok(()) => continue,
+                        Err(e) => e,
+                    }
+                }
+                Some(Err(e)) => transport(e),
+                None => match st.dec.take().map(treepack::Decoder::finish) {
+                    Some(Err(e)) => e,
+                    _ => RemoteError::Transport(
+                        "the agent's tree answer ended before its end record".into(),
+                    ),
+                },
+            };
+            st.failed = true;
+            return Some((Err(err), st));
+        }
+    })
+    .boxed()
+}
+
 /// A streamed answer that must end with a line `is_last` recognises (tree's `end`, grep's
 /// summary or error): a body that stops before it is an error, never a silently short answer
 /// (a dropped connection, an agent that died). Lines after the last one are ignored.
@@ -605,6 +658,33 @@ impl Remote for AgentClient {
             }
         });
         Ok(stream.boxed())
+    }
+
+    async fn tree_listings(
+        &self,
+        path: &RemotePath,
+        max_entries: usize,
+    ) -> Result<BoxStream<'static, Result<TreeListing>>> {
+        let q = [
+            p(path),
+            ("format", treepack::FORMAT.as_bytes().to_vec()),
+            ("max", max_entries.to_string().into_bytes()),
+            (treepack::XATTRS_PARAM, b"1".to_vec()),
+        ];
+        let resp = self
+            .send(true, None, || self.request(Method::GET, "tree", &q))
+            .await?;
+        let packed = resp
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes() == treepack::CONTENT_TYPE.as_bytes());
+        if !packed {
+            // An older agent answers its whole tree as JSON lines: not what was asked.
+            return Err(RemoteError::Unsupported(
+                "the agent does not answer packed trees".into(),
+            ));
+        }
+        Ok(packed_listings(resp, path, max_entries))
     }
 
     async fn read(&self, path: &RemotePath, offset: u64, len: u32) -> Result<ReadResult> {

@@ -67,6 +67,31 @@ async fn within<T>(
     }
 }
 
+/// A stream whose next item must come within `limit`; one that does not ends it with
+/// [`RemoteError::TimedOut`].
+fn idle_bounded<T: Send + 'static>(
+    op: &'static str,
+    limit: Duration,
+    s: BoxStream<'static, Result<T>>,
+) -> BoxStream<'static, Result<T>> {
+    use futures_util::StreamExt;
+    futures_util::stream::unfold(Some(s), move |s| async move {
+        let mut s = s?;
+        match tokio::time::timeout(limit, s.next()).await {
+            Ok(Some(item)) => Some((item, Some(s))),
+            Ok(None) => None,
+            Err(_) => Some((
+                Err(RemoteError::TimedOut(format!(
+                    "{op}: the sandbox's answer stopped for {} s",
+                    limit.as_secs()
+                ))),
+                None,
+            )),
+        }
+    })
+    .boxed()
+}
+
 fn for_bytes(base: Duration, bytes: u64) -> Duration {
     base + Duration::from_secs(bytes / BYTES_PER_SEC)
 }
@@ -110,6 +135,21 @@ impl<R: Remote> Remote for Deadlines<R> {
     }
     async fn tree(&self, path: &RemotePath) -> Result<BoxStream<'static, Result<TreeEntry>>> {
         within("tree", self.call, self.inner.tree(path)).await
+    }
+    /// The answer must start within a call's deadline and keep moving: each listing within
+    /// [`IDLE`]'s share of the last.
+    async fn tree_listings(
+        &self,
+        path: &RemotePath,
+        max_entries: usize,
+    ) -> Result<BoxStream<'static, Result<TreeListing>>> {
+        let s = within(
+            "tree",
+            self.call,
+            self.inner.tree_listings(path, max_entries),
+        )
+        .await?;
+        Ok(idle_bounded("tree", self.idle, s))
     }
     async fn read(&self, path: &RemotePath, offset: u64, len: u32) -> Result<ReadResult> {
         let limit = for_bytes(self.call, u64::from(len));

@@ -469,6 +469,16 @@ impl<R: Remote> Remote for FaultyRemote<R> {
         after.stream(Op::Tree, self.inner.tree(path).await)
     }
 
+    /// Faults of `tree` apply (one subtree call, whatever its encoding).
+    async fn tree_listings(
+        &self,
+        path: &RemotePath,
+        max_entries: usize,
+    ) -> Result<BoxStream<'static, Result<TreeListing>>> {
+        let after = self.control.begin(Op::Tree).await?;
+        after.stream(Op::Tree, self.inner.tree_listings(path, max_entries).await)
+    }
+
     async fn read(&self, path: &RemotePath, offset: u64, len: u32) -> Result<ReadResult> {
         let after = self.control.begin(Op::Read).await?;
         after.answer(Op::Read, self.inner.read(path, offset, len).await)

@@ -291,6 +291,7 @@ impl State {
                 _ => None,
             },
             version: self.version(ino),
+            has_xattrs: Some(!n.xattrs.is_empty()),
         }
     }
 
@@ -870,6 +871,7 @@ impl Remote for MemoryRemote {
                 groups: vec![gid],
             }),
             landlock: None,
+            tree_formats: Vec::new(),
         })
     }
 

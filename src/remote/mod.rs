@@ -13,8 +13,10 @@ pub mod client;
 pub mod deadline;
 pub mod error;
 pub mod faulty;
+pub mod listings;
 pub mod memory;
 pub mod reach;
+pub mod treepack;
 pub mod wire;
 
 use std::fmt;
@@ -26,6 +28,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::wirebytes::WireBytes;
 pub use error::{RemoteError, Result};
+pub use listings::TreeListing;
 
 use crate::search::fuzzy::FuzzyMatch;
 use crate::search::grep::{GrepItem, GrepMatch, GrepOptions, GrepSummary};
@@ -272,6 +275,11 @@ pub struct Attr {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub symlink_target: Option<WireBytes>,
     pub version: Version,
+    /// Whether the file has any extended attribute (a symlink: its own), so a mount can
+    /// answer `getxattr`/`listxattr` for one that has none without a round trip. `None`:
+    /// not known (an older agent), ask.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub has_xattrs: Option<bool>,
 }
 
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
@@ -438,6 +446,10 @@ pub struct RemoteInfo {
     /// or "disabled" (absent from older agents).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub landlock: Option<String>,
+    /// Encodings `GET /v1/tree` answers in besides JSON lines (`"packed"`:
+    /// [`treepack`]); empty from older agents.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tree_formats: Vec<String>,
 }
 
 /// A process's credentials: who a permission check is about.
@@ -479,6 +491,16 @@ pub trait Remote: Send + Sync {
     async fn list(&self, path: &RemotePath) -> Result<Vec<DirEntry>>;
     /// Every entry under a directory (depth first, sorted), streamed in one response.
     async fn tree(&self, path: &RemotePath) -> Result<BoxStream<'static, Result<TreeEntry>>>;
+    /// A subtree's listings in one answer, breadth first: `path`'s own (whole), then its
+    /// subdirectories' as long as the entries after the first stay within `max_entries`;
+    /// directories beyond are answered as not descended ([`TreeListing::entries`] `None`).
+    async fn tree_listings(
+        &self,
+        path: &RemotePath,
+        max_entries: usize,
+    ) -> Result<BoxStream<'static, Result<TreeListing>>> {
+        listings::by_list(self, path, max_entries).await
+    }
 
     // --- data
     /// Up to `len` bytes at `offset` (fewer at the end of the file), with their version.

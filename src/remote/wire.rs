@@ -15,10 +15,11 @@
 //! | method and path | query | body | answer |
 //! |---|---|---|---|
 //! | `GET /v1/info` | | | [`super::RemoteInfo`] |
-//! | `GET /v1/stat` | path | | [`super::Attr`] |
+//! | `GET /v1/stat` | path | | [`super::Attr`] (with `has_xattrs`, also in listings and trees; absent from older agents) |
 //! | `POST /v1/stat_many` | | [`StatManyBody`] | `{"results": [`[`StatOutcome`]`]}`, in order |
 //! | `GET /v1/list` | path | | `{"entries": [DirEntry]}` |
 //! | `GET /v1/tree` | path | | JSON lines of [`super::TreeEntry`], then `{"end": n}` |
+//! | `GET /v1/tree` | path, `format=packed`, max?, `xattrs=1`? | | [`super::treepack`] (content type `application/x-sbxfs-tree`; older agents answer JSON lines, which the client refuses) |
 //! | `GET /v1/read` | path, offset, len | | bytes; header `x-sbxfs-version` |
 //! | `PUT /v1/commit` | path, base?, mode?, patch? | the file, or a patch ([`PatchHeader`] line + bytes) | Attr |
 //! | `POST /v1/create` `/v1/mkdir` | path, mode (exact: no umask) | | Attr |

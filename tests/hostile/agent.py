@@ -3,6 +3,7 @@ hostile answers (an endless body to a read, a size of 2^63 - 1, a listing of mil
 entries, impossible names). Prints its port on stdout once listening."""
 import json
 import sys
+import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
@@ -25,6 +26,9 @@ FILES = {
     "fine.txt": attr("file", 6, 7),
     "flapping": attr("file", 6, 8),
     "redirected": attr("file", 6, 9),
+    "badtree": attr("dir", 4096, 10),
+    "bigtree": attr("dir", 4096, 11),
+    "bombtree": attr("dir", 4096, 12),
 }
 READS = [0]
 CHUNK = 1 << 20
@@ -79,6 +83,9 @@ class Handler(BaseHTTPRequestHandler):
                 return self.json({"entries": [{"name": "..", "attr": FILES["fine.txt"]}]})
             if path == "many":
                 return self.until_close(many_entries())
+        if op == "tree" and q.get("format") == ["packed"] and path in PACKED_TREES:
+            return self.until_close(PACKED_TREES[path](),
+                                    [("content-type", "application/x-sbxfs-tree")])
         if url.path == "/elsewhere":
             # Where a redirect points: a service on the developer's machine, say.
             body = b"LOCAL\n"
@@ -112,6 +119,61 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.write(body)
                 return
         return self.json({"error": "ENOENT", "message": path}, 404)
+
+
+def varint(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if not n:
+            out.append(b)
+            return bytes(out)
+        out.append(b | 0x80)
+
+
+def record(payload):
+    return varint(len(payload)) + payload
+
+
+def entry(name, kind, ino):
+    """A packed entry (src/remote/treepack.rs): name, kind, numbers, no target, a version."""
+    nums = [6, 0o644, 0, 0, 0, 0, 0, 1, ino, 1, 0]
+    version = b"v%d" % ino
+    return record(b"F" + varint(len(name)) + name + bytes([kind])
+                  + b"".join(varint(n) for n in nums) + varint(0)
+                  + varint(len(version) + 1) + version)
+
+
+def deflated(chunks):
+    z = zlib.compressobj(6, zlib.DEFLATED, -15)
+    for c in chunks:
+        yield z.compress(c)
+    yield z.flush()
+
+
+def bad_name_tree():
+    """A subtree whose listing holds a name with a `/` in it."""
+    return deflated([record(b"L" + varint(2)), entry(b"a/b", 0, 20), entry(b"c", 0, 21),
+                     record(b"E" + varint(0))])
+
+
+def big_tree():
+    """A listing claiming a trillion entries, then endless entries."""
+    def gen():
+        yield record(b"L" + varint(1 << 40))
+        for i in range(10_000_000):
+            yield entry(b"f%09d" % i, 0, 100 + i)
+    return deflated(gen())
+
+
+def bomb_tree():
+    """A gigabyte of zeros compressed: a deflate bomb."""
+    block = bytes(1 << 20)
+    return deflated(block for _ in range(1024))
+
+
+PACKED_TREES = {"badtree": bad_name_tree, "bigtree": big_tree, "bombtree": bomb_tree}
 
 
 def many_entries():

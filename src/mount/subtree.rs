@@ -1,0 +1,329 @@
+//! The first look at a directory fetches its subtree's metadata in one round trip
+//! ([`crate::remote::Remote::tree_listings`], up to `-o tree_max=N` entries): the directory's
+//! own listing goes to the metadata cache ([`super::meta`]), its subdirectories' to the
+//! prefetched listings ([`super::prefetch`]) until their nodes exist. So a cold `find`,
+//! `ls -lR` or `git status` costs a handful of round trips instead of one per directory, and
+//! every entry's attributes arrive with it. Directories beyond the cap are listed when first
+//! entered, by a further bounded fetch.
+//!
+//! One fetch per directory at a time: lookups racing into the same cold directory (git's
+//! parallel `lstat`s) wait for the first one's answer instead of each asking.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use futures_util::StreamExt;
+
+use super::core::{unreachable, FsCore};
+use super::inode::{NodeId, RemoteId};
+use super::meta::Entries;
+use crate::remote::{Attr, RemoteError, RemotePath, Result};
+
+/// Default `-o tree_max`: a large repository's tree (about 4 MB of metadata in memory, a
+/// few hundred kB on the link) in one answer; `0` turns prefetching off.
+pub const DEFAULT_TREE_MAX: usize = 20_000;
+
+/// Fetches in flight, by directory.
+#[derive(Default)]
+pub struct Flights(Mutex<HashMap<NodeId, Arc<tokio::sync::Mutex<()>>>>);
+
+impl Flights {
+    async fn enter(&self, dir: NodeId) -> FlightGuard<'_> {
+        let lock = self
+            .0
+            .lock()
+            .expect("flights lock")
+            .entry(dir)
+            .or_default()
+            .clone();
+        let guard = lock.clone().lock_owned().await;
+        FlightGuard {
+            flights: self,
+            dir,
+            lock,
+            _guard: guard,
+        }
+    }
+}
+
+struct FlightGuard<'a> {
+    flights: &'a Flights,
+    dir: NodeId,
+    lock: Arc<tokio::sync::Mutex<()>>,
+    _guard: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl Drop for FlightGuard<'_> {
+    fn drop(&mut self) {
+        let mut m = self.flights.0.lock().expect("flights lock");
+        // Ours, the map's and the guard's: nobody else waits.
+        if Arc::strong_count(&self.lock) <= 3 {
+            m.remove(&self.dir);
+        }
+    }
+}
+
+/// Whether a failed tree call falls back to a plain listing rather than fail the operation:
+/// `Some(true)` for an agent that cannot answer packed trees (never asked again), `Some(false)`
+/// for this once (not found: an agent without the route says so too, and a plain listing
+/// gives the real answer).
+fn falls_back(e: &RemoteError) -> Option<bool> {
+    match e {
+        RemoteError::Unsupported(_) | RemoteError::Invalid(_) => Some(true),
+        RemoteError::NotFound(_) => Some(false),
+        _ => None,
+    }
+}
+
+impl FsCore {
+    /// A listing prefetched for `dir`, moved into the metadata cache if it is still fresh
+    /// (at any age while the sandbox does not answer).
+    pub(super) fn adopt_prefetched(&self, dir: NodeId, stale_ok: bool) -> Option<Entries> {
+        if self.prefetched.is_empty() {
+            return None;
+        }
+        let node = self.inodes.get(dir)?;
+        let path = self.inodes.path_of(dir)?;
+        let (entries, fetched) = self.prefetched.take(&path, RemoteId::of(&node.attr))?;
+        if !stale_ok && fetched.elapsed() >= self.cfg.attr_ttl {
+            return None;
+        }
+        self.meta.put_at(dir, entries.clone(), fetched);
+        self.prefetched.mark_looked(dir);
+        Some(entries)
+    }
+
+    /// Prefetching is on: a cap above zero, an agent that answers packed trees, and
+    /// attributes trusted for some time (with a zero TTL nothing fetched ahead is ever used).
+    fn prefetching(&self) -> bool {
+        self.cfg.tree_max > 0
+            && !self.cfg.attr_ttl.is_zero()
+            && !self.tree_unsupported.load(Ordering::Relaxed)
+    }
+
+    /// Nothing is known of `dir`'s entries, not even stale: its first look (a listing kept
+    /// ahead and still fresh counts as known, and is adopted here). Later looks past the TTL
+    /// refresh one directory at a time, as before.
+    pub(super) fn first_look(&self, dir: NodeId) -> bool {
+        self.prefetching()
+            && !self.offline()
+            && self.meta.listing(dir, self.cfg.attr_ttl, true).is_none()
+            && self.adopt_prefetched(dir, false).is_none()
+            // A listing dropped by a change made through the mount is not a first look: one
+            // file created in a directory must not cost its whole subtree again.
+            && !self.prefetched.looked(dir)
+    }
+
+    /// `dir`'s listing from a subtree fetch if this is its first look, else `None` (a plain
+    /// listing is in order; so too when the agent cannot answer a subtree).
+    pub(super) async fn fetch_subtree(
+        &self,
+        dir: NodeId,
+        path: &RemotePath,
+    ) -> Option<Result<Entries>> {
+        if !self.first_look(dir) {
+            return None;
+        }
+        let _flight = self.flights.enter(dir).await;
+        // Fetched by the flight we waited for.
+        if let Some(l) = self.meta.listing(dir, self.cfg.attr_ttl, false) {
+            return Some(Ok(l));
+        }
+        self.prefetched.mark_looked(dir);
+        let before = self.epoch();
+        let fetched = Instant::now();
+        let collected = match self.note(self.remote.tree_listings(path, self.cfg.tree_max).await) {
+            Ok(stream) => self.collect(path, stream).await,
+            Err(e) => Err(e),
+        };
+        let (first, rest) = match collected {
+            Ok(c) => c,
+            Err(e) if falls_back(&e).is_some() => {
+                if falls_back(&e) == Some(true) {
+                    tracing::info!(error = %e, "no subtree prefetch from this agent: listing by directory");
+                    self.tree_unsupported.store(true, Ordering::Relaxed);
+                }
+                return None;
+            }
+            Err(e) => return Some(Err(e)),
+        };
+        // An answer that raced a change made through the mount may predate it: used once,
+        // not kept.
+        if self.epoch() == before {
+            self.meta.put_at(dir, first.clone(), fetched);
+            for (p, id, entries) in rest {
+                self.prefetched.put(p, id, entries, fetched);
+            }
+        }
+        Some(Ok(first))
+    }
+
+    /// The first listing (the directory's own) and every other one with its directory's
+    /// identity; directories not descended are simply absent.
+    #[allow(clippy::type_complexity)]
+    async fn collect(
+        &self,
+        path: &RemotePath,
+        mut stream: futures_util::stream::BoxStream<'static, Result<crate::remote::TreeListing>>,
+    ) -> Result<(Entries, Vec<(RemotePath, RemoteId, Entries)>)> {
+        let mut first: Option<Entries> = None;
+        let mut ids: HashMap<RemotePath, RemoteId> = HashMap::new();
+        let mut rest = Vec::new();
+        while let Some(item) = stream.next().await {
+            let l = match item {
+                Ok(l) => l,
+                Err(e) if unreachable(&e) => return self.note(Err(e)),
+                Err(e) => return Err(e),
+            };
+            let Some(entries) = l.entries else { continue };
+            for e in entries.iter().filter(|e| is_dir(&e.attr)) {
+                ids.insert(l.path.join(&e.name.0)?, RemoteId::of(&e.attr));
+            }
+            let entries: Entries =
+                Arc::new(entries.into_iter().map(|e| (e.name.0, e.attr)).collect());
+            if first.is_none() && l.path == *path {
+                first = Some(entries);
+            } else if let Some(id) = ids.get(&l.path) {
+                rest.push((l.path, *id, entries));
+            }
+        }
+        let first = first.ok_or_else(|| {
+            RemoteError::Io(
+                path.display(),
+                "the sandbox's tree answer lacks the directory's own listing".into(),
+            )
+        })?;
+        Ok((first, rest))
+    }
+}
+
+fn is_dir(a: &Attr) -> bool {
+    a.kind == crate::remote::FileKind::Dir
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::mount::core::CoreConfig;
+    use crate::mount::inode::ROOT;
+    use crate::remote::faulty::{FaultControl, FaultyRemote, Op};
+    use crate::remote::memory::{MemoryRemote, MemorySandbox};
+    use crate::remote::{Remote, RenameMode};
+
+    async fn core(
+        tree_max: usize,
+    ) -> (Arc<FsCore>, MemorySandbox, FaultControl, tempfile::TempDir) {
+        let memory = MemoryRemote::new();
+        let sb = memory.sandbox();
+        for d in ["a/b/c", "a/d", "e"] {
+            sb.mkdir_all(d).unwrap();
+        }
+        for f in ["a/1", "a/b/2", "a/b/c/3", "a/d/4", "e/5"] {
+            sb.write(f, f.as_bytes()).unwrap();
+        }
+        // Before the counting wrapper: the calls counted are the mount's.
+        let root = memory.stat(&RemotePath::root()).await.unwrap();
+        let faulty = FaultyRemote::new(memory);
+        let faults = faulty.control();
+        let remote: Arc<dyn Remote> = Arc::new(faulty);
+        let staging = tempfile::tempdir().unwrap();
+        let core = FsCore::new(
+            remote,
+            CoreConfig {
+                attr_ttl: Duration::from_secs(600),
+                cache_bytes: 1 << 20,
+                staging_dir: staging.path().to_path_buf(),
+                tree_max,
+            },
+            root,
+        );
+        (core, sb, faults, staging)
+    }
+
+    async fn names(core: &FsCore, dir: NodeId) -> Vec<Vec<u8>> {
+        let fh = core.opendir(dir).unwrap();
+        let out = core.readdir(fh, 0).await.unwrap();
+        core.releasedir(fh);
+        out.iter().skip(2).map(|e| e.name.clone()).collect()
+    }
+
+    async fn walk(core: &FsCore, path: &[&str]) -> NodeId {
+        let mut node = ROOT;
+        for name in path {
+            node = core.lookup(node, name.as_bytes()).await.unwrap().node;
+        }
+        node
+    }
+
+    #[tokio::test]
+    async fn the_first_look_fetches_the_subtree_and_the_rest_asks_nothing() {
+        let (core, _sb, faults, _s) = core(DEFAULT_TREE_MAX).await;
+        assert_eq!(names(&core, ROOT).await, [b"a".to_vec(), b"e".to_vec()]);
+        let c = walk(&core, &["a", "b", "c"]).await;
+        assert_eq!(names(&core, c).await, [b"3".to_vec()]);
+        let d = walk(&core, &["a", "d"]).await;
+        assert_eq!(names(&core, d).await, [b"4".to_vec()]);
+        assert_eq!(core.lookup(d, b"4").await.unwrap().attr.size, 5);
+        assert_eq!(faults.calls(Op::Tree), 1);
+        assert_eq!(faults.calls(Op::List) + faults.calls(Op::Stat), 0);
+        // A change through the mount drops `a`'s listing; it is not a first look again (one
+        // file made must not cost the subtree): the next lookup there is one stat.
+        let a = walk(&core, &["a"]).await;
+        core.mkdir(a, b"new", 0o755).await.unwrap();
+        assert!(core.lookup(a, b"absent").await.is_err());
+        assert_eq!(faults.calls(Op::Tree), 1);
+        assert_eq!(faults.calls(Op::Stat), 1);
+    }
+
+    #[tokio::test]
+    async fn with_tree_max_0_every_directory_is_listed_on_its_own() {
+        let (core, _sb, faults, _s) = core(0).await;
+        let c = walk(&core, &["a", "b", "c"]).await;
+        assert_eq!(names(&core, c).await, [b"3".to_vec()]);
+        assert_eq!(faults.calls(Op::Tree), 0);
+    }
+
+    #[tokio::test]
+    async fn a_directory_beyond_the_cap_is_fetched_when_entered() {
+        // Two entries past the root's: `a`'s four do not fit, so nothing below the root comes.
+        let (core, _sb, faults, _s) = core(2).await;
+        let c = walk(&core, &["a", "b", "c"]).await;
+        assert_eq!(names(&core, c).await, [b"3".to_vec()]);
+        assert!(faults.calls(Op::Tree) >= 2, "{}", faults.calls(Op::Tree));
+    }
+
+    #[tokio::test]
+    async fn a_listing_fetched_ahead_is_never_given_to_another_directory_at_its_path() {
+        let (core, sb, _faults, _s) = core(DEFAULT_TREE_MAX).await;
+        assert_eq!(names(&core, ROOT).await.len(), 2);
+        // `a/b` is known ahead; `a` moves away and a new `a/b` is made, through the mount.
+        core.rename(ROOT, b"a", ROOT, b"moved", RenameMode::Replace)
+            .await
+            .unwrap();
+        let a = core.mkdir(ROOT, b"a", 0o755).await.unwrap().node;
+        let b = core.mkdir(a, b"b", 0o755).await.unwrap().node;
+        assert!(names(&core, b).await.is_empty(), "the new a/b is empty");
+        let old = walk(&core, &["moved", "b"]).await;
+        assert_eq!(names(&core, old).await, [b"2".to_vec(), b"c".to_vec()]);
+        // Made behind the mount's back, in the sandbox: found by a lookup (a stat).
+        sb.write("moved/b/late", b"x").unwrap();
+        assert!(
+            core.lookup(old, b"late").await.is_err(),
+            "listing trusted for the TTL"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_agent_without_packed_trees_is_listed_directory_by_directory() {
+        let (core, _sb, faults, _s) = core(DEFAULT_TREE_MAX).await;
+        faults.fail_always(Op::Tree, RemoteError::Unsupported("old agent".into()));
+        let c = walk(&core, &["a", "b", "c"]).await;
+        assert_eq!(names(&core, c).await, [b"3".to_vec()]);
+        let _ = walk(&core, &["e"]).await;
+        assert_eq!(faults.calls(Op::Tree), 1, "asked once, then never again");
+    }
+}

@@ -1,0 +1,33 @@
+//! Extended attributes answered without a round trip: the sandbox's stat, listings and trees
+//! say whether each file has any ([`crate::remote::Attr::has_xattrs`]). While a node's
+//! attributes are trusted, one known to have none answers `getxattr` with `ENODATA` and
+//! `listxattr` with an empty list locally (`ls -l` asks every file for its ACL and security
+//! label: a round trip each otherwise). Unknown (an older agent) or stale: ask the sandbox.
+
+use super::core::FsCore;
+use super::inode::NodeId;
+
+impl FsCore {
+    /// Whether `node` has no extended attribute, by attributes still trusted.
+    pub(super) fn known_without_xattrs(&self, node: NodeId) -> bool {
+        self.inodes
+            .get(node)
+            .is_some_and(|n| n.attr.has_xattrs == Some(false) && self.fresh(n.fetched))
+    }
+
+    /// An attribute was set (`Some(true)`) or removed (unknown: others may remain) through
+    /// the mount, or the call failed (unknown): the node and its directory's cached listing
+    /// say so, so neither answers "none" from before the change.
+    pub(super) fn xattrs_changed(&self, node: NodeId, has: Option<bool>) {
+        self.bump();
+        self.inodes.update(node, |n| n.attr.has_xattrs = has);
+        let Some(path) = self.inodes.path_of(node) else {
+            return;
+        };
+        if let Some((dir, name)) = path.split_last() {
+            if let Some(dir) = self.inodes.resolve(&dir) {
+                self.meta.set_has_xattrs(dir, name, has);
+            }
+        }
+    }
+}
