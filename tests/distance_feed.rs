@@ -295,6 +295,7 @@ fn core_over_memory(
             attr_ttl: ttl,
             cache_bytes: 4 << 20,
             staging_dir: staging.path().to_path_buf(),
+            tree_max: sbxfs::mount::subtree::DEFAULT_TREE_MAX,
         },
         root,
     );

@@ -980,6 +980,8 @@ impl FsCore {
             rdev: 0,
             symlink_target: None,
             version: crate::remote::Version(String::new()),
+            // Nothing set yet: xattr calls are answered here until its push.
+            has_xattrs: Some(false),
         };
         self.bump();
         let node = self.inodes.remember(parent, name, attr, true);
