@@ -1130,6 +1130,35 @@ async fn change_feed_reports_lost_events(b: &Backend) {
     );
 }
 
+/// A commit based on [`Version::absent`] creates a file only where none is: one made in the
+/// sandbox meanwhile is a conflict and keeps its content (a new file saved through a mount never
+/// overwrites it).
+async fn create_only_commits_never_replace(b: &Backend) {
+    let r = &b.remote;
+    assert!(r.info().await.unwrap().commit_absent);
+    let only = || CommitOptions {
+        base: Some(Version::absent()),
+        create_mode: Some(0o640),
+    };
+    let a = r
+        .commit(&rp("made.txt"), whole(b"ours".to_vec()), only())
+        .await
+        .unwrap();
+    assert_eq!((a.size, a.mode & 0o777), (4, 0o640));
+    assert_eq!(b.sb.read(b"made.txt"), b"ours");
+    b.sb.write(b"theirs.txt", b"theirs");
+    for path in ["theirs.txt", "made.txt"] {
+        let before = b.sb.read(path.as_bytes());
+        let err = r
+            .commit(&rp(path), whole(b"clobber".to_vec()), only())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, RemoteError::Conflict { .. }), "{err:?}");
+        assert_eq!(b.sb.read(path.as_bytes()), before);
+    }
+    assert_no_temp_files(b.sb.as_ref());
+}
+
 async fn stat_many_answers_each_path_in_order(b: &Backend) {
     let r = &b.remote;
     b.sb.write(b"a", b"one");
@@ -1888,6 +1917,7 @@ conformance!(agent_backend:
     change_feed_sees_writes_made_in_the_sandbox,
     change_feed_reports_lost_events,
     stat_many_answers_each_path_in_order,
+    create_only_commits_never_replace,
     hard_links_made_in_the_sandbox_share_an_inode,
     patches_cut_before_they_write,
     hard_links_share_content_and_survive_commits,
@@ -1917,6 +1947,7 @@ conformance!(memory_backend:
     change_feed_sees_writes_made_in_the_sandbox,
     change_feed_reports_lost_events,
     stat_many_answers_each_path_in_order,
+    create_only_commits_never_replace,
     hard_links_made_in_the_sandbox_share_an_inode,
     patches_cut_before_they_write,
     hard_links_share_content_and_survive_commits,

@@ -432,3 +432,31 @@ fn unmount_waits_for_the_queued_pushes() {
         "every queued file is in the sandbox after unmount"
     );
 }
+
+#[test]
+fn a_name_the_sandbox_takes_before_the_first_push_is_not_overwritten() {
+    let f = far(Duration::from_millis(5), &[], |_| {});
+    // Created in the mount (locally: the name was just seen absent), then made in the sandbox
+    // before the new file's first push.
+    let mut ours = fs::File::create(f.mount.dir.join("race.txt")).unwrap();
+    fs::write(f.root.join("race.txt"), b"theirs").unwrap();
+    ours.write_all(b"ours").unwrap();
+    drop(ours);
+    f.flush();
+    assert_eq!(fs::read(f.root.join("race.txt")).unwrap(), b"theirs");
+    let copies: Vec<Vec<u8>> = fs::read_dir(&f.root)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("race.txt.sbxfs-conflict-")
+        })
+        .map(|e| fs::read(e.path()).unwrap())
+        .collect();
+    assert_eq!(
+        copies,
+        vec![b"ours".to_vec()],
+        "our version saved beside theirs"
+    );
+}

@@ -439,6 +439,7 @@ async fn info(State(app): State<Shared>) -> Json<RemoteInfo> {
         user: Some(crate::remote::Identity::of_this_process()),
         landlock: Some(app.confinement.as_str().to_string()),
         tree_formats: vec![crate::remote::treepack::FORMAT.to_string()],
+        commit_absent: true,
     })
 }
 

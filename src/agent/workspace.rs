@@ -740,7 +740,26 @@ impl Workspace {
                 n
             }
         };
-        rfs::renameat(&c.dir, os(&temp_name), &c.dir, os(&c.name)).map_err(io_err)?;
+        if c.base.as_ref().is_some_and(Version::is_absent) {
+            // Create only: a file made in the sandbox since the check above is not replaced.
+            rfs::renameat_with(
+                &c.dir,
+                os(&temp_name),
+                &c.dir,
+                os(&c.name),
+                rfs::RenameFlags::NOREPLACE,
+            )
+            .map_err(|e| match e {
+                rustix::io::Errno::EXIST => RemoteError::Conflict {
+                    path: c.target.display(),
+                    base: Version::absent().0,
+                    current: "(created in the sandbox meanwhile)".into(),
+                },
+                e => io_err(e),
+            })?;
+        } else {
+            rfs::renameat(&c.dir, os(&temp_name), &c.dir, os(&c.name)).map_err(io_err)?;
+        }
         c.done = true;
         let _ = rfs::fsync(&c.dir);
         self.stat_at(&c.dir, &c.name, &c.target)
@@ -1202,7 +1221,12 @@ fn check_base(
 ) -> Result<()> {
     let Some(base) = base else { return Ok(()) };
     let now = current.map(version_of);
-    if now.as_ref() != Some(base) {
+    let ok = if base.is_absent() {
+        now.is_none()
+    } else {
+        now.as_ref() == Some(base)
+    };
+    if !ok {
         return Err(RemoteError::Conflict {
             path: path.display(),
             base: base.0.clone(),

@@ -114,6 +114,9 @@ pub struct FsCore {
     /// The workspace's absolute path in the sandbox (`/v1/info`'s `root`), for showing
     /// symlink targets ([`super::links`]); unset, every absolute target counts as outside.
     workspace_root: OnceLock<Vec<u8>>,
+    /// The sandbox refuses a new file's first push where a file appeared meanwhile
+    /// ([`crate::remote::Version::absent`]); older agents cannot, and are overwritten.
+    commit_absent: AtomicBool,
     /// Whether the change feed vouches for what is cached ([`super::feed`]).
     pub(super) feed: super::feed::FeedState,
     /// The last `statfs` answer and when it came ([`STATFS_TTL`]).
@@ -162,6 +165,7 @@ impl FsCore {
             kernel: Mutex::new(None),
             reachable: AtomicBool::new(true),
             workspace_root: OnceLock::new(),
+            commit_absent: AtomicBool::new(false),
             feed: super::feed::FeedState::default(),
             statfs_seen: Mutex::new(None),
             stats: CoreStats::default(),
@@ -171,6 +175,15 @@ impl FsCore {
     /// Where the workspace is in the sandbox; set once, before the mount serves.
     pub fn set_workspace_root(&self, root: &[u8]) {
         let _ = self.workspace_root.set(root.to_vec());
+    }
+
+    /// Whether the remote understands a create-only commit (`/v1/info`'s `commit_absent`).
+    pub fn set_commit_absent(&self, yes: bool) {
+        self.commit_absent.store(yes, Ordering::Relaxed);
+    }
+
+    pub(super) fn commit_absent(&self) -> bool {
+        self.commit_absent.load(Ordering::Relaxed)
     }
 
     /// `close` waits for its push (`-o sync_close`) instead of queueing it.

@@ -362,7 +362,13 @@ fn touched(
     check: &mut BTreeSet<(NodeId, RemotePath)>,
 ) {
     let node = core.inodes.resolve(path);
+    // Listings fetched ahead for directories not entered yet: the parent's is stale, and so
+    // is everything beneath a name made, removed or renamed.
+    if namespace {
+        core.prefetched.forget_under(path);
+    }
     if let Some((parent_path, _)) = path.split_last() {
+        core.prefetched.forget(&parent_path);
         if let Some(parent) = core.inodes.resolve(&parent_path) {
             if namespace {
                 core.dir_changed(parent);
@@ -380,6 +386,7 @@ fn touched(
 /// Everything cached may be stale: every listing goes, every named node is checked.
 async fn revalidate_all(core: &FsCore, reason: &str) -> crate::remote::Result<()> {
     core.meta.clear();
+    core.prefetched.forget_under(&RemotePath::root());
     let nodes = core.inodes.known_paths();
     let checked = nodes.len();
     let changed = check_nodes(core, nodes).await?;

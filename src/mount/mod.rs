@@ -354,6 +354,7 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
         "the sandbox's user"
     );
     core.set_workspace_root(info.root.as_bytes());
+    core.set_commit_absent(info.commit_absent);
     let fs = fuse::SbxFs {
         core: core.clone(),
         rt: rt.handle().clone(),

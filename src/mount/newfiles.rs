@@ -114,6 +114,12 @@ impl NewFiles {
         }
     }
 
+    /// Whether this new file was renamed over a name the sandbox may have a file at (its push
+    /// replaces that file, as the rename did).
+    pub fn covers(&self, node: NodeId) -> bool {
+        self.covers.lock().expect("covers lock").contains(&node)
+    }
+
     pub fn contains(&self, node: NodeId) -> bool {
         self.nodes
             .lock()

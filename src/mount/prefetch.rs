@@ -67,6 +67,11 @@ impl Prefetched {
         (held.dir == dir).then_some((held.entries, held.fetched))
     }
 
+    /// Forget `path`'s listing (a change in that directory).
+    pub fn forget(&self, path: &RemotePath) {
+        self.by_path.lock().expect("prefetch lock").pop(path);
+    }
+
     /// Forget `path` and everything beneath it (a change made through the mount there).
     pub fn forget_under(&self, path: &RemotePath) {
         let mut m = self.by_path.lock().expect("prefetch lock");

@@ -442,6 +442,12 @@ impl FsCore {
         // A file created here: the commit creates it, with the mode it has now (a chmod since
         // its creation included), so no setattr follows for the mode.
         let was_new = s.base.is_none();
+        // A file made here over a name found absent is created only if still absent: one the
+        // sandbox made meanwhile is not overwritten (a conflict: ours is saved beside it).
+        let create_only = was_new
+            && self.commit_absent()
+            && self.newfiles.contains(node)
+            && !self.newfiles.covers(node);
         if was_new {
             self.newfiles.sent(node);
         }
@@ -466,7 +472,10 @@ impl FsCore {
                         &path,
                         content_of,
                         CommitOptions {
-                            base: s.base.clone(),
+                            base: match &s.base {
+                                None if create_only => Some(crate::remote::Version::absent()),
+                                b => b.clone(),
+                            },
                             create_mode: Some(n.attr.mode),
                         },
                     )

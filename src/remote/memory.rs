@@ -555,7 +555,12 @@ impl State {
     fn check_base(&self, path: &[u8], base: Option<&Version>, ino: Option<u64>) -> Result<()> {
         let Some(base) = base else { return Ok(()) };
         let now = ino.map(|i| self.version(i));
-        if now.as_ref() != Some(base) {
+        let ok = if base.is_absent() {
+            now.is_none()
+        } else {
+            now.as_ref() == Some(base)
+        };
+        if !ok {
             return Err(RemoteError::Conflict {
                 path: shown(path),
                 base: base.0.clone(),
@@ -872,6 +877,7 @@ impl Remote for MemoryRemote {
             }),
             landlock: None,
             tree_formats: Vec::new(),
+            commit_absent: true,
         })
     }
 

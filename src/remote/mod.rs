@@ -198,6 +198,19 @@ impl fmt::Debug for RemotePath {
 #[derive(Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
 pub struct Version(pub String);
 
+impl Version {
+    /// The base a commit names to create a file only where none is: the sandbox refuses it as
+    /// a conflict when a file exists there (atomically: the final rename does not replace).
+    /// No real version has this form.
+    pub fn absent() -> Version {
+        Version("absent".to_string())
+    }
+
+    pub fn is_absent(&self) -> bool {
+        self.0 == "absent"
+    }
+}
+
 impl fmt::Display for Version {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
@@ -338,7 +351,8 @@ impl fmt::Debug for CommitContent {
 /// Options of a commit besides its content.
 #[derive(Clone, Debug, Default)]
 pub struct CommitOptions {
-    /// Fail with a conflict unless the file is at this version (a missing file never is).
+    /// Fail with a conflict unless the file is at this version (a missing file never is);
+    /// [`Version::absent`]: unless no file is there.
     pub base: Option<Version>,
     /// Mode for a file the commit creates (default 0644), exactly (no umask applies); an
     /// existing file keeps its mode.
@@ -450,6 +464,10 @@ pub struct RemoteInfo {
     /// [`treepack`]); empty from older agents.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tree_formats: Vec<String>,
+    /// The agent understands [`Version::absent`] as a commit's base (false from older agents,
+    /// which would take it for a version that never matches).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub commit_absent: bool,
 }
 
 /// A process's credentials: who a permission check is about.
