@@ -306,6 +306,17 @@ impl FsCore {
         }
     }
 
+    /// `name` was made (or pushed) in `dir` through the mount: its listing takes it in place
+    /// instead of being fetched again; the directory's own attributes (mtime, nlink) are stale.
+    pub(super) fn entry_made(&self, dir: NodeId, name: &[u8], attr: Attr) {
+        self.bump();
+        self.meta.upsert(dir, name, attr);
+        self.inodes.update(dir, |n| n.fetched = stale_instant());
+        if let Some(k) = self.kernel() {
+            k.invalidate_attr(dir);
+        }
+    }
+
     /// A remote stat that no local change raced: retried while the epoch moves under it.
     async fn stable_stat(&self, path: &RemotePath) -> Result<Attr> {
         for _ in 0..4 {
@@ -954,11 +965,19 @@ impl FsCore {
     ) -> Result<(NodeAttr, u64)> {
         let dir = self.path_of(parent)?;
         let path = dir.join(name)?;
-        let absent = self.meta.entry(parent, name, self.cfg.attr_ttl, false) == Some(None);
+        let absent = self.meta.entry(parent, name, self.ttl(), false) == Some(None);
         if (self.newfiles.take_absent(parent, name) || absent)
             && self.inodes.child(parent, name).is_none()
         {
             return self.create_new(parent, name, mode).await;
+        }
+        // Not known to be absent: ask, rather than create it empty in the sandbox (a reader
+        // there would see an empty file before its content). A file the sandbox makes after
+        // this answer is not overwritten: the first push is create-only.
+        if self.commit_absent() && self.inodes.child(parent, name).is_none() {
+            if let Err(RemoteError::NotFound(_)) = self.stable_stat(&path).await {
+                return self.create_new(parent, name, mode).await;
+            }
         }
         self.bump();
         let attr = match self.note(self.remote.create(&path, mode & 0o7777).await) {
@@ -1000,7 +1019,7 @@ impl FsCore {
         let node = self.inodes.remember(parent, name, attr, true);
         self.stage_new(node)?;
         self.newfiles.add(node);
-        self.dir_changed(parent);
+        self.entry_made(parent, name, self.node(node)?.attr);
         self.inodes.opened(node, 1);
         let fh = self
             .handles
@@ -1030,8 +1049,10 @@ impl FsCore {
         let path = self.path_of(parent)?.join(name)?;
         self.bump();
         let attr = self.note(self.remote.mkdir(&path, mode & 0o7777).await)?;
-        self.dir_changed(parent);
+        self.entry_made(parent, name, attr.clone());
         let node = self.inodes.remember(parent, name, attr.clone(), true);
+        // Made just now, by us: empty (names looked up in it are absent without asking).
+        self.meta.put(node, Default::default());
         Ok(NodeAttr { node, attr })
     }
 

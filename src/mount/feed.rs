@@ -468,7 +468,12 @@ fn settle(
         Err(_) => true,
     };
     match answer {
-        Ok(a) if !raced && !name_went => core.inodes.rebind(node, &a),
+        Ok(a) if !raced && !name_went => {
+            // Changed in place (the same file): open handles read its new bytes, as on a
+            // local disk, not pages of the old version (read ahead before the change).
+            core.inodes.rebind(node, &a);
+            core.handles.follow(node, &a);
+        }
         // Asked again on next use.
         _ => {
             core.inodes.update(node, |x| x.fetched = stale_instant());

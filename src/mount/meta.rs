@@ -100,6 +100,23 @@ impl MetaCache {
         }
     }
 
+    /// One name made or changed through the mount: a cached listing takes it in place and keeps
+    /// its age, so lookups of other names there stay local (`tar -x` asks for each name it
+    /// makes just before making it).
+    pub fn upsert(&self, dir: NodeId, name: &[u8], attr: Attr) {
+        let mut l = self.listings.lock().expect("listings lock");
+        if let Some(x) = l.get_mut(&dir) {
+            match x.by_name.get(name) {
+                Some(&i) => Arc::make_mut(&mut x.entries)[i].1 = attr,
+                None => {
+                    let entries = Arc::make_mut(&mut x.entries);
+                    x.by_name.insert(name.to_vec(), entries.len());
+                    entries.push((name.to_vec(), attr));
+                }
+            }
+        }
+    }
+
     pub fn invalidate(&self, dir: NodeId) {
         self.listings.lock().expect("listings lock").pop(&dir);
     }

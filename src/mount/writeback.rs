@@ -545,8 +545,13 @@ impl FsCore {
                 self.newfiles.remove(node);
                 self.handles.follow(node, &attr);
                 self.inodes.update(node, |x| x.kernel_version = None);
-                if let Some((parent, _)) = n.links.first() {
-                    self.dir_changed(*parent);
+                match n.links.as_slice() {
+                    [(parent, name)] => self.entry_made(*parent, name, attr.clone()),
+                    links => {
+                        for (parent, _) in links {
+                            self.dir_changed(*parent);
+                        }
+                    }
                 }
                 Ok(())
             }
