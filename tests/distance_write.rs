@@ -355,6 +355,12 @@ fn a_failed_push_is_kept_reported_on_fsync_and_in_status_then_lands() {
     h.read_to_string(&mut back).unwrap();
     assert_eq!(back, "new data, kept");
     assert_eq!(fs::read(f.root.join("f.txt")).unwrap(), b"old");
+    // A new file can be saved meanwhile too: made in the mount, pushed once the sandbox is back.
+    fs::write(f.mount.dir.join("saved offline.txt"), b"while away").unwrap();
+    assert_eq!(
+        fs::read(f.mount.dir.join("saved offline.txt")).unwrap(),
+        b"while away"
+    );
     // The sandbox is back: the push is retried by itself and lands.
     f.agent = AgentProcess::start_on(&f.root, addr);
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -366,6 +372,10 @@ fn a_failed_push_is_kept_reported_on_fsync_and_in_status_then_lands() {
     drop(h);
     f.flush();
     assert!(f.status()["push_failures"].as_array().unwrap().is_empty());
+    assert_eq!(
+        fs::read(f.root.join("saved offline.txt")).unwrap(),
+        b"while away"
+    );
 }
 
 #[test]

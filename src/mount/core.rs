@@ -974,9 +974,13 @@ impl FsCore {
         // Not known to be absent: ask, rather than create it empty in the sandbox (a reader
         // there would see an empty file before its content). A file the sandbox makes after
         // this answer is not overwritten: the first push is create-only.
+        // A sandbox out of reach: made here too, and pushed when it answers (create-only, so
+        // nothing there is overwritten), as writes to existing files are kept.
         if self.commit_absent() && self.inodes.child(parent, name).is_none() {
-            if let Err(RemoteError::NotFound(_)) = self.stable_stat(&path).await {
-                return self.create_new(parent, name, mode).await;
+            match self.stable_stat(&path).await {
+                Err(RemoteError::NotFound(_)) => return self.create_new(parent, name, mode).await,
+                Err(e) if unreachable(&e) => return self.create_new(parent, name, mode).await,
+                _ => {}
             }
         }
         self.bump();

@@ -270,10 +270,17 @@ mod tests {
         assert_eq!(core.lookup(d, b"4").await.unwrap().attr.size, 5);
         assert_eq!(faults.calls(Op::Tree), 1);
         assert_eq!(faults.calls(Op::List) + faults.calls(Op::Stat), 0);
-        // A change through the mount drops `a`'s listing; it is not a first look again (one
-        // file made must not cost the subtree): the next lookup there is one stat.
+        // A name made through the mount goes into `a`'s cached listing in place: not a first
+        // look again (one directory made must not cost the subtree), and the next lookup there
+        // is answered from the listing.
         let a = walk(&core, &["a"]).await;
         core.mkdir(a, b"new", 0o755).await.unwrap();
+        assert!(core.lookup(a, b"absent").await.is_err());
+        assert!(core.lookup(a, b"new").await.is_ok());
+        assert_eq!(faults.calls(Op::Tree), 1);
+        assert_eq!(faults.calls(Op::Stat), 0);
+        // A listing the mount had to drop is not a first look either: one stat.
+        core.invalidate_path(&RemotePath::new(b"a/absent".to_vec()).unwrap());
         assert!(core.lookup(a, b"absent").await.is_err());
         assert_eq!(faults.calls(Op::Tree), 1);
         assert_eq!(faults.calls(Op::Stat), 1);
