@@ -69,7 +69,11 @@ impl AgentAs {
     }
 
     fn mount(&self, extra: &[&str]) -> MountProcess {
-        let m = MountProcess::start_url(&self.url, &self.token, extra);
+        // These tests look in the sandbox right after a write through the mount returns:
+        // `close` waits for the push.
+        let mut args = vec!["-o", "sync_close"];
+        args.extend_from_slice(extra);
+        let m = MountProcess::start_url(&self.url, &self.token, &args);
         // The test's temp directories are 0700: let other users reach the mountpoint.
         let parent = m.dir.parent().unwrap();
         fs::set_permissions(parent, fs::Permissions::from_mode(0o755)).unwrap();

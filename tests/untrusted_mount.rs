@@ -45,7 +45,8 @@ fn sandbox() -> Sandbox {
     let root = dir.path().join("ws");
     fs::create_dir(&root).unwrap();
     let agent = AgentProcess::start(&root);
-    let mount = MountProcess::start(&agent, &[]);
+    // These tests look in the sandbox right after a write returns: `close` waits for its push.
+    let mount = MountProcess::start(&agent, &["-o", "sync_close"]);
     Sandbox {
         dir,
         root,
