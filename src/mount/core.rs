@@ -709,6 +709,26 @@ impl FsCore {
         Ok((fh, keep && !truncate))
     }
 
+    /// One remote read for the page cache: never longer than asked, counted in the stats.
+    pub(super) async fn read_checked(
+        &self,
+        path: &RemotePath,
+        offset: u64,
+        len: u32,
+    ) -> Result<(Bytes, crate::remote::Version)> {
+        let r = self.note(self.remote.read(path, offset, len).await)?;
+        if r.data.len() as u64 > u64::from(len) {
+            return Err(RemoteError::Io(
+                path.display(),
+                "the sandbox answered more bytes than asked".into(),
+            ));
+        }
+        self.stats
+            .bytes_read
+            .fetch_add(r.data.len() as u64, Ordering::Relaxed);
+        Ok((r.data, r.version))
+    }
+
     pub(super) async fn page_at(
         &self,
         path: &RemotePath,
@@ -718,17 +738,7 @@ impl FsCore {
         let (data, other, hit) = self
             .pages
             .get_or_fetch(version, page, || async {
-                let r = self.note(self.remote.read(path, page.start(), PAGE as u32).await)?;
-                if r.data.len() as u64 > PAGE {
-                    return Err(RemoteError::Io(
-                        path.display(),
-                        "the sandbox answered more bytes than asked".into(),
-                    ));
-                }
-                self.stats
-                    .bytes_read
-                    .fetch_add(r.data.len() as u64, Ordering::Relaxed);
-                Ok((r.data, r.version))
+                self.read_checked(path, page.start(), PAGE as u32).await
             })
             .await?;
         if other.is_some() {

@@ -10,7 +10,6 @@
 //! flight across all handles. A handle's prefetches are aborted when it is closed.
 
 use std::ops::Range;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Semaphore;
@@ -19,7 +18,7 @@ use tokio::task::JoinSet;
 use super::core::FsCore;
 use super::handles::OpenFile;
 use super::pages::{PageIndex, PAGE};
-use crate::remote::{RemoteError, RemotePath, Version};
+use crate::remote::{RemotePath, Version};
 
 /// The window after the first sequential read.
 pub const FIRST_WINDOW: u64 = PAGE;
@@ -173,18 +172,8 @@ impl FsCore {
         let pages = (end - start).div_ceil(PAGE);
         self.pages
             .fetch_run(version, first, pages, |from, count| async move {
-                let len = count * PAGE;
-                let r = self.note(self.remote.read(path, from.start(), len as u32).await)?;
-                if r.data.len() as u64 > len {
-                    return Err(RemoteError::Io(
-                        path.display(),
-                        "the sandbox answered more bytes than asked".into(),
-                    ));
-                }
-                self.stats
-                    .bytes_read
-                    .fetch_add(r.data.len() as u64, Ordering::Relaxed);
-                Ok((r.data, r.version))
+                self.read_checked(path, from.start(), (count * PAGE) as u32)
+                    .await
             })
             .await;
     }
