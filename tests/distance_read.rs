@@ -323,7 +323,18 @@ fn a_reader_of_a_silent_sandbox_can_be_killed_and_the_mount_serves_again() {
     }
     // While the sandbox stays silent, a read ends (with an error) rather than hanging.
     fs::write(far.root.path().join("c"), &data).unwrap();
-    let f = fs::File::open(far.path("c")).unwrap();
+    // Made in the sandbox: the change feed brings it within about a second.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let f = loop {
+        match fs::File::open(far.path("c")) {
+            Ok(f) => break f,
+            Err(e) if std::time::Instant::now() < deadline => {
+                assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("c never showed through the mount: {e}"),
+        }
+    };
     far.proxy.set_cut(true);
     let mut buf = vec![0u8; 64 * 1024];
     let r = f.read_at(&mut buf, 8 * MIB as u64);
