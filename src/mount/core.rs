@@ -506,8 +506,22 @@ impl FsCore {
                 h.wrote.store(true, Ordering::Relaxed);
             }
         }
-        if let Some(s) = self.staged_of(node) {
+        let unopened = self.inodes.get(node).is_some_and(|n| n.open == 0);
+        if unopened {
+            // truncate(2) on a closed file: its queued push lands first, and then its staged
+            // image is gone (pushed) or still holds a failed push this change joins.
+            self.pushq.wait_for(&[node]).await;
+        }
+        while let Some(s) = self.staged_of(node) {
             let mut g = s.lock().await;
+            if !self
+                .staged_of(node)
+                .is_some_and(|now| Arc::ptr_eq(&now, &s))
+            {
+                // Dropped (pushed and idle) while we waited for it: what it held is in the
+                // sandbox, and a change made to it now would be lost.
+                continue;
+            }
             if let Some(size) = size {
                 g.truncate(size).map_err(|e| local_io(&e))?;
                 g.mtime_ns = Some(now_ns());
@@ -524,7 +538,16 @@ impl FsCore {
                     g.mtime_ns = mtime_ns;
                 }
                 s.sync(&g);
+                let dirty = g.is_dirty();
                 drop(g);
+                if dirty && unopened && self.inodes.get(node).is_some_and(|n| n.open == 0) {
+                    // No close will push it: push it now (a failure is kept and reported).
+                    if self.sync_close() {
+                        let _ = self.push(node).await;
+                    } else {
+                        self.queue_push(node);
+                    }
+                }
                 let mut attr = self.node(node)?.attr;
                 if let Some(m) = mode {
                     attr.mode = m;
@@ -540,6 +563,7 @@ impl FsCore {
                 });
             }
             s.sync(&g);
+            break;
         }
         let path = self.path_of(node)?;
         let set = SetAttr {

@@ -196,12 +196,27 @@ impl FsCore {
         }
         // The target may be a sandbox file (anything but a new file of ours): the push will
         // replace it, as the rename would have.
-        let covers = target.is_some_and(|t| !self.newfiles.unsent(t));
+        let mut covers = target.is_some_and(|t| !self.newfiles.unsent(t));
         if let Some(t) = target {
             if mode == RenameMode::NoReplace {
                 return Err(RemoteError::Exists(new_name_display(new_name)));
             }
             self.keep_open_copy(t).await?;
+            // A sandbox file with other names: a commit to this name would write into it
+            // (commits keep hard links), changing the other names too. The rename only
+            // takes this name from it, so that is done now, and the push creates anew.
+            let linked = self
+                .inodes
+                .get(t)
+                .is_some_and(|n| n.links.len() > 1 || n.attr.nlink > 1);
+            if covers && linked {
+                if !self.unlink_covered(new_parent, new_name).await {
+                    return Err(RemoteError::Transport(
+                        "the sandbox did not remove the name this file replaces".into(),
+                    ));
+                }
+                covers = false;
+            }
         }
         // Leaving a name it was renamed over: the file there was replaced, so it goes.
         if self.newfiles.set_covers(node, covers) && !self.unlink_covered(parent, name).await {
