@@ -440,6 +440,7 @@ async fn info(State(app): State<Shared>) -> Json<RemoteInfo> {
         landlock: Some(app.confinement.as_str().to_string()),
         tree_formats: vec![crate::remote::treepack::FORMAT.to_string()],
         commit_absent: true,
+        capabilities: Default::default(),
     })
 }
 

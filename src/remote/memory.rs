@@ -878,6 +878,7 @@ impl Remote for MemoryRemote {
             landlock: None,
             tree_formats: Vec::new(),
             commit_absent: true,
+            capabilities: Default::default(),
         })
     }
 

@@ -9,13 +9,17 @@
 //! have changed; reads report the version their bytes came from, and a commit can name the
 //! version it was based on, so a write never silently overwrites a change made in the sandbox.
 
+pub mod agentscope;
 pub mod client;
+pub mod connect;
 pub mod deadline;
 pub mod error;
+pub mod exec;
 pub mod faulty;
 pub mod listings;
 pub mod memory;
 pub mod reach;
+pub mod ssh;
 pub mod treepack;
 pub mod wire;
 
@@ -468,6 +472,38 @@ pub struct RemoteInfo {
     /// which would take it for a version that never matches).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub commit_absent: bool,
+    /// What the transport does natively (the agent: everything); the mount adapts to what it
+    /// lacks, and `ctl status` shows it.
+    #[serde(default)]
+    pub capabilities: Capabilities,
+}
+
+/// What a transport does natively. Where one is missing the mount adapts: no `feed` means
+/// revalidation by polling (attributes trusted for the TTL only); no `patch_commits` means
+/// whole-file commits; no `server_search` means queries list paths remotely and match here;
+/// no `kill` means a cancelled remote command may run to its end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capabilities {
+    /// A change feed (`watch`) pushes sandbox-side changes.
+    pub feed: bool,
+    /// Commits may be patches (ranges over the base) rather than whole files.
+    pub patch_commits: bool,
+    /// grep/glob/fuzzy run in the sandbox, only results cross.
+    pub server_search: bool,
+    /// A cancelled remote command is stopped (its process group killed).
+    pub kill: bool,
+}
+
+impl Default for Capabilities {
+    /// The agent's: everything (older agents do not say, and have all of these).
+    fn default() -> Self {
+        Capabilities {
+            feed: true,
+            patch_commits: true,
+            server_search: true,
+            kill: true,
+        }
+    }
 }
 
 /// A process's credentials: who a permission check is about.

@@ -1,0 +1,174 @@
+//! The exec-only backend: a [`Remote`](super::Remote) for sandboxes that offer nothing but "run
+//! this shell program" (a provider's exec API, `docker exec`, `kubectl exec`, ssh without an
+//! agent, a local `sh`). Every operation is a static POSIX `sh` script; user-controlled values
+//! reach it only as base64 (never spliced into the script text); results come back framed by
+//! a `__RESULT__` marker and are parsed strictly.
+//!
+//! A [`Runner`] is how a program reaches the sandbox: it sends one whole `sh` program and
+//! answers its exit status and output (each stream capped at [`OUTPUT_CAP`] bytes, the cut
+//! counted). [`CommandRunner`] runs a local command (`sh`, `docker exec -i C sh`,
+//! `ssh -S … host sh`) with the program on its standard input.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+use super::{RemoteError, Result};
+
+/// Most bytes kept of one stream of one remote command; the rest is counted and dropped.
+pub const OUTPUT_CAP: usize = 8 * 1024 * 1024;
+
+/// What ran and how it ended.
+#[derive(Debug, Default, Clone)]
+pub struct Output {
+    /// The exit status (128 + N for a signal N, as a shell reports it).
+    pub code: i32,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    /// Bytes of each stream dropped past [`OUTPUT_CAP`].
+    pub stdout_cut: u64,
+    pub stderr_cut: u64,
+}
+
+/// How a run may be stopped early.
+#[derive(Clone, Default)]
+pub struct RunControl {
+    /// Cancelled: the command is stopped (where the transport can) and the run fails.
+    pub cancel: CancellationToken,
+    /// Longest the run may take.
+    pub timeout: Option<Duration>,
+}
+
+/// One way to run a POSIX `sh` program in the sandbox.
+#[async_trait]
+pub trait Runner: Send + Sync {
+    /// Run `program` (whole `sh` source; it reads nothing from its standard input).
+    async fn run(&self, program: &str, ctl: &RunControl) -> Result<Output>;
+    /// Put bytes at an absolute path in the sandbox, where the transport moves files natively
+    /// (an HTTP upload). `None`: not available, the scripts carry the bytes in base64.
+    async fn put_file(&self, _abs_path: &[u8], _data: Bytes) -> Option<Result<()>> {
+        None
+    }
+    /// A whole file's bytes, where the transport moves files natively.
+    async fn get_file(&self, _abs_path: &[u8]) -> Option<Result<Bytes>> {
+        None
+    }
+    /// For messages and `ctl status`: what runs the programs.
+    fn describe(&self) -> String;
+}
+
+/// Read a stream to its end, keeping at most `cap` bytes; answers what was kept and how many
+/// bytes were dropped (the stream is drained, so the writer never blocks on a full pipe).
+pub async fn collect_capped(mut r: impl AsyncRead + Unpin, cap: usize) -> (Vec<u8>, u64) {
+    let mut kept = Vec::new();
+    let mut cut = 0u64;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let room = cap.saturating_sub(kept.len());
+                let take = room.min(n);
+                kept.extend_from_slice(&buf[..take]);
+                cut += (n - take) as u64;
+            }
+        }
+    }
+    (kept, cut)
+}
+
+/// A local command that runs a shell in the sandbox, given the program on standard input:
+/// `["sh"]` (the `shell:` transport), `["docker", "exec", "-i", "C", "sh"]`, an ssh command.
+pub struct CommandRunner {
+    argv: Vec<String>,
+}
+
+impl CommandRunner {
+    pub fn new(argv: Vec<String>) -> Result<Self> {
+        if argv.is_empty() {
+            return Err(RemoteError::Invalid("an empty exec command".into()));
+        }
+        Ok(CommandRunner { argv })
+    }
+}
+
+#[async_trait]
+impl Runner for CommandRunner {
+    async fn run(&self, program: &str, ctl: &RunControl) -> Result<Output> {
+        let mut cmd = tokio::process::Command::new(&self.argv[0]);
+        cmd.args(&self.argv[1..])
+            .env("LC_ALL", "C")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| RemoteError::Transport(format!("cannot run {:?}: {e}", self.argv[0])))?;
+        let mut stdin = child.stdin.take().expect("piped");
+        let stdout = child.stdout.take().expect("piped");
+        let stderr = child.stderr.take().expect("piped");
+        let program = program.as_bytes().to_vec();
+        let feed = async move {
+            let _ = stdin.write_all(&program).await;
+            drop(stdin);
+        };
+        let work = async {
+            let (_, (out, out_cut), (err, err_cut), status) = tokio::join!(
+                feed,
+                collect_capped(stdout, OUTPUT_CAP),
+                collect_capped(stderr, OUTPUT_CAP),
+                child.wait()
+            );
+            let status =
+                status.map_err(|e| RemoteError::Transport(format!("{}: {e}", self.describe())))?;
+            use std::os::unix::process::ExitStatusExt;
+            let code = status
+                .code()
+                .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+            Ok(Output {
+                code,
+                stdout: out,
+                stderr: err,
+                stdout_cut: out_cut,
+                stderr_cut: err_cut,
+            })
+        };
+        let limit = ctl.timeout.unwrap_or(Duration::MAX);
+        tokio::select! {
+            r = tokio::time::timeout(limit, work) => match r {
+                Ok(r) => r,
+                Err(_) => Err(RemoteError::TimedOut(format!("{} (after {limit:?})", self.describe()))),
+            },
+            _ = ctl.cancel.cancelled() => Err(RemoteError::Transport(format!("{}: cancelled", self.describe()))),
+        }
+    }
+
+    fn describe(&self) -> String {
+        self.argv.join(" ")
+    }
+}
+
+/// `shell:/ABS/PATH`: the exec-only scripts over a local `sh`.
+pub async fn connect_shell(
+    url: &str,
+    _opts: &super::connect::ConnectOptions,
+) -> Result<super::connect::Connected> {
+    Err(RemoteError::Unsupported(format!(
+        "{url}: the shell: transport is being written"
+    )))
+}
+
+/// `exec:/ABS/PATH` with `--exec CMD`: the exec-only scripts over CMD's stdio.
+pub async fn connect_exec(
+    url: &str,
+    _opts: &super::connect::ConnectOptions,
+) -> Result<super::connect::Connected> {
+    Err(RemoteError::Unsupported(format!(
+        "{url}: the exec: transport is being written"
+    )))
+}

@@ -1,0 +1,10 @@
+//! The `ssh` transport (being written).
+
+use super::connect::{ConnectOptions, Connected};
+use super::{RemoteError, Result};
+
+pub async fn connect(url: &str, _opts: &ConnectOptions) -> Result<Connected> {
+    Err(RemoteError::Unsupported(format!(
+        "{url}: the ssh transport is being written"
+    )))
+}
