@@ -17,6 +17,8 @@ use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
+pub mod edit;
+
 use super::{RemoteError, Result};
 
 /// Most bytes kept of one stream of one remote command; the rest is counted and dropped.
@@ -170,5 +172,17 @@ pub async fn connect_exec(
 ) -> Result<super::connect::Connected> {
     Err(RemoteError::Unsupported(format!(
         "{url}: the exec: transport is being written"
+    )))
+}
+
+/// The exec-only [`Remote`](super::Remote) over `runner`, for the workspace at the absolute
+/// path `root` in the sandbox.
+pub fn script_remote(
+    _runner: std::sync::Arc<dyn Runner>,
+    root: Vec<u8>,
+) -> Result<std::sync::Arc<dyn super::Remote>> {
+    Err(RemoteError::Unsupported(format!(
+        "{}: the exec-only backend is being written",
+        String::from_utf8_lossy(&root)
     )))
 }
