@@ -1,9 +1,8 @@
 //! The agent's client: a [`Remote`] over HTTP (protocol: [`super::wire`]).
 //!
 //! One `reqwest` client (connection reuse, many requests in flight at once), timeouts on every
-//! call, the token sent as a header. Idempotent calls (reads, metadata, queries) are retried
-//! on transport failures with a short backoff; calls that change the workspace are not, since a
-//! lost answer does not tell whether the change happened.
+//! call, the token sent as a header. One attempt per call: retries of idempotent calls live in
+//! [`super::retry`], which `connect()` gives every transport.
 
 use std::time::Duration;
 
@@ -30,8 +29,6 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(600);
 /// Bytes read from a commit's source per chunk sent: large enough that a fast link is not
 /// limited by per-chunk overhead.
 pub const UPLOAD_CHUNK: usize = 256 * 1024;
-/// Attempts for an idempotent call whose transport failed.
-pub const ATTEMPTS: u32 = 3;
 /// Largest JSON answer read (bytes), and longest line of a streamed answer: far above any
 /// honest answer but a listing, and a bound on what a broken or hostile agent can make the
 /// daemon hold. Answers are parsed as they arrive, never buffered whole.
@@ -54,15 +51,27 @@ pub struct AgentClient {
 impl AgentClient {
     /// `base` is the agent's URL, e.g. `http://127.0.0.1:7070`.
     pub fn new(base: &str, token: &str) -> Result<Self> {
+        Self::with_setup(base, token, &super::httpsetup::HttpSetup::default())
+    }
+
+    /// A client that also trusts `setup`'s CAs and sends its headers (`--ca-file`,
+    /// `--header-file`).
+    pub fn with_setup(
+        base: &str,
+        token: &str,
+        setup: &super::httpsetup::HttpSetup,
+    ) -> Result<Self> {
         install_tls();
-        let http = reqwest::Client::builder()
+        let builder = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .pool_max_idle_per_host(64)
             .tcp_nodelay(true)
             .tcp_keepalive(Duration::from_secs(30))
             // An agent never redirects; one that does is not followed elsewhere (to a service
             // on this machine, say): the 3xx is an error.
-            .redirect(reqwest::redirect::Policy::none())
+            .redirect(reqwest::redirect::Policy::none());
+        let http = setup
+            .apply(builder)
             .build()
             .map_err(|e| RemoteError::Transport(e.to_string()))?;
         Ok(AgentClient {
@@ -83,33 +92,21 @@ impl AgentClient {
         self.http.request(method, url).bearer_auth(&self.token)
     }
 
-    /// Send, retrying transport failures if `idempotent`; decode error answers.
+    /// Send once; decode error answers.
     async fn send(
         &self,
-        idempotent: bool,
         timeout: Option<Duration>,
         make: impl Fn() -> RequestBuilder,
     ) -> Result<reqwest::Response> {
-        let attempts = if idempotent { ATTEMPTS } else { 1 };
-        let mut last = None;
-        for attempt in 0..attempts {
-            if attempt > 0 {
-                tokio::time::sleep(Duration::from_millis(100 * 3u64.pow(attempt - 1))).await;
-            }
-            let mut req = make();
-            if let Some(t) = timeout {
-                req = req.timeout(t);
-            }
-            match req.send().await {
-                Ok(resp) if resp.status().is_success() => return Ok(resp),
-                Ok(resp) => return Err(decode_error(resp).await),
-                // A call that timed out is not tried again: the caller has waited long enough
-                // (a dead link would otherwise cost ATTEMPTS timeouts per operation).
-                Err(e) if e.is_timeout() => return Err(transport(e)),
-                Err(e) => last = Some(transport(e)),
-            }
+        let mut req = make();
+        if let Some(t) = timeout {
+            req = req.timeout(t);
         }
-        Err(last.expect("at least one attempt"))
+        match req.send().await {
+            Ok(resp) if resp.status().is_success() => Ok(resp),
+            Ok(resp) => Err(decode_error(resp).await),
+            Err(e) => Err(transport(e)),
+        }
     }
 
     async fn get_json<T: DeserializeOwned + Send + 'static>(
@@ -118,7 +115,7 @@ impl AgentClient {
         query: &[(&str, Vec<u8>)],
     ) -> Result<T> {
         let resp = self
-            .send(true, Some(CALL_TIMEOUT), || {
+            .send(Some(CALL_TIMEOUT), || {
                 self.request(Method::GET, endpoint, query)
             })
             .await?;
@@ -130,10 +127,9 @@ impl AgentClient {
         endpoint: &str,
         query: &[(&str, Vec<u8>)],
         body: Option<serde_json::Value>,
-        idempotent: bool,
     ) -> Result<T> {
         let resp = self
-            .send(idempotent, Some(CALL_TIMEOUT), || {
+            .send(Some(CALL_TIMEOUT), || {
                 let r = self.request(Method::POST, endpoint, query);
                 match &body {
                     Some(b) => r.json(b),
@@ -456,12 +452,12 @@ impl Remote for AgentClient {
             ("mode", mode.to_string().into_bytes()),
             ("rdev", rdev.to_string().into_bytes()),
         ];
-        self.post_json("mknod", &q, None, false).await
+        self.post_json("mknod", &q, None).await
     }
 
     async fn link(&self, existing: &RemotePath, new: &RemotePath) -> Result<Attr> {
         let q = [p(existing), ("to", new.as_bytes().to_vec())];
-        self.post_json("link", &q, None, false).await
+        self.post_json("link", &q, None).await
     }
 
     async fn getxattr(&self, path: &RemotePath, name: &[u8]) -> Result<Vec<u8>> {
@@ -513,7 +509,7 @@ impl Remote for AgentClient {
             value: WireBytes(value.to_vec()),
         })
         .expect("serialisable");
-        self.post_json::<serde_json::Value>("setxattr", &q, Some(body), false)
+        self.post_json::<serde_json::Value>("setxattr", &q, Some(body))
             .await
             .map(|_| ())
     }
@@ -521,7 +517,7 @@ impl Remote for AgentClient {
     async fn removexattr(&self, path: &RemotePath, name: &[u8]) -> Result<()> {
         check_xattr_name(name)?;
         let q = [p(path), ("name", name.to_vec())];
-        self.post_json::<serde_json::Value>("removexattr", &q, None, false)
+        self.post_json::<serde_json::Value>("removexattr", &q, None)
             .await
             .map(|_| ())
     }
@@ -541,7 +537,7 @@ impl Remote for AgentClient {
         if keep_size {
             q.push(("keep_size", b"1".to_vec()));
         }
-        self.post_json("fallocate", &q, None, false).await
+        self.post_json("fallocate", &q, None).await
     }
 
     async fn copy_range(
@@ -566,7 +562,7 @@ impl Remote for AgentClient {
         // A copy of a large file takes the sandbox's time, not the network's: no call timeout
         // beyond the commit's (none), like a commit.
         let resp = self
-            .send(false, None, || self.request(Method::POST, "copy_range", &q))
+            .send(None, || self.request(Method::POST, "copy_range", &q))
             .await?;
         let a: wire::CopyRangeAnswer = json_answer(resp, MAX_JSON_ANSWER).await?;
         Ok((a.copied, a.attr))
@@ -596,7 +592,7 @@ impl Remote for AgentClient {
                 .collect(),
         })
         .expect("serialisable");
-        let answer: Answer = self.post_json("stat_many", &[], Some(body), true).await?;
+        let answer: Answer = self.post_json("stat_many", &[], Some(body)).await?;
         if answer.results.len() != paths.len() {
             return Err(RemoteError::Io(
                 String::new(),
@@ -624,7 +620,7 @@ impl Remote for AgentClient {
             entries: Vec<DirEntry>,
         }
         let resp = self
-            .send(true, Some(CALL_TIMEOUT), || {
+            .send(Some(CALL_TIMEOUT), || {
                 self.request(Method::GET, "list", &[p(path)])
             })
             .await?;
@@ -642,7 +638,7 @@ impl Remote for AgentClient {
 
     async fn tree(&self, path: &RemotePath) -> Result<BoxStream<'static, Result<TreeEntry>>> {
         let resp = self
-            .send(true, None, || self.request(Method::GET, "tree", &[p(path)]))
+            .send(None, || self.request(Method::GET, "tree", &[p(path)]))
             .await?;
         let lines = terminated(json_lines(resp), |v| v.get("end").is_some());
         let stream = lines.filter_map(|item| async move {
@@ -672,7 +668,7 @@ impl Remote for AgentClient {
             (treepack::XATTRS_PARAM, b"1".to_vec()),
         ];
         let resp = self
-            .send(true, None, || self.request(Method::GET, "tree", &q))
+            .send(None, || self.request(Method::GET, "tree", &q))
             .await?;
         let packed = resp
             .headers()
@@ -694,9 +690,7 @@ impl Remote for AgentClient {
             ("len", len.to_string().into_bytes()),
         ];
         let resp = self
-            .send(true, Some(CALL_TIMEOUT), || {
-                self.request(Method::GET, "read", &q)
-            })
+            .send(Some(CALL_TIMEOUT), || self.request(Method::GET, "read", &q))
             .await?;
         let version = resp
             .headers()
@@ -788,7 +782,6 @@ impl Remote for AgentClient {
             "create",
             &[p(path), ("mode", mode.to_string().into_bytes())],
             None,
-            false,
         )
         .await
     }
@@ -798,19 +791,18 @@ impl Remote for AgentClient {
             "mkdir",
             &[p(path), ("mode", mode.to_string().into_bytes())],
             None,
-            false,
         )
         .await
     }
 
     async fn unlink(&self, path: &RemotePath) -> Result<()> {
-        self.post_json::<serde_json::Value>("unlink", &[p(path)], None, false)
+        self.post_json::<serde_json::Value>("unlink", &[p(path)], None)
             .await
             .map(|_| ())
     }
 
     async fn rmdir(&self, path: &RemotePath) -> Result<()> {
-        self.post_json::<serde_json::Value>("rmdir", &[p(path)], None, false)
+        self.post_json::<serde_json::Value>("rmdir", &[p(path)], None)
             .await
             .map(|_| ())
     }
@@ -822,19 +814,14 @@ impl Remote for AgentClient {
             RenameMode::NoReplace => q.push(("noreplace", b"1".to_vec())),
             RenameMode::Exchange => q.push(("exchange", b"1".to_vec())),
         }
-        self.post_json::<serde_json::Value>("rename", &q, None, false)
+        self.post_json::<serde_json::Value>("rename", &q, None)
             .await
             .map(|_| ())
     }
 
     async fn symlink(&self, path: &RemotePath, target: &[u8]) -> Result<Attr> {
-        self.post_json(
-            "symlink",
-            &[p(path), ("target", target.to_vec())],
-            None,
-            false,
-        )
-        .await
+        self.post_json("symlink", &[p(path), ("target", target.to_vec())], None)
+            .await
     }
 
     async fn readlink(&self, path: &RemotePath) -> Result<Vec<u8>> {
@@ -851,8 +838,7 @@ impl Remote for AgentClient {
 
     async fn setattr(&self, path: &RemotePath, attr: SetAttr) -> Result<Attr> {
         let body = serde_json::to_value(&attr).expect("serialisable");
-        self.post_json("setattr", &[p(path)], Some(body), false)
-            .await
+        self.post_json("setattr", &[p(path)], Some(body)).await
     }
 
     async fn statfs(&self) -> Result<StatFs> {
@@ -861,7 +847,7 @@ impl Remote for AgentClient {
 
     async fn scan(&self, path: &RemotePath, req: ScanRequest) -> Result<ScanResult> {
         let body = serde_json::to_value(req).expect("serialisable");
-        self.post_json("scan", &[p(path)], Some(body), true).await
+        self.post_json("scan", &[p(path)], Some(body)).await
     }
 
     async fn grep(
@@ -871,7 +857,7 @@ impl Remote for AgentClient {
     ) -> Result<BoxStream<'static, Result<GrepEvent>>> {
         let body = serde_json::to_value(&opts).expect("serialisable");
         let resp = self
-            .send(true, None, || {
+            .send(None, || {
                 self.request(Method::POST, "grep", &[p(path)]).json(&body)
             })
             .await?;
@@ -895,7 +881,7 @@ impl Remote for AgentClient {
         }
         let body = serde_json::json!({ "pattern": pattern });
         Ok(self
-            .post_json::<Paths>("glob", &[p(path)], Some(body), true)
+            .post_json::<Paths>("glob", &[p(path)], Some(body))
             .await?
             .paths)
     }
@@ -907,7 +893,7 @@ impl Remote for AgentClient {
         }
         let body = serde_json::to_value(&req).expect("serialisable");
         Ok(self
-            .post_json::<Matches>("fuzzy", &[p(path)], Some(body), true)
+            .post_json::<Matches>("fuzzy", &[p(path)], Some(body))
             .await?
             .matches)
     }
@@ -930,7 +916,7 @@ impl Remote for AgentClient {
         })
         .expect("serialisable");
         Ok(self
-            .post_json::<Count>("edit", &[p(path)], Some(body), false)
+            .post_json::<Count>("edit", &[p(path)], Some(body))
             .await?
             .count)
     }
@@ -941,7 +927,7 @@ impl Remote for AgentClient {
             .into_iter()
             .collect();
         let resp = self
-            .send(true, None, || self.request(Method::GET, "watch", &q))
+            .send(None, || self.request(Method::GET, "watch", &q))
             .await?;
         Ok(json_lines(resp)
             .map(|item| decode::<ChangeEvent>(item?))

@@ -12,6 +12,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::deadline::Deadlines;
+use super::httpsetup::HttpSetup;
+use super::reach::{ReachError, EXIT_TOKEN, EXIT_UNREACHABLE, EXIT_USAGE};
+use super::retry::Retrying;
 use super::{Remote, RemoteError, RemoteInfo, Result};
 
 /// Everything besides the URL that a transport may need.
@@ -76,16 +80,137 @@ pub fn scheme_of(url: &str) -> Result<Scheme> {
     }
 }
 
+/// Why a connection could not be made, with the exit code `sbxfs mount` gives it.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// A usage mistake (an unknown scheme, a missing token, a bad --ca-file/--header-file).
+    #[error("{0}")]
+    Usage(String),
+    /// The first contact with an agent over http(s) failed; its cause named.
+    #[error(transparent)]
+    Reach(#[from] ReachError),
+    /// Another transport's failure.
+    #[error(transparent)]
+    Remote(#[from] RemoteError),
+}
+
+impl ConnectError {
+    /// The process exit code (the table in `sbxfs --help`).
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            ConnectError::Usage(_) => EXIT_USAGE,
+            ConnectError::Reach(r) => r.exit_code(),
+            ConnectError::Remote(RemoteError::Invalid(_) | RemoteError::Unsupported(_)) => {
+                EXIT_USAGE
+            }
+            ConnectError::Remote(RemoteError::Unauthorized(_)) => EXIT_TOKEN,
+            ConnectError::Remote(_) => EXIT_UNREACHABLE,
+        }
+    }
+}
+
+impl From<ConnectError> for RemoteError {
+    fn from(e: ConnectError) -> RemoteError {
+        match e {
+            ConnectError::Remote(r) => r,
+            ConnectError::Usage(m) => RemoteError::Invalid(m),
+            ConnectError::Reach(r) => {
+                let m = r.to_string();
+                match r {
+                    ReachError::BadUrl { .. } => RemoteError::Invalid(m),
+                    ReachError::TokenRejected { .. } => RemoteError::Unauthorized(m),
+                    ReachError::TimedOut { .. } => RemoteError::TimedOut(m),
+                    _ => RemoteError::Transport(m),
+                }
+            }
+        }
+    }
+}
+
 /// Connect to the sandbox `url` names (its first contact made: a wrong URL, token or server
 /// fails here, before anything is created).
 pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Connected> {
-    match scheme_of(url)? {
-        Scheme::Http => Err(RemoteError::Unsupported(format!(
-            "{url}: connect() for http(s) is being written"
-        ))),
-        Scheme::Ssh => super::ssh::connect(url, opts).await,
-        Scheme::Shell => super::exec::connect_shell(url, opts).await,
-        Scheme::Exec => super::exec::connect_exec(url, opts).await,
-        Scheme::AgentScope => super::agentscope::connect(url, opts).await,
+    connect_reporting(url, opts, |_| {})
+        .await
+        .map_err(RemoteError::from)
+}
+
+/// [`connect`], calling `waiting` every few seconds while an agent has not answered yet, and
+/// failing with the cause's own exit code. Whatever the transport, its remote comes back
+/// wrapped in the one retry ([`super::retry`]) and deadline ([`super::deadline`]) wrapper.
+pub async fn connect_reporting(
+    url: &str,
+    opts: &ConnectOptions,
+    waiting: impl Fn(Duration),
+) -> std::result::Result<Connected, ConnectError> {
+    let scheme = scheme_of(url).map_err(|e| match e {
+        RemoteError::Invalid(m) => ConnectError::Usage(m),
+        other => ConnectError::Remote(other),
+    })?;
+    let mut c = match scheme {
+        Scheme::Http => connect_http(url, opts, waiting).await?,
+        Scheme::Ssh => super::ssh::connect(url, opts).await?,
+        Scheme::Shell => super::exec::connect_shell(url, opts).await?,
+        Scheme::Exec => super::exec::connect_exec(url, opts).await?,
+        Scheme::AgentScope => super::agentscope::connect(url, opts).await?,
+    };
+    let call = opts.call_timeout.unwrap_or(super::deadline::CALL);
+    c.remote = Arc::new(Deadlines::with_call_deadline(Retrying::new(c.remote), call));
+    Ok(c)
+}
+
+/// Our agent over http or https: `--ca-file` and `--header-file` loaded, the first contact
+/// made with them (its one-line errors and exit codes), then the client.
+async fn connect_http(
+    url: &str,
+    opts: &ConnectOptions,
+    waiting: impl Fn(Duration),
+) -> std::result::Result<Connected, ConnectError> {
+    let setup = HttpSetup::load(opts.ca_file.as_deref(), opts.header_file.as_deref())
+        .map_err(ConnectError::Usage)?;
+    let Some(token) = opts.token.as_deref() else {
+        return Err(ConnectError::Usage(
+            "no token: pass --token-file FILE (for a mount also -o token_file=FILE) or set SBXFS_TOKEN"
+                .into(),
+        ));
+    };
+    let timeout = opts.call_timeout.unwrap_or(super::deadline::CALL);
+    let info = super::reach::first_contact_with(url, token, timeout, &setup, waiting).await?;
+    let client = super::client::AgentClient::with_setup(url, token, &setup)?;
+    let transport = if url.to_ascii_lowercase().starts_with("https://") {
+        "https"
+    } else {
+        "http"
+    };
+    Ok(Connected {
+        remote: Arc::new(client),
+        info,
+        transport: transport.into(),
+        keep: Box::new(()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_unknown_scheme_is_a_usage_error_naming_the_forms() {
+        let e = connect_reporting("ftp://h/x", &ConnectOptions::default(), |_| {})
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(e.exit_code(), EXIT_USAGE);
+        assert!(e.to_string().contains("ssh://[USER@]HOST"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn http_without_a_token_is_a_usage_error() {
+        let e = connect_reporting("http://127.0.0.1:1", &ConnectOptions::default(), |_| {})
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(e.exit_code(), EXIT_USAGE);
+        assert!(e.to_string().starts_with("no token"), "{e}");
     }
 }

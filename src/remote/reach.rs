@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 
+use super::httpsetup::HttpSetup;
 use super::wire::{ErrorBody, PROTOCOL_VERSION};
 use super::RemoteInfo;
 
@@ -120,8 +121,8 @@ mod credential_tests {
 }
 
 /// What to do about a certificate the system does not trust.
-const UNTRUSTED: &str = "certificate not trusted: add the authority (CA) that signed it to the \
-                         system's trusted certificates, or name the CA's file in SSL_CERT_FILE \
+const UNTRUSTED: &str = "certificate not trusted: pass the authority (CA) that signed it with \
+                         --ca-file FILE, or add it to the system's trusted certificates \
                          (a self-signed server certificate is not accepted as its own authority)";
 
 /// What a transport error of a request that waited up to `waited` comes down to: the cause,
@@ -164,6 +165,12 @@ pub fn classify(url: &str, e: &reqwest::Error, waited: Duration) -> ReachError {
         ))
     };
     match tls_error(e) {
+        Some(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::NotValidForName
+            | rustls::CertificateError::NotValidForNameContext { .. },
+        )) => tls(format!(
+            "the certificate is not for host {host:?}: connect by a name (or address) it names"
+        )),
         Some(rustls::Error::InvalidCertificate(_)) => tls(UNTRUSTED.into()),
         Some(other) => handshake(&other.to_string()),
         None if https && chain.iter().any(|m| m.contains("invalid peer certificate")) => {
@@ -269,12 +276,25 @@ pub async fn first_contact(
     timeout: Duration,
     waiting: impl Fn(Duration),
 ) -> Result<RemoteInfo, ReachError> {
+    first_contact_with(url, token, timeout, &HttpSetup::default(), waiting).await
+}
+
+/// [`first_contact`], trusting `setup`'s CAs and sending its headers.
+pub async fn first_contact_with(
+    url: &str,
+    token: &str,
+    timeout: Duration,
+    setup: &HttpSetup,
+    waiting: impl Fn(Duration),
+) -> Result<RemoteInfo, ReachError> {
     parse_url(url)?;
     super::client::install_tls();
     let base = url.trim_end_matches('/').to_string();
-    let http = reqwest::Client::builder()
+    let builder = reqwest::Client::builder()
         .connect_timeout(timeout)
-        .redirect(reqwest::redirect::Policy::none())
+        .redirect(reqwest::redirect::Policy::none());
+    let http = setup
+        .apply(builder)
         .build()
         .map_err(|e| ReachError::Other {
             url: base.clone(),
