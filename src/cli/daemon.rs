@@ -26,6 +26,7 @@ pub(super) const MOUNT_HELP: &str = concat!(
 Examples:
   sbxfs mount http://127.0.0.1:7070 ~/sb --token-file ~/.config/sbxfs/token
   sbxfs mount http://127.0.0.1:7070 ~/sb -o ro,cache_size=1G,timeout_ms=30000
+  sbxfs mount https://sb.example:7443 ~/sb --token-file t --ca-file ca.pem --header-file h
   SBXFS_LOG=debug sbxfs mount http://127.0.0.1:7070 ~/sb 2> mount.log
 
 The mount prints `sbxfs mounted URL on DIR` once it serves, and stays in the foreground.
@@ -75,7 +76,8 @@ pub(super) struct AgentArgs {
 
 #[derive(Args, Debug)]
 pub(super) struct MountArgs {
-    /// The sandbox: its agent's URL, http://HOST:PORT (or https:// behind a TLS proxy).
+    /// The sandbox: http(s)://HOST:PORT (its agent), ssh://[USER@]HOST[:PORT]/PATH,
+    /// shell:/PATH, exec:/PATH (with --exec) or agentscope+http(s)://HOST:PORT.
     remote: String,
     /// The empty directory to mount on.
     mountpoint: PathBuf,
@@ -85,9 +87,24 @@ pub(super) struct MountArgs {
     /// accepted and ignored).
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
-    /// File holding the agent's token (else the SBXFS_TOKEN environment variable).
+    /// File holding the agent's token (else the SBXFS_TOKEN environment variable); http(s) and
+    /// agentscope only.
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
+    /// https: more trusted certificate authorities (PEM, one or more), besides the system's.
+    #[arg(long, value_name = "FILE")]
+    ca_file: Option<PathBuf>,
+    /// http(s): extra request headers, one `Name: value` per line (`#` comments), for
+    /// providers that authenticate preview URLs by a header. Values are never logged.
+    #[arg(long, value_name = "FILE")]
+    header_file: Option<PathBuf>,
+    /// exec:: the command that runs a shell in the sandbox, its stdin/stdout the script's
+    /// (e.g. 'docker exec -i CONTAINER sh').
+    #[arg(long, value_name = "CMD")]
+    exec: Option<String>,
+    /// ssh://: the ssh config file to use (as ssh -F).
+    #[arg(short = 'F', value_name = "CONFIG")]
+    ssh_config: Option<PathBuf>,
     /// How long attributes and directory listings are trusted, in milliseconds [default: 1000].
     #[arg(long, value_name = "MS")]
     attr_ttl_ms: Option<u64>,
@@ -233,8 +250,13 @@ pub(super) fn run_mount(a: MountArgs) -> i32 {
     }
     // `-o` wins over the flag of the same name.
     let token_file = o.token_file.or(a.token_file);
-    let result = load_token(token_file.as_deref()).and_then(|token| {
+    let result = mount_token(&a.remote, token_file.as_deref()).and_then(|token| {
         let mut cfg = crate::mount::MountConfig::new(a.remote, token, a.mountpoint);
+        cfg.connect.ca_file = o.ca_file.or(a.ca_file);
+        cfg.connect.header_file = o.header_file.or(a.header_file);
+        cfg.connect.exec = a.exec;
+        cfg.connect.ssh_config = a.ssh_config;
+        cfg.connect.ssh_command = o.ssh_command;
         if let Some(ms) = o.attr_ttl_ms.or(a.attr_ttl_ms) {
             cfg.attr_ttl = std::time::Duration::from_millis(ms);
         }
@@ -265,6 +287,21 @@ pub(super) fn run_mount(a: MountArgs) -> i32 {
             super::logging::user_line(3, &format!("sbxfs mount: {e:#}"));
             crate::mount::exit::code_of(&e)
         }
+    }
+}
+
+/// The token a mount of `remote` sends: required for our agent over http(s), taken when given
+/// for agentscope, not asked for by transports that have none (ssh, shell, exec).
+fn mount_token(remote: &str, file: Option<&std::path::Path>) -> anyhow::Result<Vec<u8>> {
+    use crate::remote::connect::{scheme_of, Scheme};
+    match scheme_of(remote) {
+        Ok(Scheme::Http) => load_token(file),
+        // An unknown scheme is reported by connect, with the forms it takes.
+        Err(_) => Ok(Vec::new()),
+        Ok(Scheme::AgentScope) if file.is_some() || std::env::var_os("SBXFS_TOKEN").is_some() => {
+            load_token(file)
+        }
+        Ok(_) => Ok(Vec::new()),
     }
 }
 

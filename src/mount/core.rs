@@ -117,6 +117,9 @@ pub struct FsCore {
     /// The sandbox refuses a new file's first push where a file appeared meanwhile
     /// ([`crate::remote::Version::absent`]); older agents cannot, and are overwritten.
     commit_absent: AtomicBool,
+    /// The transport takes patch commits (its `Capabilities::patch_commits`); without them
+    /// every push sends the whole file.
+    patch_commits: AtomicBool,
     /// Whether the change feed vouches for what is cached ([`super::feed`]).
     pub(super) feed: super::feed::FeedState,
     /// The last `statfs` answer and when it came ([`STATFS_TTL`]).
@@ -166,6 +169,7 @@ impl FsCore {
             reachable: AtomicBool::new(true),
             workspace_root: OnceLock::new(),
             commit_absent: AtomicBool::new(false),
+            patch_commits: AtomicBool::new(true),
             feed: super::feed::FeedState::default(),
             statfs_seen: Mutex::new(None),
             stats: CoreStats::default(),
@@ -184,6 +188,15 @@ impl FsCore {
 
     pub(super) fn commit_absent(&self) -> bool {
         self.commit_absent.load(Ordering::Relaxed)
+    }
+
+    /// Whether pushes may be patches over the base (`false`: whole files only).
+    pub fn set_patch_commits(&self, yes: bool) {
+        self.patch_commits.store(yes, Ordering::Relaxed);
+    }
+
+    pub(super) fn patch_commits(&self) -> bool {
+        self.patch_commits.load(Ordering::Relaxed)
     }
 
     /// `close` waits for its push (`-o sync_close`) instead of queueing it.

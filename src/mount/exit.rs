@@ -48,6 +48,12 @@ pub fn code_of(e: &anyhow::Error) -> i32 {
     {
         return r.exit_code();
     }
+    if let Some(c) = e
+        .chain()
+        .find_map(|c| c.downcast_ref::<crate::remote::connect::ConnectError>())
+    {
+        return c.exit_code();
+    }
     let why = if let Some(r) = e.downcast_ref::<Refused>() {
         r.why
     } else if e.downcast_ref::<crate::remote::RemoteError>().is_some() {

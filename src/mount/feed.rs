@@ -183,6 +183,12 @@ enum Break {
 
 /// Follow the feed until the runtime stops: connect, revalidate, trust, apply events; on any
 /// break, distrust at once and reconnect with backoff, resuming after the last event seen.
+/// A transport without a change feed (its capabilities say so): not followed; what is cached
+/// is trusted for the TTL only, and revalidated by polling.
+pub fn without_feed(core: &FsCore) {
+    core.feed.set_link(Link::Unsupported);
+}
+
 pub async fn follow(core: Arc<FsCore>, health: Option<Arc<Health>>) {
     let mut since: Option<u64> = None;
     let mut connected_before = false;

@@ -60,7 +60,6 @@ use self::control_server::Control;
 use self::core::{CoreConfig, FsCore};
 use self::health::Health;
 pub use self::options::IdMap;
-use crate::remote::client::AgentClient;
 use crate::remote::{Remote, RemotePath};
 
 /// Attributes and listings are trusted this long: short enough that a change made in the
@@ -78,7 +77,10 @@ const SESSION_POLL: Duration = Duration::from_millis(50);
 
 pub struct MountConfig {
     pub remote_url: String,
+    /// The token (http(s), agentscope); empty for transports that take none.
     pub token: Vec<u8>,
+    /// How to reach the sandbox besides its URL (`--ca-file`, `--header-file`, `--exec`, …).
+    pub connect: crate::remote::connect::ConnectOptions,
     pub mountpoint: PathBuf,
     pub attr_ttl: Duration,
     /// Deadline of one remote call (queries and idle transfers get multiples of it).
@@ -115,6 +117,7 @@ impl MountConfig {
         MountConfig {
             remote_url,
             token,
+            connect: Default::default(),
             mountpoint,
             attr_ttl: DEFAULT_ATTR_TTL,
             call_timeout: crate::remote::deadline::CALL,
@@ -284,19 +287,22 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
         .enable_all()
         .worker_threads(4)
         .build()?;
-    // Ask the agent once before anything is created: a wrong URL, token or server leaves
-    // nothing behind, and the error names the cause.
-    let token = String::from_utf8(cfg.token.clone()).context("the token must be UTF-8")?;
+    // Connect (the first contact made) before anything is created: a wrong URL, token or
+    // server leaves nothing behind, and the error names the cause.
     // Every call has a deadline: a sandbox that stops answering blocks nothing for good.
     // (`-o timeout_ms=`; `SBXFS_CALL_TIMEOUT_MS` in the environment for tests.)
     let call = std::env::var("SBXFS_CALL_TIMEOUT_MS")
         .ok()
         .and_then(|v| v.parse().ok())
         .map_or(cfg.call_timeout, Duration::from_millis);
-    let info = rt.block_on(crate::remote::reach::first_contact(
+    let mut opts = cfg.connect.clone();
+    if !cfg.token.is_empty() {
+        opts.token = Some(String::from_utf8(cfg.token.clone()).context("the token must be UTF-8")?);
+    }
+    opts.call_timeout = Some(call);
+    let connected = rt.block_on(crate::remote::connect::connect_reporting(
         &cfg.remote_url,
-        &token,
-        call,
+        &opts,
         |waited| {
             eprintln!(
                 "sbxfs mount: still waiting for {} ({} s)",
@@ -305,6 +311,10 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
             )
         },
     ))?;
+    let info = connected.info.clone();
+    let transport = connected.transport.clone();
+    // An ssh master or a forwarding lives as long as the mount.
+    let _keep = connected.keep;
     let socket = crate::control::socket_path(&mountpoint);
     // Every directory made from here on is removed again if the start fails.
     let mut created = state::Created::default();
@@ -319,10 +329,8 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
         control_server::bind(&socket).context("control socket")?
     };
     let staging_path = staging_dir(cfg.staging_dir.as_deref(), &cfg.remote_url, &mut created)?;
-    let client = AgentClient::new(&cfg.remote_url, &token)?;
-    let remote: Arc<dyn Remote> = Arc::new(crate::remote::deadline::Deadlines::with_call_deadline(
-        client, call,
-    ));
+    // Already wrapped in the retry and deadline wrapper every transport gets.
+    let remote: Arc<dyn Remote> = connected.remote;
     let health = Health::new();
     let asked = Instant::now();
     let root = rt
@@ -355,6 +363,7 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     );
     core.set_workspace_root(info.root.as_bytes());
     core.set_commit_absent(info.commit_absent);
+    core.set_patch_commits(info.capabilities.patch_commits);
     let fs = fuse::SbxFs {
         core: core.clone(),
         rt: rt.handle().clone(),
@@ -375,6 +384,8 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
             "idmap": cfg.idmap.as_str(),
             "sandbox_user": owners.sandbox,
             "permissions": if owners.checks { "sbxfs" } else { "kernel" },
+            "transport": transport,
+            "capabilities": info.capabilities,
         }),
         health: health.clone(),
     });
@@ -400,7 +411,11 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     let our_dev = mounts::top_at(&mounts::current(), &mountpoint).map(|e| e.dev.clone());
     let kernel_cache = Arc::new(session.notifier());
     core.set_kernel_cache(Arc::new(fuse::Notifier::new(kernel_cache.clone())));
-    rt.spawn(feed::follow(core.clone(), Some(health.clone())));
+    if info.capabilities.feed {
+        rt.spawn(feed::follow(core.clone(), Some(health.clone())));
+    } else {
+        feed::without_feed(&core);
+    }
     let background = session.spawn()?;
     created.keep();
     // Signals are caught before the mount is announced: a SIGTERM right after the ready line

@@ -47,6 +47,11 @@ pub struct MountOptions {
     pub tree_max: Option<usize>,
     pub staging_dir: Option<PathBuf>,
     pub token_file: Option<PathBuf>,
+    /// https: extra trusted CAs (`ca_file=`), extra request headers (`header_file=`).
+    pub ca_file: Option<PathBuf>,
+    pub header_file: Option<PathBuf>,
+    /// ssh://: the ssh command to run instead of `ssh` (`ssh_command=`, as sshfs has it).
+    pub ssh_command: Option<String>,
     /// Mount over a directory that is not empty.
     pub nonempty: bool,
     /// `close` waits until the sandbox has the file (`sync_close`).
@@ -178,6 +183,15 @@ impl MountOptions {
                 "cache_size" => self.cache_size = Some(parse_size(&needed()?).map_err(bad)?),
                 "staging_dir" => self.staging_dir = Some(non_empty_path(needed()?).map_err(bad)?),
                 "token_file" => self.token_file = Some(non_empty_path(needed()?).map_err(bad)?),
+                "ca_file" => self.ca_file = Some(non_empty_path(needed()?).map_err(bad)?),
+                "header_file" => self.header_file = Some(non_empty_path(needed()?).map_err(bad)?),
+                "ssh_command" => {
+                    let cmd = needed()?;
+                    if cmd.trim().is_empty() {
+                        return Err(bad("an empty command".into()));
+                    }
+                    self.ssh_command = Some(cmd)
+                }
                 _ if IGNORED.contains(&raw_key) => {}
                 _ => return Err(OptionError::Unknown(item.clone())),
             }
@@ -259,7 +273,8 @@ mod tests {
     fn every_option_is_read_into_its_field() {
         let o = parse(
             "allow_other,default_permissions,nonempty,ro,idmap=none,attr_ttl_ms=250,cache_size=512M,\
-             staging_dir=/var/tmp/s,token_file=/etc/sbxfs/token,noexec,timeout_ms=1500,sync_close,tree_max=0",
+             staging_dir=/var/tmp/s,token_file=/etc/sbxfs/token,noexec,timeout_ms=1500,sync_close,tree_max=0,\
+             ca_file=/c.pem,header_file=/h,ssh_command=\"ssh -p 2222\"",
         )
         .unwrap();
         assert_eq!(
@@ -276,6 +291,9 @@ mod tests {
                 tree_max: Some(0),
                 staging_dir: Some("/var/tmp/s".into()),
                 token_file: Some("/etc/sbxfs/token".into()),
+                ca_file: Some("/c.pem".into()),
+                header_file: Some("/h".into()),
+                ssh_command: Some("ssh -p 2222".into()),
                 nonempty: true,
                 sync_close: true,
             }

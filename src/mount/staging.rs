@@ -211,8 +211,15 @@ impl Staged {
 
     /// What to send: a patch over the base, or the whole file.
     pub fn content(&self) -> io::Result<(CommitContent, u64)> {
+        self.content_for(true)
+    }
+
+    /// [`Staged::content`] for a transport that takes patches or not: without them the whole
+    /// file, which must then be [`Staged::complete`].
+    pub fn content_for(&self, patches: bool) -> io::Result<(CommitContent, u64)> {
         let dirty = self.dirty_bytes();
         let whole = self.base.is_none()
+            || (!patches && self.complete())
             || (self.complete()
                 && (dirty > MAX_PATCH_BYTES || dirty as f64 > self.len as f64 * WHOLE_FILE_SHARE));
         if whole {

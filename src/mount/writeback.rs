@@ -456,7 +456,18 @@ impl FsCore {
         let mut rebased = false;
         let mut followed = false;
         loop {
-            let content = match s.content() {
+            // A transport without patch commits gets whole files: the base's pages not here
+            // yet are fetched first (a base changed meanwhile fails the commit's base check).
+            // A base replaced meanwhile (`Stale`) is left to the commit's base check, which
+            // fails with the conflict handled below.
+            match self.fill_from_base(&path, &mut s).await {
+                Ok(()) | Err(RemoteError::Stale(_)) => {}
+                Err(e) => {
+                    self.failures.record(node, &path.display(), &e);
+                    return Err(e);
+                }
+            }
+            let content = match s.content_for(self.patch_commits() || !s.complete()) {
                 Ok(c) => c,
                 Err(e) => {
                     let e = local_io(&e);
@@ -671,6 +682,23 @@ impl FsCore {
             self.dir_changed(parent);
         }
         Ok(copy)
+    }
+
+    /// Fetch the base's pages not staged yet, so the whole file can be sent (only for a
+    /// transport without patch commits).
+    async fn fill_from_base(&self, path: &RemotePath, s: &mut Staged) -> Result<()> {
+        if self.patch_commits() || s.complete() {
+            return Ok(());
+        }
+        let base = s.base.clone();
+        for page in s.missing_pages() {
+            let data = match &base {
+                Some(v) => self.page_at(path, v, PageIndex(page)).await?,
+                None => break,
+            };
+            s.fill_page(page, &data).map_err(|e| local_io(&e))?;
+        }
+        Ok(())
     }
 
     /// Fill what is not local from the sandbox (from the page cache at `known` if it has the
@@ -1048,5 +1076,54 @@ mod tests {
         f.record(NodeId(4), "y", &RemoteError::NoSpace("full".into()));
         assert!(f.list().iter().any(|x| x.path == "y" && x.permanent));
         assert!(f.due().is_empty(), "nothing due at once, permanent never");
+    }
+
+    /// A transport whose info says `patch_commits: false` (the memory sandbox set so refuses
+    /// patches) gets whole files: a write into the middle of a large file, most of it never
+    /// read here, lands whole and right.
+    #[tokio::test]
+    async fn without_patch_commits_a_push_sends_the_whole_file() {
+        use crate::mount::core::CoreConfig;
+        use crate::remote::memory::MemoryRemote;
+        use crate::remote::{Capabilities, Remote};
+        let memory = MemoryRemote::new();
+        let base: Vec<u8> = (0..3 * PAGE as usize + 100)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        memory.sandbox().write("big", &base).unwrap();
+        let caps = Capabilities {
+            patch_commits: false,
+            ..Default::default()
+        };
+        memory.set_capabilities(caps);
+        assert_eq!(memory.info().await.unwrap().capabilities, caps);
+        let root = memory.stat(&RemotePath::root()).await.unwrap();
+        let staging = tempfile::tempdir().unwrap();
+        let core = FsCore::new(
+            Arc::new(memory.clone()),
+            CoreConfig {
+                attr_ttl: Duration::from_secs(600),
+                cache_bytes: 1 << 20,
+                staging_dir: staging.path().to_path_buf(),
+                tree_max: 0,
+            },
+            root,
+        );
+        core.set_patch_commits(false);
+        core.set_sync_close(true);
+        let node = core
+            .lookup(crate::mount::inode::ROOT, b"big")
+            .await
+            .unwrap()
+            .node;
+        let (fh, _) = core.open(node, true, false).await.unwrap();
+        let at = PAGE + 10;
+        core.write(fh, at, b"HELLO").await.unwrap();
+        core.flush(fh).await.unwrap();
+        core.release(fh).await.unwrap();
+        let mut want = base.clone();
+        want[at as usize..at as usize + 5].copy_from_slice(b"HELLO");
+        let got = memory.sandbox().read("big").unwrap();
+        assert!(got == want, "the sandbox's file is not the written one");
     }
 }

@@ -124,6 +124,9 @@ struct State {
     next_seq: u64,
     events: VecDeque<ChangeEvent>,
     ring: usize,
+    /// What it says it does ([`MemoryRemote::set_capabilities`]); what it says it lacks, it
+    /// refuses (`Unsupported`), as such a transport would.
+    capabilities: super::Capabilities,
 }
 
 struct Inner {
@@ -191,6 +194,7 @@ impl State {
             next_seq: 1,
             events: VecDeque::new(),
             ring: RING_EVENTS,
+            capabilities: Default::default(),
         };
         let now = s.now();
         let root = Node {
@@ -690,6 +694,12 @@ impl MemoryRemote {
         self.inner.lock().max_file_size = bytes;
     }
 
+    /// Act as a transport with these capabilities: without `patch_commits` a patch commit is
+    /// refused, without `feed` a watch is.
+    pub fn set_capabilities(&self, capabilities: super::Capabilities) {
+        self.inner.lock().capabilities = capabilities;
+    }
+
     /// Keep only this many change events for reconnecting watchers.
     pub fn set_ring_events(&self, events: usize) {
         let mut s = self.inner.lock();
@@ -878,7 +888,7 @@ impl Remote for MemoryRemote {
             landlock: None,
             tree_formats: Vec::new(),
             commit_absent: true,
-            capabilities: Default::default(),
+            capabilities: self.lock().capabilities,
         })
     }
 
@@ -948,6 +958,13 @@ impl Remote for MemoryRemote {
         content: CommitContent,
         opts: CommitOptions,
     ) -> Result<Attr> {
+        if matches!(content, CommitContent::Patch { .. }) && !self.lock().capabilities.patch_commits
+        {
+            return Err(RemoteError::Unsupported(format!(
+                "{}: patch commits (this sandbox takes whole files)",
+                path.display()
+            )));
+        }
         let p = path.as_bytes();
         // Check first (a stale base or a bad target is answered without reading the body,
         // though the body is still drained, as the agent does), then again when applying.
@@ -1488,6 +1505,9 @@ impl Remote for MemoryRemote {
     }
 
     async fn watch(&self, since: Option<u64>) -> Result<BoxStream<'static, Result<ChangeEvent>>> {
+        if !self.lock().capabilities.feed {
+            return Err(RemoteError::Unsupported("no change feed".into()));
+        }
         let (backlog, rx) = {
             let s = self.lock();
             let rx = self.inner.feed.subscribe();
