@@ -1960,3 +1960,69 @@ conformance!(memory_backend:
     copy_range_is_an_atomic_commit_of_the_destination,
     paths_deeper_than_path_max_work,
 );
+
+/// The agent over https (`--tls-cert`), reached through `connect()` with `--ca-file`: the
+/// remote every mount of an https URL gets (TLS, the retry and deadline wrapper).
+fn https_backend() -> Backend {
+    let ca = common::testca::TestCa::new().expect("the openssl CLI (scripts/install-deps.sh)");
+    let server = ca.server("agent", &["IP:127.0.0.1", "DNS:localhost"]);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    fs::create_dir(&root).unwrap();
+    let (cert, key) = (
+        server.cert.display().to_string(),
+        server.key.display().to_string(),
+    );
+    let agent = AgentProcess::start_with_args(
+        &root,
+        "conformance-token-0123456789",
+        &["--tls-cert", &cert, "--tls-key", &key],
+    );
+    assert!(agent.url.starts_with("https://"), "{}", agent.url);
+    let opts = sbxfs::remote::connect::ConnectOptions {
+        token: Some(agent.token.clone()),
+        ca_file: Some(ca.ca.clone()),
+        ..Default::default()
+    };
+    let connected = tokio::task::block_in_place(|| {
+        tokio::runtime::Handle::current()
+            .block_on(sbxfs::remote::connect::connect(&agent.url, &opts))
+    })
+    .unwrap_or_else(|e| panic!("connect {}: {e}", agent.url));
+    assert_eq!(connected.transport, "https");
+    Backend {
+        remote: connected.remote,
+        sb: Box::new(RealDir(root.clone())),
+        real_root: Some(root),
+        _keep: Box::new((agent, dir, ca)),
+    }
+}
+
+conformance!(https_backend:
+    stat_list_and_tree,
+    tree_listings_are_breadth_first_and_capped,
+    stat_list_and_tree_tell_whether_xattrs_exist,
+    ranged_reads_carry_the_version,
+    commits_replace_whole_files_atomically_and_keep_mode,
+    patch_commits_apply_ranges_over_the_base,
+    namespace_operations_and_their_errors,
+    awkward_names_round_trip,
+    path_escapes_are_refused,
+    queries_run_next_to_the_data,
+    change_feed_sees_writes_made_in_the_sandbox,
+    change_feed_reports_lost_events,
+    stat_many_answers_each_path_in_order,
+    create_only_commits_never_replace,
+    hard_links_made_in_the_sandbox_share_an_inode,
+    patches_cut_before_they_write,
+    hard_links_share_content_and_survive_commits,
+    mknod_makes_fifos_sockets_and_devices_when_allowed,
+    rename_exchanges_and_refuses_to_replace,
+    modes_are_exactly_those_asked,
+    setattr_owners_symlink_times_and_limits,
+    xattrs_round_trip_without_following_symlinks,
+    fallocate_grows_or_keeps_the_size,
+    copy_range_is_an_atomic_commit_of_the_destination,
+    paths_deeper_than_path_max_work,
+    versions_name_the_device,
+);

@@ -15,6 +15,7 @@
 
 pub mod confine;
 pub mod server;
+pub mod tls;
 mod tree;
 pub mod watch;
 pub mod workspace;
@@ -97,6 +98,8 @@ pub struct AgentConfig {
     pub confinement: confine::Confinement,
     /// Keep set-ID bits requests ask for ([`Workspace::allow_setid`]).
     pub allow_setid: bool,
+    /// Serve https with this ([`tls::acceptor`], loaded before Landlock applies).
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 /// Blocking-pool threads per core: file work waits on disks, so a few per core keep them
@@ -397,7 +400,8 @@ pub async fn serve(cfg: AgentConfig) -> anyhow::Result<()> {
         "agent ready"
     );
     println!(
-        "sbxfs agent listening on http://{addr} root={}",
+        "sbxfs agent listening on {}://{addr} root={}",
+        if cfg.tls.is_some() { "https" } else { "http" },
         ws.root_path().display()
     );
     use std::io::Write;
@@ -407,6 +411,7 @@ pub async fn serve(cfg: AgentConfig) -> anyhow::Result<()> {
         listener,
         router(ws, feed, cfg.token, cfg.search_timeout, cfg.confinement),
         cap,
+        cfg.tls,
         shutdown,
     )
     .await;

@@ -113,6 +113,12 @@ impl Registry {
     }
 
     /// Close the connection idle the longest (none in flight); false when there is none.
+    /// A connection ended: out of the registry.
+    fn forget(&self, id: u64) {
+        self.conns.lock().expect("connection registry").remove(&id);
+        self.ended.notify_waiters();
+    }
+
     fn evict_idlest(&self) -> bool {
         let mut conns = self.conns.lock().expect("connection registry");
         let victim = conns
@@ -237,6 +243,7 @@ pub async fn serve(
     listener: TcpListener,
     router: Router,
     cap: usize,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let registry = Arc::new(Registry {
@@ -278,13 +285,26 @@ pub async fn serve(
             .lock()
             .expect("connection registry")
             .insert(next_id, conn.clone());
-        tokio::spawn(serve_connection(
-            stream,
-            router.clone(),
-            conn,
-            registry.clone(),
-            next_id,
-        ));
+        let (router, registry, id) = (router.clone(), registry.clone(), next_id);
+        let Some(tls) = tls.clone() else {
+            tokio::spawn(serve_connection(stream, router, conn, registry, id));
+            continue;
+        };
+        // The handshake in the connection's task: a slow or silent peer holds up no other,
+        // and one that does not finish it in time is dropped like a silent HTTP one.
+        tokio::spawn(async move {
+            match tokio::time::timeout(HEADER_READ_TIMEOUT, tls.accept(stream)).await {
+                Ok(Ok(stream)) => serve_connection(stream, router, conn, registry, id).await,
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "TLS handshake failed");
+                    registry.forget(id);
+                }
+                Err(_) => {
+                    tracing::debug!("TLS handshake not finished in time");
+                    registry.forget(id);
+                }
+            }
+        });
     }
     // Stop every connection once its answer in flight is sent; wait a little for them.
     registry.stopping.cancel();
@@ -332,13 +352,15 @@ async fn accept_failed(e: &std::io::Error, errors: &RateLimit, registry: &Regist
     .await;
 }
 
-async fn serve_connection(
-    stream: tokio::net::TcpStream,
+async fn serve_connection<S>(
+    stream: S,
     router: Router,
     conn: Arc<Conn>,
     registry: Arc<Registry>,
     id: u64,
-) {
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let service = {
         let (conn, registry) = (conn.clone(), registry.clone());
         hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
@@ -394,12 +416,7 @@ async fn serve_connection(
             }
         }
     }
-    registry
-        .conns
-        .lock()
-        .expect("connection registry")
-        .remove(&id);
-    registry.ended.notify_waiters();
+    registry.forget(id);
 }
 
 #[cfg(test)]

@@ -72,6 +72,13 @@ pub(super) struct AgentArgs {
     /// agent runs as root.
     #[arg(long)]
     allow_setid: bool,
+    /// Serve https with this certificate chain (PEM, the server's certificate first); with
+    /// --tls-key. For a port reached without an ssh tunnel.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -191,7 +198,7 @@ fn confine_agent(root: &std::path::Path, off: bool) -> crate::agent::confine::Co
 
 pub(super) fn run_agent(a: AgentArgs) -> i32 {
     init_logging();
-    if !a.listen.ip().is_loopback() {
+    if !a.listen.ip().is_loopback() && a.tls_cert.is_none() {
         super::logging::user_line(
             4,
             &format!(
@@ -203,6 +210,11 @@ pub(super) fn run_agent(a: AgentArgs) -> i32 {
         );
     }
     let result = load_token(a.token_file.as_deref()).and_then(|token| {
+        // Read before Landlock confines the agent to its workspace.
+        let tls = match (&a.tls_cert, &a.tls_key) {
+            (Some(cert), Some(key)) => Some(crate::agent::tls::acceptor(cert, key)?),
+            _ => None,
+        };
         // Before any thread starts: Landlock binds the calling thread and those it starts.
         let confinement = confine_agent(&a.root, a.no_landlock);
         let rt = crate::agent::runtime()?;
@@ -213,6 +225,7 @@ pub(super) fn run_agent(a: AgentArgs) -> i32 {
             search_timeout: std::time::Duration::from_secs(a.search_timeout),
             confinement,
             allow_setid: a.allow_setid,
+            tls,
         }))
     });
     match result {

@@ -161,7 +161,7 @@ pub fn classify(url: &str, e: &reqwest::Error, waited: Duration) -> ReachError {
     let handshake = |why: &str| {
         tls(format!(
             "handshake failed ({why}): does the server speak https? \
-             (the agent itself serves plain http)"
+             (an agent serves https only when started with --tls-cert)"
         ))
     };
     match tls_error(e) {

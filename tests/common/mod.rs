@@ -9,6 +9,7 @@ use std::process::Command;
 use serde_json::Value;
 
 pub mod sshfs;
+pub mod testca;
 
 use sbxfs::search::grep::GrepOptions;
 use sbxfs::search::walk::WalkOptions;
@@ -284,14 +285,18 @@ impl AgentProcess {
             .unwrap();
         let url = line
             .split_whitespace()
-            .find(|w| w.starts_with("http://"))
+            .find(|w| w.starts_with("http://") || w.starts_with("https://"))
             .unwrap_or_else(|| {
                 let _ = child.kill();
                 let _ = child.wait();
                 panic!("no ready line from the agent: {line:?}")
             })
             .to_string();
-        let addr = url.trim_start_matches("http://").parse().unwrap();
+        let addr = url
+            .trim_start_matches("https://")
+            .trim_start_matches("http://")
+            .parse()
+            .unwrap();
         AgentProcess {
             child,
             url,
