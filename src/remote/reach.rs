@@ -158,6 +158,11 @@ pub fn classify(url: &str, e: &reqwest::Error, waited: Duration) -> ReachError {
         url: url_s.clone(),
         why,
     };
+    let wrong_name = || {
+        tls(format!(
+            "the certificate is not for host {host:?}: connect by a name (or address) it names"
+        ))
+    };
     let handshake = |why: &str| {
         tls(format!(
             "handshake failed ({why}): does the server speak https? \
@@ -168,11 +173,11 @@ pub fn classify(url: &str, e: &reqwest::Error, waited: Duration) -> ReachError {
         Some(rustls::Error::InvalidCertificate(
             rustls::CertificateError::NotValidForName
             | rustls::CertificateError::NotValidForNameContext { .. },
-        )) => tls(format!(
-            "the certificate is not for host {host:?}: connect by a name (or address) it names"
-        )),
+        )) => wrong_name(),
         Some(rustls::Error::InvalidCertificate(_)) => tls(UNTRUSTED.into()),
         Some(other) => handshake(&other.to_string()),
+        // The platform verifier's error reaches us as text only.
+        None if https && chain.iter().any(|m| is_wrong_name(m)) => wrong_name(),
         None if https && chain.iter().any(|m| m.contains("invalid peer certificate")) => {
             tls(UNTRUSTED.into())
         }
@@ -182,6 +187,11 @@ pub fn classify(url: &str, e: &reqwest::Error, waited: Duration) -> ReachError {
             why: describe(e),
         },
     }
+}
+
+/// A certificate error that says the certificate names other hosts.
+fn is_wrong_name(m: &str) -> bool {
+    m.contains("NotValidForName") || m.contains("not valid for name")
 }
 
 /// hyper's resolver failed: the host name did not resolve.
