@@ -6,6 +6,9 @@
 //! - [`remote`]: the [`remote::Remote`] trait every sandbox backend implements, its error type
 //!   (mapped to errno in one place), the agent protocol ([`remote::wire`]) and its HTTP(S)
 //!   client; [`remote::reach`] classifies a first contact's failure into one line and exit code.
+//!   [`remote::connect`] turns a URL into a connected `Remote` (the transport chosen by scheme;
+//!   http(s) with [`remote::httpsetup`]'s extra CAs and headers), each wrapped in the one
+//!   retry ([`remote::retry`]: idempotent calls after a transport failure) and deadline wrapper.
 //!   [`remote::memory`]: a whole sandbox in memory, the reference backend for tests (with a
 //!   sandbox-side API to change files behind the mount's back).
 //!   [`remote::faulty`]: a wrapper around any `Remote` injecting latency, errors, hangs, cut streams.
@@ -17,7 +20,8 @@
 //!   beneath the root's descriptor ([`search::beneath`]) under a deadline and cancelled when
 //!   their client leaves ([`search::cancel`]); Landlock as a second wall ([`agent::confine`]);
 //!   a change feed over real directories only ([`agent::watch`]); its own accept loop bounding
-//!   connections, header reads and idle time ([`agent::server`]).
+//!   connections, header reads and idle time ([`agent::server`]), https when given a certificate
+//!   ([`agent::tls`]).
 //! - [`mount`]: `sbxfs mount`, a FUSE filesystem over any `Remote`: a thin adapter
 //!   ([`mount::fuse`]) over the filesystem operations ([`mount::core`]); before each operation
 //!   the permission gate ([`mount::gate`]) applies the POSIX rules ([`mount::access`]), the

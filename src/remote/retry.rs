@@ -172,7 +172,7 @@ impl Remote for Retrying {
             .await
     }
     async fn scan(&self, path: &RemotePath, req: ScanRequest) -> Result<ScanResult> {
-        again(|| self.inner.scan(path, req.clone())).await
+        again(|| self.inner.scan(path, req)).await
     }
     async fn grep(
         &self,
