@@ -171,6 +171,8 @@ pub fn errno_of_message(message: &str) -> Option<i32> {
     let tail = message.rsplit(": ").next().unwrap_or(message).trim();
     let extra: &[(&str, i32)] = &[
         ("No such attribute", libc::ENODATA),
+        // dash's "cannot create X: Directory nonexistent".
+        ("Directory nonexistent", libc::ENOENT),
         ("Not supported", libc::EOPNOTSUPP),
         ("Operation not supported", libc::EOPNOTSUPP),
         ("Invalid cross-device link", libc::EXDEV),

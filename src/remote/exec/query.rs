@@ -141,6 +141,9 @@ pub fn parse_scan(out: &[u8], shown: &str) -> Result<ScanResult> {
     let rest = &out[nl + 1..];
     if let Some(err) = head.strip_prefix("ERR ") {
         let (token, msg) = err.split_once(' ').unwrap_or((err, ""));
+        if token == "not_found" {
+            return Err(RemoteError::NotFound(shown.to_string()));
+        }
         let msg = if msg.contains("no such file") || token == "is_a_directory" {
             shown.to_string()
         } else {

@@ -223,6 +223,35 @@ impl ScriptRemote {
         attrs.into_iter().next().expect("one path")
     }
 
+    /// One range of at most [`MAX_READ`] bytes, in one program.
+    async fn read_chunk(&self, path: &RemotePath, offset: u64, len: u32) -> Result<ReadResult> {
+        let (o, l) = (offset.to_string(), len.to_string());
+        let lines = self
+            .call(
+                &path.display(),
+                &[path.as_bytes(), o.as_bytes(), l.as_bytes()],
+                &[READ],
+            )
+            .await?;
+        match lines.as_slice() {
+            [s, d] => {
+                let (("S", s), ("D", d)) = (word(s), word(d)) else {
+                    return Err(malformed("read"));
+                };
+                let attr = parse_attr(s, None)?;
+                let data = unb64(d)?;
+                if data.len() > len as usize {
+                    return Err(malformed("more bytes than asked"));
+                }
+                Ok(ReadResult {
+                    data: Bytes::from(data),
+                    version: attr.version,
+                })
+            }
+            _ => Err(malformed("read")),
+        }
+    }
+
     async fn namespace(&self, what: &RemotePath, args: &[&[u8]]) -> Result<Vec<String>> {
         self.call(&what.display(), args, &[NAMESPACE]).await
     }
@@ -258,7 +287,7 @@ impl ScriptRemote {
             // A version made elsewhere never matches: the script answers the conflict.
             Some(v) => version_fields(v, probe.precision).unwrap_or_else(|| "unknown".into()),
         };
-        let mode = format!("{:o}", create_mode & 0o7777);
+        let mode = octal(create_mode);
         let temp = self.temp_name();
         let mut args: Vec<&[u8]> = vec![path.as_bytes(), base.as_bytes(), mode.as_bytes()];
         args.push(temp.as_bytes());
@@ -301,8 +330,10 @@ fn dd_at(offset: u64) -> (u64, u64) {
     (bs, offset / bs)
 }
 
+/// A mode to make or set: set-ID bits dropped, as the agent does by default (whoever can
+/// mount must not make a set-ID program in the sandbox).
 fn octal(mode: u32) -> String {
-    format!("{:o}", mode & 0o7777)
+    format!("{:o}", mode & 0o1777)
 }
 
 /// Nanoseconds as `touch -d @` takes them.
@@ -456,32 +487,40 @@ impl Remote for ScriptRemote {
     }
 
     async fn read(&self, path: &RemotePath, offset: u64, len: u32) -> Result<ReadResult> {
-        let len = len.min(MAX_READ);
-        let (o, l) = (offset.to_string(), len.to_string());
-        let lines = self
-            .call(
-                &path.display(),
-                &[path.as_bytes(), o.as_bytes(), l.as_bytes()],
-                &[READ],
-            )
-            .await?;
-        match lines.as_slice() {
-            [s, d] => {
-                let (("S", s), ("D", d)) = (word(s), word(d)) else {
-                    return Err(malformed("read"));
-                };
-                let attr = parse_attr(s, None)?;
-                let data = unb64(d)?;
-                if data.len() > len as usize {
-                    return Err(malformed("more bytes than asked"));
-                }
-                Ok(ReadResult {
-                    data: Bytes::from(data),
-                    version: attr.version,
-                })
-            }
-            _ => Err(malformed("read")),
+        if len > wire::MAX_READ_BYTES {
+            return Err(RemoteError::TooLarge(format!(
+                "{}: reads are limited to {} bytes",
+                path.display(),
+                wire::MAX_READ_BYTES
+            )));
         }
+        // Chunks small enough for the output cap; all must carry one version, or the whole
+        // range is read again.
+        'again: for _ in 0..ATTEMPTS {
+            let first = self.read_chunk(path, offset, len.min(MAX_READ)).await?;
+            let mut data = first.data.to_vec();
+            while data.len() < len as usize && data.len() % MAX_READ as usize == 0 && !data.is_empty() {
+                let want = (len as usize - data.len()).min(MAX_READ as usize) as u32;
+                let next = self
+                    .read_chunk(path, offset + data.len() as u64, want)
+                    .await?;
+                if next.version != first.version {
+                    continue 'again;
+                }
+                if next.data.is_empty() {
+                    break;
+                }
+                data.extend_from_slice(&next.data);
+            }
+            return Ok(ReadResult {
+                data: Bytes::from(data),
+                version: first.version,
+            });
+        }
+        Err(RemoteError::Transport(format!(
+            "{}: kept changing while read",
+            path.display()
+        )))
     }
 
     async fn commit(
@@ -507,6 +546,11 @@ impl Remote for ScriptRemote {
                 new_len,
                 ranges,
             } => {
+                // The shell's arithmetic is signed 64-bit: a cut past that cuts nothing.
+                let cut = cut.min(i64::MAX as u64);
+                if new_len > i64::MAX as u64 {
+                    return Err(RemoteError::FileTooBig(path.display()));
+                }
                 let mut f = String::from("content() {\ncat -- \"$P\" >\"$1\" || return 1\n");
                 f.push_str(&format!(
                     "s=$(wc -c <\"$1\") || return 1\n[ \"$s\" -le {cut} ] || truncate -s {cut} -- \"$1\" || return 1\n"
@@ -559,10 +603,8 @@ impl Remote for ScriptRemote {
                     .await?
             }
             SpecialKind::Socket => {
-                return Err(RemoteError::Unsupported(format!(
-                    "{}: sockets cannot be made through a shell",
-                    path.display()
-                )))
+                self.namespace(path, &[b"socket", path.as_bytes(), m.as_bytes()])
+                    .await?
             }
             SpecialKind::CharDevice | SpecialKind::BlockDevice => {
                 let t: &[u8] = if kind == SpecialKind::CharDevice {
@@ -588,6 +630,9 @@ impl Remote for ScriptRemote {
     }
 
     async fn unlink(&self, path: &RemotePath) -> Result<()> {
+        if path.is_root() {
+            return Err(RemoteError::Invalid("unlink of the workspace root".into()));
+        }
         self.namespace(path, &[b"unlink", path.as_bytes()])
             .await
             .map(drop)
@@ -595,7 +640,7 @@ impl Remote for ScriptRemote {
 
     async fn rmdir(&self, path: &RemotePath) -> Result<()> {
         if path.is_root() {
-            return Err(RemoteError::Perm("the workspace root".into()));
+            return Err(RemoteError::Invalid("rmdir of the workspace root".into()));
         }
         self.namespace(path, &[b"rmdir", path.as_bytes()])
             .await
@@ -606,14 +651,10 @@ impl Remote for ScriptRemote {
         let m: &[u8] = match mode {
             RenameMode::Replace => b"replace",
             RenameMode::NoReplace => b"noreplace",
-            RenameMode::Exchange => {
-                return Err(RemoteError::Unsupported(
-                    "rename exchange: no shell tool swaps two names atomically".into(),
-                ))
-            }
+            RenameMode::Exchange => b"exchange",
         };
         if from.is_root() || to.is_root() {
-            return Err(RemoteError::Perm("the workspace root".into()));
+            return Err(RemoteError::Invalid("rename of the workspace root".into()));
         }
         self.namespace(from, &[b"rename", from.as_bytes(), to.as_bytes(), m])
             .await
@@ -651,6 +692,9 @@ impl Remote for ScriptRemote {
     }
 
     async fn setattr(&self, path: &RemotePath, attr: SetAttr) -> Result<Attr> {
+        if attr.size.is_some_and(|s| s > i64::MAX as u64) {
+            return Err(RemoteError::FileTooBig(path.display()));
+        }
         let opt = |v: Option<String>| v.unwrap_or_default();
         let mode = opt(attr.mode.map(octal));
         let size = opt(attr.size.map(|s| s.to_string()));
@@ -813,8 +857,15 @@ impl Remote for ScriptRemote {
             "content() {{\nif [ -e \"$P\" ]; then cat -- \"$P\" >\"$1\" || return 1; fi\n\
              tail -c +$(({src_offset} + 1)) -- \"$SRC\" | head -c {len} | dd of=\"$1\" bs={bs} seek={seek} conv=notrunc 2>/dev/null || return 1\n}}\n"
         );
+        if [src_offset, dst_offset, len]
+            .iter()
+            .any(|v| *v > i64::MAX as u64)
+            || dst_offset.checked_add(len).is_none_or(|e| e > i64::MAX as u64)
+        {
+            return Err(RemoteError::FileTooBig(dst.display()));
+        }
         let pre = format!(
-            "at \"$5\"\nfollow\n[ -e \"$P\" ] || fail ENOENT \"$5\"\n[ -d \"$P\" ] && fail EISDIR \"$5\"\n\
+            "at \"$1\"\n[ -e \"$P\" ] || [ -L \"$P\" ] || fail ENOENT \"$1\"\nat \"$5\"\nfollow\n[ -e \"$P\" ] || fail ENOENT \"$5\"\n[ -d \"$P\" ] && fail EISDIR \"$5\"\n\
              [ -f \"$P\" ] || fail EINVAL \"$5: not a regular file\"\nSRC=$P\n\
              sz=$(stat -L -c %s -- \"$SRC\") || fail EIO \"$5\"\n\
              COPIED=$(( sz > {src_offset} ? (sz - {src_offset} < {len} ? sz - {src_offset} : {len}) : 0 ))\n"

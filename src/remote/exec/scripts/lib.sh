@@ -36,6 +36,9 @@ parent_ok() {
   canon "$D"
   [ -n "$R" ] || fail SYS "$D: No such file or directory"
   beneath "$R" || fail EACCES "$D: leads out of the workspace"
+  [ -d "$R" ] && return 0
+  [ -e "$R" ] && fail ENOTDIR "$D"
+  fail ENOENT "$D"
 }
 # follow: P, with symlinks followed, stays inside ROOT; P becomes where it leads.
 follow() {
@@ -56,4 +59,16 @@ attrs() {
     readlink -n -- "$1" | base64 | tr -d '\n'
     echo
   fi
+}
+# rename2 FROM TO FLAG: renameat2(2) through python3 (FLAG 1: no replace, 2: exchange), atomic.
+rename2() {
+  command -v python3 >/dev/null 2>&1 || fail EOPNOTSUPP "rename: no python3 in the sandbox for renameat2"
+  o=$(python3 -c '
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+a, b = os.fsencode(sys.argv[1]), os.fsencode(sys.argv[2])
+if libc.renameat2(-100, a, -100, b, int(sys.argv[3])) != 0:
+    sys.stderr.write("rename: " + os.strerror(ctypes.get_errno()) + "\n")
+    sys.exit(1)
+' "$1" "$2" "$3" 2>&1) || fail SYS "$o"
 }

@@ -13,6 +13,15 @@ create)
   ;;
 mkdir) run mkdir -m "$2" -- "$P" ;;
 mkfifo) run mkfifo -m "$2" -- "$P" ;;
+socket)
+  command -v python3 >/dev/null 2>&1 || fail EOPNOTSUPP "sockets: no python3 in the sandbox"
+  # bind() takes at most 107 bytes of path: bind the name from inside its directory.
+  o=$(cd -- "${P%/*}" && python3 -c '
+import os, socket, sys
+socket.socket(socket.AF_UNIX).bind(os.fsencode("./" + sys.argv[1]))
+' "${P##*/}" 2>&1) || fail SYS "$o"
+  run chmod "$2" -- "$P"
+  ;;
 mknod)
   command -v mknod >/dev/null 2>&1 || fail EOPNOTSUPP "mknod: no tool in the sandbox"
   run mknod -m "$2" -- "$P" "$3" "$4" "$5"
@@ -41,7 +50,11 @@ rename)
     exit 0
   fi
   case $P in "$F"/*) fail EINVAL "$2: inside $1" ;; esac
-  if [ "$3" = noreplace ]; then
+  if [ "$3" = exchange ]; then
+    rename2 "$F" "$P" 2
+  elif [ "$3" = noreplace ] && command -v python3 >/dev/null 2>&1; then
+    rename2 "$F" "$P" 1
+  elif [ "$3" = noreplace ]; then
     exists "$P" && fail EEXIST "$2"
     if [ -d "$F" ] && ! [ -L "$F" ]; then
       run mv -f -- "$F" "$P"

@@ -5,7 +5,8 @@ follow
 [ -d "$P" ] || fail ENOTDIR "$1"
 T=${TMPDIR:-/tmp}/.sbxfs-tree.$$
 trap 'rm -f -- "$T"' EXIT
-find "$P" -mindepth 1 -print0 >"$T" 2>/dev/null || fail EAGAIN "changed while listed"
+cd -- "$P" || fail EACCES "$1"
+find . -mindepth 1 -print0 >"$T" 2>/dev/null || fail EAGAIN "changed while listed"
 if [ -s "$T" ]; then
   st=$(xargs -0 stat -c "$SF" -- <"$T") || fail EAGAIN "changed while listed"
 fi

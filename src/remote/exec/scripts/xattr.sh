@@ -30,7 +30,9 @@ set)
   create) has "$3" && fail EEXIST "$2: attribute $3" ;;
   replace) has "$3" || fail ENODATA "$2: attribute $3" ;;
   esac
-  run setfattr -h -n "$3" -v "0s$4" -- "$P"
+  # setfattr takes "0s" (an empty base64 value) as no value at all.
+  if [ -z "$4" ]; then v=''; else v=0s$4; fi
+  run setfattr -h -n "$3" -v "$v" -- "$P"
   ok
   ;;
 remove)
