@@ -142,6 +142,10 @@ pub fn error_of(token: &str, message: &str, what: &str) -> RemoteError {
     };
     match errno {
         Some(libc::EAGAIN) => RemoteError::Transport(format!("{what}: {message}")),
+        // The script's own words say which argument was wrong.
+        Some(libc::EINVAL) if token != "SYS" && !message.is_empty() => {
+            RemoteError::Invalid(message.to_string())
+        }
         Some(e) => RemoteError::from_errno(e, what),
         None => RemoteError::Io(what.to_string(), message.to_string()),
     }

@@ -320,6 +320,36 @@ fn conflict_of(path: &str, base: &str, current: &str) -> RemoteError {
     }
 }
 
+/// The agent's tree order: a directory's entries whole (sorted), then each subdirectory's
+/// the same way, in order.
+fn agent_order(top: &RemotePath, entries: Vec<(RemotePath, Attr)>) -> Vec<(RemotePath, Attr)> {
+    use std::collections::BTreeMap;
+    let mut by_dir: BTreeMap<Vec<u8>, Vec<(RemotePath, Attr)>> = BTreeMap::new();
+    for (p, a) in entries {
+        let parent = p
+            .split_last()
+            .map(|(d, _)| d.as_bytes().to_vec())
+            .unwrap_or_default();
+        by_dir.entry(parent).or_default().push((p, a));
+    }
+    let mut out = Vec::new();
+    let mut stack = vec![top.as_bytes().to_vec()];
+    while let Some(dir) = stack.pop() {
+        let Some(mut children) = by_dir.remove(&dir) else {
+            continue;
+        };
+        children.sort_by(|(a, _), (b, _)| a.as_bytes().cmp(b.as_bytes()));
+        let subdirs: Vec<Vec<u8>> = children
+            .iter()
+            .filter(|(_, a)| a.kind == FileKind::Dir)
+            .map(|(p, _)| p.as_bytes().to_vec())
+            .collect();
+        out.extend(children);
+        stack.extend(subdirs.into_iter().rev());
+    }
+    out
+}
+
 /// A `dd` block size and seek that put a range at exactly `offset`.
 fn dd_at(offset: u64) -> (u64, u64) {
     let bs = if offset == 0 {
@@ -333,7 +363,8 @@ fn dd_at(offset: u64) -> (u64, u64) {
 /// A mode to make or set: set-ID bits dropped, as the agent does by default (whoever can
 /// mount must not make a set-ID program in the sandbox).
 fn octal(mode: u32) -> String {
-    format!("{:o}", mode & 0o1777)
+    // Five digits: GNU chmod keeps a directory's set-group-ID bit for a shorter number.
+    format!("{:05o}", mode & 0o1777)
 }
 
 /// Nanoseconds as `touch -d @` takes them.
@@ -472,11 +503,7 @@ impl Remote for ScriptRemote {
                 a.symlink_target = targets.remove(p.as_bytes());
             }
         }
-        entries.sort_by(|(a, _), (b, _)| {
-            a.as_bytes()
-                .split(|c| *c == b'/')
-                .cmp(b.as_bytes().split(|c| *c == b'/'))
-        });
+        let entries = agent_order(path, entries);
         Ok(stream::iter(entries.into_iter().map(|(p, attr)| {
             Ok(TreeEntry {
                 path: WireBytes(p.as_bytes().to_vec()),
@@ -969,7 +996,10 @@ impl Remote for ScriptRemote {
 }
 
 fn check_xattr_name(name: &[u8]) -> Result<()> {
-    if name.is_empty() || name.len() > MAX_XATTR_NAME_BYTES || name.contains(&0) {
+    if name.len() > MAX_XATTR_NAME_BYTES {
+        return Err(RemoteError::NameTooLong("an attribute name".into()));
+    }
+    if name.is_empty() || name.contains(&0) {
         return Err(RemoteError::Invalid("an attribute name".into()));
     }
     Ok(())

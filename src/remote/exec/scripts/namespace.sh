@@ -11,7 +11,11 @@ create)
   if ! o=$( (set -C && : >"$P") 2>&1); then fail SYS "$o"; fi
   run chmod "$2" -- "$P"
   ;;
-mkdir) run mkdir -m "$2" -- "$P" ;;
+mkdir)
+  run mkdir -m "$2" -- "$P"
+  # A set-group-ID parent passes its bit on; the mode asked for is the mode made.
+  run chmod "$2" -- "$P"
+  ;;
 mkfifo) run mkfifo -m "$2" -- "$P" ;;
 socket)
   command -v python3 >/dev/null 2>&1 || fail EOPNOTSUPP "sockets: no python3 in the sandbox"

@@ -2,6 +2,7 @@
 # line per path. Symlink targets are asked for afterwards (stat).
 at "$1"
 follow
+[ -e "$P" ] || fail ENOENT "$1"
 [ -d "$P" ] || fail ENOTDIR "$1"
 T=${TMPDIR:-/tmp}/.sbxfs-tree.$$
 trap 'rm -f -- "$T"' EXIT
