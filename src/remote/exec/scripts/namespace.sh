@@ -118,8 +118,9 @@ setattr)
     [ -d "$P" ] && fail EISDIR "$1"
     run truncate -s "$3" -- "$P"
   fi
-  [ -z "$4" ] || run touch -h -c -a -d "@$4" -- "$P"
-  [ -z "$5" ] || run touch -h -c -m -d "@$5" -- "$P"
+  # busybox's touch takes whole seconds only: the nanoseconds are lost there.
+  [ -z "$4" ] || touch -h -c -a -d "@$4" -- "$P" 2>/dev/null || run touch -h -c -a -d "@${4%.*}" -- "$P"
+  [ -z "$5" ] || touch -h -c -m -d "@$5" -- "$P" 2>/dev/null || run touch -h -c -m -d "@${5%.*}" -- "$P"
   ;;
 fallocate)
   # fallocate REL OFFSET LEN KEEP(1/0)
@@ -127,7 +128,12 @@ fallocate)
   follow
   [ -d "$P" ] && fail EISDIR "$1"
   if command -v fallocate >/dev/null 2>&1; then
-    if [ "$4" = 1 ]; then run fallocate -n -o "$2" -l "$3" -- "$P"; else run fallocate -o "$2" -l "$3" -- "$P"; fi
+    if [ "$4" = 1 ]; then
+      o=$(fallocate -n -o "$2" -l "$3" -- "$P" 2>&1) || case $o in
+      *"invalid option"*) fail EOPNOTSUPP "fallocate: no --keep-size in the sandbox's tool" ;;
+      *) fail SYS "$o" ;;
+      esac
+    else run fallocate -o "$2" -l "$3" -- "$P"; fi
   elif [ "$4" = 1 ]; then
     fail EOPNOTSUPP "fallocate: no tool in the sandbox"
   else
