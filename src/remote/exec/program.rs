@@ -240,7 +240,9 @@ mod tests {
         let e = parse(&out(b"__RESULT__\nerr ENOTEMPTY d\n"), "d");
         assert!(matches!(e, Err(RemoteError::NotEmpty(_))));
         let e = parse(
-            &out(b"__RESULT__\nerr SYS rmdir: 'x: No such file or directory': Directory not empty\n"),
+            &out(
+                b"__RESULT__\nerr SYS rmdir: 'x: No such file or directory': Directory not empty\n",
+            ),
             "x",
         );
         assert!(matches!(e, Err(RemoteError::NotEmpty(_))));

@@ -50,7 +50,11 @@ fn joined(dir: &RemotePath, name: &[u8]) -> Result<RemotePath> {
 
 /// A sandbox copy of `path`'s subtree (and the ignore files above it), with file contents
 /// when `contents`.
-pub async fn snapshot(remote: &ScriptRemote, path: &RemotePath, contents: bool) -> Result<MemoryRemote> {
+pub async fn snapshot(
+    remote: &ScriptRemote,
+    path: &RemotePath,
+    contents: bool,
+) -> Result<MemoryRemote> {
     // A path out of the workspace is refused before anything is listed.
     remote.resolve(path).await.map_err(|e| match e {
         RemoteError::NotFound(p) => SearchError::NotFound(p).into(),

@@ -142,7 +142,13 @@ impl ScriptRemote {
     async fn call(&self, what: &str, args: &[&[u8]], parts: &[&str]) -> Result<Vec<String>> {
         let probe = self.probe().await?;
         let p = probe.precision;
-        let text = build(&probe.root, p.attr_format(), p.version_format(), args, parts);
+        let text = build(
+            &probe.root,
+            p.attr_format(),
+            p.version_format(),
+            args,
+            parts,
+        );
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -191,7 +197,10 @@ impl ScriptRemote {
                     _ => return Err(malformed("a link target without a link")),
                 },
                 ("E", e) => {
-                    let shown = paths.get(out.len()).map(|p| p.display()).unwrap_or_default();
+                    let shown = paths
+                        .get(out.len())
+                        .map(|p| p.display())
+                        .unwrap_or_default();
                     let (token, msg) = word(e);
                     out.push(Err(program::error_of(token, msg, &shown)));
                 }
@@ -437,7 +446,10 @@ impl Remote for ScriptRemote {
                 attr: parse_attr(line, None)?,
             });
         }
-        for e in entries.iter_mut().filter(|e| e.attr.kind == FileKind::Symlink) {
+        for e in entries
+            .iter_mut()
+            .filter(|e| e.attr.kind == FileKind::Symlink)
+        {
             match it.next().map(|l| word(l)) {
                 Some(("L", t)) => e.attr.symlink_target = Some(WireBytes(unb64(t)?)),
                 _ => return Err(malformed("a link without its target")),
@@ -526,7 +538,10 @@ impl Remote for ScriptRemote {
         'again: for _ in 0..ATTEMPTS {
             let first = self.read_chunk(path, offset, len.min(MAX_READ)).await?;
             let mut data = first.data.to_vec();
-            while data.len() < len as usize && data.len() % MAX_READ as usize == 0 && !data.is_empty() {
+            while data.len() < len as usize
+                && data.len() % MAX_READ as usize == 0
+                && !data.is_empty()
+            {
                 let want = (len as usize - data.len()).min(MAX_READ as usize) as u32;
                 let next = self
                     .read_chunk(path, offset + data.len() as u64, want)
@@ -776,11 +791,7 @@ impl Remote for ScriptRemote {
     async fn getxattr(&self, path: &RemotePath, name: &[u8]) -> Result<Vec<u8>> {
         check_xattr_name(name)?;
         let lines = self
-            .call(
-                &path.display(),
-                &[b"get", path.as_bytes(), name],
-                &[XATTR],
-            )
+            .call(&path.display(), &[b"get", path.as_bytes(), name], &[XATTR])
             .await?;
         match lines.first().map(|l| word(l)) {
             Some(("V", v)) => unb64(v),
@@ -887,7 +898,9 @@ impl Remote for ScriptRemote {
         if [src_offset, dst_offset, len]
             .iter()
             .any(|v| *v > i64::MAX as u64)
-            || dst_offset.checked_add(len).is_none_or(|e| e > i64::MAX as u64)
+            || dst_offset
+                .checked_add(len)
+                .is_none_or(|e| e > i64::MAX as u64)
         {
             return Err(RemoteError::FileTooBig(dst.display()));
         }

@@ -35,7 +35,8 @@ impl Precision {
 }
 
 fn num<T: std::str::FromStr>(s: &str) -> Result<T, RemoteError> {
-    s.parse().map_err(|_| malformed("a stat field is not a number"))
+    s.parse()
+        .map_err(|_| malformed("a stat field is not a number"))
 }
 
 /// `SECONDS[.NANOS]` as nanoseconds.

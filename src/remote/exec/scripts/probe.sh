@@ -1,6 +1,6 @@
 # probe: the workspace's canonical path, who runs the programs, and which tools exist.
 canon "$ROOT"
-[ -n "$R" ] || fail ENOENT "$ROOT"
+[ -n "$R" ] && [ -e "$R" ] || fail ENOENT "$ROOT"
 [ -d "$R" ] || fail ENOTDIR "$ROOT"
 ok
 printf 'R '
