@@ -4,10 +4,12 @@ at "$1"
 follow
 [ -e "$P" ] || fail ENOENT "$1"
 [ -d "$P" ] || fail ENOTDIR "$1"
-T=${TMPDIR:-/tmp}/.sbxfs-tree.$$
+# mktemp: a name nobody in the sandbox could have planted a symlink at.
+T=$(mktemp) || fail EIO "mktemp failed"
 trap 'rm -f -- "$T"' EXIT
 cd -- "$P" || fail EACCES "$1"
-find . -mindepth 1 -print0 >"$T" 2>/dev/null || fail EAGAIN "changed while listed"
+# What find cannot enter (no permission, gone meanwhile) is left out, as from a listing.
+find . -mindepth 1 -print0 >"$T" 2>/dev/null
 if [ -s "$T" ]; then
   st=$(xargs -0 stat -c "$SF" -- <"$T") || fail EAGAIN "changed while listed"
 fi
