@@ -318,3 +318,81 @@ async fn shell_and_exec_urls_fail_clearly() {
     assert_eq!(ok.info.root, root.to_str().unwrap());
     assert!(!ok.info.capabilities.feed);
 }
+
+/// A shell transport that also moves files natively, as agentscope's HTTP upload does: the
+/// sandbox is this machine, so `put_file` writes the file itself.
+struct UploadingRunner {
+    shell: CommandRunner,
+    uploads: std::sync::Mutex<Vec<Vec<u8>>>,
+}
+
+#[async_trait::async_trait]
+impl sbxfs::remote::exec::Runner for UploadingRunner {
+    async fn run(
+        &self,
+        program: &str,
+        ctl: &sbxfs::remote::exec::RunControl,
+    ) -> Result<sbxfs::remote::exec::Output> {
+        self.shell.run(program, ctl).await
+    }
+    async fn put_file(&self, abs_path: &[u8], data: bytes::Bytes) -> Option<Result<()>> {
+        self.uploads.lock().unwrap().push(abs_path.to_vec());
+        Some(
+            fs::write(std::ffi::OsStr::from_bytes(abs_path), &data)
+                .map_err(|e| RemoteError::Io("upload".into(), e.to_string())),
+        )
+    }
+    fn describe(&self) -> String {
+        "sh with uploads".into()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_use_a_native_upload_when_the_transport_has_one() {
+    let (_dir, root) = workspace();
+    fs::create_dir(&root.join("d")).unwrap();
+    fs::write(root.join("d/f"), "old").unwrap();
+    let runner = Arc::new(UploadingRunner {
+        shell: CommandRunner::new(vec!["sh".into()]).unwrap(),
+        uploads: Default::default(),
+    });
+    let r = script_remote(runner.clone(), root.as_os_str().as_bytes().to_vec()).unwrap();
+    let f = RemotePath::new(b"d/f".to_vec()).unwrap();
+    let before = r.stat(&f).await.unwrap();
+    let data: Vec<u8> = (0..=255u8).cycle().take(300_000).collect();
+    let a = r
+        .commit(
+            &f,
+            whole(&data),
+            CommitOptions {
+                base: Some(before.version.clone()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(fs::read(root.join("d/f")).unwrap(), data);
+    assert_eq!(a.size, data.len() as u64);
+    assert_eq!(runner.uploads.lock().unwrap().len(), 1);
+    // A conflict still removes the upload.
+    let e = r
+        .commit(
+            &f,
+            whole(b"late"),
+            CommitOptions {
+                base: Some(before.version),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e, RemoteError::Conflict { .. }), "{e:?}");
+    assert_eq!(fs::read(root.join("d/f")).unwrap(), data);
+    let mut left: Vec<_> = fs::read_dir(&root)
+        .unwrap()
+        .chain(fs::read_dir(root.join("d")).unwrap())
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    left.sort();
+    assert_eq!(left, vec!["d", "f"]);
+}

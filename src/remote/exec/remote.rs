@@ -578,10 +578,25 @@ impl Remote for ScriptRemote {
                 r.read_to_end(&mut data)
                     .await
                     .map_err(|e| RemoteError::Io(path.display(), e.to_string()))?;
-                format!(
-                    "content() {{\nbase64 -d >\"$1\" <<'__SBX_DATA__' || return 1\n{}}}\n",
-                    heredoc_b64(&data)
-                )
+                // A transport that moves files natively (an HTTP upload) puts the bytes in the
+                // workspace root (always inside it), and the script copies them into its temp.
+                let probe = self.probe().await?;
+                let up = self.temp_name();
+                let mut up_abs = probe.root.clone();
+                up_abs.push(b'/');
+                up_abs.extend_from_slice(up.as_bytes());
+                let data = Bytes::from(data);
+                match self.runner.put_file(&up_abs, data.clone()).await {
+                    // `up` is ours: `.sbxfs-exec-` and hex digits only.
+                    Some(Ok(())) => format!(
+                        "UP=$ROOT/{up}\ntrap 'rm -f -- \"$UP\"' EXIT\ncontent() {{\ncat -- \"$UP\" >\"$1\" || return 1\n}}\n"
+                    ),
+                    Some(Err(e)) => return Err(e),
+                    None => format!(
+                        "content() {{\nbase64 -d >\"$1\" <<'__SBX_DATA__' || return 1\n{}}}\n",
+                        heredoc_b64(&data)
+                    ),
+                }
             }
             CommitContent::Patch {
                 cut,

@@ -6,7 +6,8 @@ follow
 [ -d "$P" ] && fail EISDIR "$1"
 D=${P%/*}
 T=$D/$4
-trap 'rm -f -- "$T"' EXIT
+# UP: bytes the transport uploaded (put_file), removed whatever happens.
+trap 'rm -f -- "$T" ${UP:+"$UP"}' EXIT
 if ! o=$( (set -C && : >"$T") 2>&1); then fail SYS "$o"; fi
 if ! o=$(content "$T" 2>&1); then fail SYS "$T: $o"; fi
 if [ -e "$P" ] || [ -L "$P" ]; then
@@ -34,6 +35,7 @@ elif [ "$(stat -c %h -- "$P")" -gt 1 ]; then
 else
   if ! o=$(mv -f -- "$T" "$P" 2>&1); then fail SYS "$o"; fi
 fi
+[ -z "${UP:-}" ] || rm -f -- "$UP"
 trap - EXIT
 ok
 attrs "$P"
