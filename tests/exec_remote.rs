@@ -350,7 +350,7 @@ impl sbxfs::remote::exec::Runner for UploadingRunner {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commits_use_a_native_upload_when_the_transport_has_one() {
     let (_dir, root) = workspace();
-    fs::create_dir(&root.join("d")).unwrap();
+    fs::create_dir(root.join("d")).unwrap();
     fs::write(root.join("d/f"), "old").unwrap();
     let runner = Arc::new(UploadingRunner {
         shell: CommandRunner::new(vec!["sh".into()]).unwrap(),
