@@ -324,6 +324,7 @@ async fn shell_and_exec_urls_fail_clearly() {
 struct UploadingRunner {
     shell: CommandRunner,
     uploads: std::sync::Mutex<Vec<Vec<u8>>>,
+    downloads: std::sync::Mutex<Vec<Vec<u8>>>,
 }
 
 #[async_trait::async_trait]
@@ -342,19 +343,28 @@ impl sbxfs::remote::exec::Runner for UploadingRunner {
                 .map_err(|e| RemoteError::Io("upload".into(), e.to_string())),
         )
     }
+    async fn get_file(&self, abs_path: &[u8]) -> Option<Result<bytes::Bytes>> {
+        self.downloads.lock().unwrap().push(abs_path.to_vec());
+        Some(
+            fs::read(std::ffi::OsStr::from_bytes(abs_path))
+                .map(bytes::Bytes::from)
+                .map_err(|e| RemoteError::Io("download".into(), e.to_string())),
+        )
+    }
     fn describe(&self) -> String {
         "sh with uploads".into()
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn commits_use_a_native_upload_when_the_transport_has_one() {
+async fn commits_and_reads_use_native_file_moves_when_the_transport_has_them() {
     let (_dir, root) = workspace();
     fs::create_dir(root.join("d")).unwrap();
     fs::write(root.join("d/f"), "old").unwrap();
     let runner = Arc::new(UploadingRunner {
         shell: CommandRunner::new(vec!["sh".into()]).unwrap(),
         uploads: Default::default(),
+        downloads: Default::default(),
     });
     let r = script_remote(runner.clone(), root.as_os_str().as_bytes().to_vec()).unwrap();
     let f = RemotePath::new(b"d/f".to_vec()).unwrap();
@@ -374,6 +384,15 @@ async fn commits_use_a_native_upload_when_the_transport_has_one() {
     assert_eq!(fs::read(root.join("d/f")).unwrap(), data);
     assert_eq!(a.size, data.len() as u64);
     assert_eq!(runner.uploads.lock().unwrap().len(), 1);
+    // Reads take the native download, of the file the path resolves to, with its version.
+    let got = r.read(&f, 5, 10).await.unwrap();
+    assert_eq!(&got.data[..], &data[5..15]);
+    assert_eq!(got.version, a.version);
+    assert_eq!(
+        runner.downloads.lock().unwrap().as_slice(),
+        &[root.join("d/f").as_os_str().as_bytes().to_vec()]
+    );
+    assert!(r.read(&f, 1 << 40, 10).await.unwrap().data.is_empty());
     // A conflict still removes the upload.
     let e = r
         .commit(

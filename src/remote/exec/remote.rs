@@ -71,6 +71,8 @@ pub struct ScriptRemote {
     given_root: Vec<u8>,
     probe: OnceCell<Probe>,
     temp_seq: AtomicU64,
+    /// Reads go through the runner's `get_file` until it answers `None` once.
+    native_reads: std::sync::atomic::AtomicBool,
 }
 
 /// The lines of an answer after the first word of each: `("S", rest)`.
@@ -85,6 +87,7 @@ impl ScriptRemote {
             given_root: root,
             probe: OnceCell::new(),
             temp_seq: AtomicU64::new(0),
+            native_reads: std::sync::atomic::AtomicBool::new(true),
         }
     }
 
@@ -230,6 +233,45 @@ impl ScriptRemote {
             std::slice::from_ref(path),
         )?;
         attrs.into_iter().next().expect("one path")
+    }
+
+    /// A range through the transport's own download (`get_file`), checked against the
+    /// version before and after; `None` where the transport has none.
+    async fn read_native(
+        &self,
+        path: &RemotePath,
+        offset: u64,
+        len: u32,
+    ) -> Result<Option<ReadResult>> {
+        let version_at = |lines: &[String]| -> Result<(Vec<u8>, Version)> {
+            match lines {
+                [r, s] => match (word(r), word(s)) {
+                    (("R", r), ("S", s)) => Ok((unb64(r)?, parse_attr(s, None)?.version)),
+                    _ => Err(malformed("resolve")),
+                },
+                _ => Err(malformed("resolve")),
+            }
+        };
+        let shown = path.display();
+        let args: [&[u8]; 2] = [path.as_bytes(), b"regular"];
+        let (abs, before) = version_at(&self.call(&shown, &args, &[RESOLVE]).await?)?;
+        let Some(whole) = self.runner.get_file(&abs).await else {
+            return Ok(None);
+        };
+        let whole = whole?;
+        let (_, after) = version_at(&self.call(&shown, &args, &[RESOLVE]).await?)?;
+        if before != after || whole.len() as u64 > u64::MAX / 2 {
+            return Err(RemoteError::Transport(format!(
+                "{}: changed while read",
+                path.display()
+            )));
+        }
+        let start = (offset.min(whole.len() as u64)) as usize;
+        let end = start.saturating_add(len as usize).min(whole.len());
+        Ok(Some(ReadResult {
+            data: whole.slice(start..end),
+            version: before,
+        }))
     }
 
     /// One range of at most [`MAX_READ`] bytes, in one program.
@@ -532,6 +574,12 @@ impl Remote for ScriptRemote {
                 path.display(),
                 wire::MAX_READ_BYTES
             )));
+        }
+        if self.native_reads.load(Ordering::Relaxed) {
+            match self.read_native(path, offset, len).await? {
+                Some(r) => return Ok(r),
+                None => self.native_reads.store(false, Ordering::Relaxed),
+            }
         }
         // Chunks small enough for the output cap; all must carry one version, or the whole
         // range is read again.
