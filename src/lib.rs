@@ -15,6 +15,9 @@
 //!   [`remote::listings`]: a subtree's listings breadth first under a cap (what every backend
 //!   answers for `tree_listings`); [`remote::treepack`]: the agent's packed, compressed
 //!   encoding of them.
+//!   [`remote::exec`]: sandboxes reached only through a shell (`shell:`, `exec:`): every
+//!   operation a static POSIX `sh` program with base64 arguments over a [`remote::exec::Runner`]
+//!   ([`remote::exec::remote::ScriptRemote`]); grep/glob/fuzzy matched here over what it lists.
 //! - [`agent`]: `sbxfs agent`, the HTTP server that runs inside a sandbox; every path confined
 //!   to its root by `openat2(RESOLVE_BENEATH)` ([`agent::workspace`]), its searches walking
 //!   beneath the root's descriptor ([`search::beneath`]) under a deadline and cancelled when

@@ -18,6 +18,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 pub mod edit;
+pub mod program;
+pub mod query;
+pub mod remote;
+pub mod statline;
 
 use super::{RemoteError, Result};
 
@@ -155,34 +159,76 @@ impl Runner for CommandRunner {
     }
 }
 
-/// `shell:/ABS/PATH`: the exec-only scripts over a local `sh`.
+/// The absolute path after `scheme` (`shell:/ABS/PATH`), percent-decoded.
+fn url_path(url: &str, scheme: &str) -> Result<Vec<u8>> {
+    let rest = &url[scheme.len()..];
+    let rest = rest.strip_prefix("//").unwrap_or(rest);
+    let path: Vec<u8> = percent_encoding::percent_decode_str(rest).collect();
+    if !path.starts_with(b"/") || path.contains(&0) {
+        return Err(RemoteError::Invalid(format!(
+            "{url:?}: expected {scheme}/ABSOLUTE/PATH"
+        )));
+    }
+    Ok(path)
+}
+
+/// Probe the sandbox through `runner` and answer the connection.
+async fn connect_runner(
+    runner: std::sync::Arc<dyn Runner>,
+    root: Vec<u8>,
+    transport: &str,
+) -> Result<super::connect::Connected> {
+    let remote = std::sync::Arc::new(remote::ScriptRemote::new(runner, root));
+    let info = super::Remote::info(&*remote).await?;
+    Ok(super::connect::Connected {
+        remote,
+        info,
+        transport: transport.to_string(),
+        keep: Box::new(()),
+    })
+}
+
+/// `shell:/ABS/PATH`: the exec-only scripts over a local `sh` (the `sh` in PATH: dash on
+/// Debian, busybox's where it is first).
 pub async fn connect_shell(
     url: &str,
     _opts: &super::connect::ConnectOptions,
 ) -> Result<super::connect::Connected> {
-    Err(RemoteError::Unsupported(format!(
-        "{url}: the shell: transport is being written"
-    )))
+    let root = url_path(url, "shell:")?;
+    let runner = std::sync::Arc::new(CommandRunner::new(vec!["sh".into()])?);
+    connect_runner(runner, root, "shell").await
 }
 
-/// `exec:/ABS/PATH` with `--exec CMD`: the exec-only scripts over CMD's stdio.
+/// `exec:/ABS/PATH` with `--exec CMD`: the exec-only scripts over CMD's stdio. CMD is split
+/// by shell-words rules (quotes, backslashes) and run directly, never through a local shell.
 pub async fn connect_exec(
     url: &str,
-    _opts: &super::connect::ConnectOptions,
+    opts: &super::connect::ConnectOptions,
 ) -> Result<super::connect::Connected> {
-    Err(RemoteError::Unsupported(format!(
-        "{url}: the exec: transport is being written"
-    )))
+    let root = url_path(url, "exec:")?;
+    let cmd = opts.exec.as_deref().ok_or_else(|| {
+        RemoteError::Invalid(format!(
+            "{url}: exec: needs --exec 'COMMAND' (a command that runs a shell in the sandbox, \
+             e.g. 'docker exec -i CONTAINER sh')"
+        ))
+    })?;
+    let argv = shell_words::split(cmd)
+        .map_err(|e| RemoteError::Invalid(format!("--exec {cmd:?}: {e}")))?;
+    let runner = std::sync::Arc::new(CommandRunner::new(argv)?);
+    connect_runner(runner, root, "exec").await
 }
 
 /// The exec-only [`Remote`](super::Remote) over `runner`, for the workspace at the absolute
-/// path `root` in the sandbox.
+/// path `root` in the sandbox (probed on its first call).
 pub fn script_remote(
-    _runner: std::sync::Arc<dyn Runner>,
+    runner: std::sync::Arc<dyn Runner>,
     root: Vec<u8>,
 ) -> Result<std::sync::Arc<dyn super::Remote>> {
-    Err(RemoteError::Unsupported(format!(
-        "{}: the exec-only backend is being written",
-        String::from_utf8_lossy(&root)
-    )))
+    if !root.starts_with(b"/") || root.contains(&0) {
+        return Err(RemoteError::Invalid(format!(
+            "{}: the workspace must be an absolute path",
+            String::from_utf8_lossy(&root)
+        )));
+    }
+    Ok(std::sync::Arc::new(remote::ScriptRemote::new(runner, root)))
 }

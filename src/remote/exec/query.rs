@@ -1,0 +1,187 @@
+//! Queries over exec: scan runs in the sandbox (`scripts/scan.sh`, only the window crosses);
+//! grep, glob and fuzzy run here, over a snapshot of the searched subtree that the scripts
+//! list into a [`MemoryRemote`], so the matching rules are exactly the agent's (the same
+//! pure functions). glob and fuzzy need only the paths and the ignore files; grep needs the
+//! files' bytes too, so they cross (capped at [`MAX_SNAPSHOT_BYTES`]).
+
+use crate::remote::memory::MemoryRemote;
+use crate::remote::*;
+use crate::search::scan::ScanResult;
+use crate::search::SearchError;
+
+use super::program::malformed;
+use super::remote::ScriptRemote;
+
+/// Most file bytes a grep without a sandbox-side tool downloads; past it the search is
+/// refused rather than left to fill memory.
+pub const MAX_SNAPSHOT_BYTES: u64 = 256 * 1024 * 1024;
+/// Bytes asked per read while copying a file into the snapshot.
+const CHUNK: u32 = 4 * 1024 * 1024;
+/// Files whose content shapes a walk (the ignore crate's).
+const IGNORE_FILES: &[&[u8]] = &[b".gitignore", b".ignore", b".rgignore"];
+
+async fn read_whole(remote: &ScriptRemote, path: &RemotePath) -> Result<Vec<u8>> {
+    let mut data = Vec::new();
+    loop {
+        let r = remote.read(path, data.len() as u64, CHUNK).await?;
+        let n = r.data.len();
+        data.extend_from_slice(&r.data);
+        if n < CHUNK as usize {
+            return Ok(data);
+        }
+    }
+}
+
+fn parent_dirs(path: &RemotePath) -> Vec<RemotePath> {
+    let mut dirs = vec![RemotePath::root()];
+    let mut cur = path.clone();
+    let mut stack = Vec::new();
+    while let Some((parent, _)) = cur.split_last() {
+        stack.push(parent.clone());
+        cur = parent;
+    }
+    dirs.extend(stack.into_iter().rev().filter(|p| !p.is_root()));
+    dirs
+}
+
+fn joined(dir: &RemotePath, name: &[u8]) -> Result<RemotePath> {
+    dir.join(name)
+}
+
+/// A sandbox copy of `path`'s subtree (and the ignore files above it), with file contents
+/// when `contents`.
+pub async fn snapshot(
+    remote: &ScriptRemote,
+    path: &RemotePath,
+    contents: bool,
+) -> Result<MemoryRemote> {
+    // A path out of the workspace is refused before anything is listed.
+    remote.resolve(path).await.map_err(|e| match e {
+        RemoteError::NotFound(p) => SearchError::NotFound(p).into(),
+        e => e,
+    })?;
+    let m = MemoryRemote::new();
+    let sb = m.sandbox();
+    let fail = |e: RemoteError| RemoteError::Io(path.display(), e.to_string());
+    // Ignore files of the directories above (the walk reads them as the agent's does).
+    let dirs = parent_dirs(path);
+    let mut probes = Vec::new();
+    for d in &dirs {
+        for name in IGNORE_FILES.iter().chain([&&b".git"[..]]) {
+            probes.push(joined(d, name)?);
+        }
+    }
+    for d in dirs.iter().filter(|d| !d.is_root()) {
+        sb.mkdir_all(d.as_bytes()).map_err(fail)?;
+    }
+    for batch in stat_many_batches(&probes) {
+        for (p, a) in batch.iter().zip(remote.stat_many(batch).await?) {
+            match a {
+                Ok(a) if a.kind == FileKind::Dir => sb.mkdir_all(p.as_bytes()).map_err(fail)?,
+                Ok(a) if a.kind == FileKind::File => {
+                    let data = read_whole(remote, p).await?;
+                    sb.write(p.as_bytes(), &data).map_err(fail)?;
+                }
+                _ => {}
+            }
+        }
+    }
+    let top = remote.stat(path).await?;
+    let mut entries = Vec::new();
+    match top.kind {
+        FileKind::Dir => {
+            if !path.is_root() {
+                sb.mkdir_all(path.as_bytes()).map_err(fail)?;
+            }
+            let mut tree = remote.tree(path).await?;
+            use futures_util::StreamExt;
+            while let Some(e) = tree.next().await {
+                entries.push(e?);
+            }
+        }
+        _ => entries.push(TreeEntry {
+            path: WireBytes(path.as_bytes().to_vec()),
+            attr: top,
+        }),
+    }
+    let mut bytes = 0u64;
+    for e in &entries {
+        let p = &e.path.0;
+        match e.attr.kind {
+            FileKind::Dir => sb.mkdir_all(p).map_err(fail)?,
+            FileKind::Symlink => {
+                if let Some(t) = &e.attr.symlink_target {
+                    sb.symlink(&t.0, p).map_err(fail)?;
+                }
+            }
+            FileKind::File => {
+                let name = p.rsplit(|b| *b == b'/').next().unwrap_or(p);
+                let rp = RemotePath::new(p.clone())?;
+                if contents || IGNORE_FILES.contains(&name) {
+                    bytes += e.attr.size;
+                    if bytes > MAX_SNAPSHOT_BYTES {
+                        return Err(SearchError::LimitExceeded(format!(
+                            "more than {MAX_SNAPSHOT_BYTES} bytes to search without a search tool in the sandbox"
+                        ))
+                        .into());
+                    }
+                    let data = read_whole(remote, &rp).await?;
+                    sb.write(p, &data).map_err(fail)?;
+                } else {
+                    sb.write(p, b"").map_err(fail)?;
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(m)
+}
+
+/// `scripts/scan.sh`'s output: `OK START END TOTAL_LINES TOTAL_BYTES FIRST_LINE_BYTES` and
+/// the lines, or `ERR TOKEN MESSAGE`.
+pub fn parse_scan(out: &[u8], shown: &str) -> Result<ScanResult> {
+    let nl = memchr::memchr(b'\n', out).ok_or_else(|| malformed("scan header"))?;
+    let head = std::str::from_utf8(&out[..nl]).map_err(|_| malformed("scan header"))?;
+    let rest = &out[nl + 1..];
+    if let Some(err) = head.strip_prefix("ERR ") {
+        let (token, msg) = err.split_once(' ').unwrap_or((err, ""));
+        if token == "not_found" {
+            return Err(RemoteError::NotFound(shown.to_string()));
+        }
+        let msg = if msg.contains("no such file") || token == "is_a_directory" {
+            shown.to_string()
+        } else {
+            format!("{shown}: {msg}")
+        };
+        return Err(SearchError::from_token(token, &msg, None)
+            .map(RemoteError::Query)
+            .unwrap_or_else(|| RemoteError::Io(shown.to_string(), err.to_string())));
+    }
+    let f: Vec<u64> = head
+        .strip_prefix("OK ")
+        .ok_or_else(|| malformed("scan header"))?
+        .split(' ')
+        .map(|n| n.parse().map_err(|_| malformed("scan number")))
+        .collect::<Result<_>>()?;
+    let [start_line, end_line, total_lines, total_bytes, first_line_bytes] = f[..] else {
+        return Err(malformed("scan header fields"));
+    };
+    let mut lines: Vec<Vec<u8>> = Vec::new();
+    if !rest.is_empty() {
+        let body = rest
+            .strip_suffix(b"\n")
+            .ok_or_else(|| malformed("scan lines"))?;
+        lines = body.split(|b| *b == b'\n').map(<[u8]>::to_vec).collect();
+    }
+    if end_line + 1 < start_line || lines.len() as u64 != end_line + 1 - start_line {
+        return Err(malformed("scan line count"));
+    }
+    Ok(ScanResult {
+        lines,
+        start_line,
+        end_line,
+        total_lines,
+        total_bytes,
+        first_line_bytes,
+    })
+}
