@@ -13,7 +13,7 @@ if [ "${1:-}" = "--release" ]; then
   profile=release
   args+=(--release)
 fi
-RUSTFLAGS="-C target-feature=+crt-static -C debuginfo=0" \
+CARGO_INCREMENTAL=0 RUSTFLAGS="-C target-feature=+crt-static -C debuginfo=0" \
   cargo build --quiet --bin sbxfs --target "$target" --target-dir target/static "${args[@]}" >&2
 bin="$PWD/target/static/$target/$profile/sbxfs"
 if ! file -L "$bin" | grep -Eq 'statically linked|static-pie linked'; then

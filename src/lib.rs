@@ -12,6 +12,9 @@
 //!   [`remote::listings`]: a subtree's listings breadth first under a cap (what every backend
 //!   answers for `tree_listings`); [`remote::treepack`]: the agent's packed, compressed
 //!   encoding of them.
+//!   [`remote::exec::supervise`]: every exec-only program runs in its own process group under a
+//!   supervising `sh` (cancel, timeout or a dropped run stops the whole group; secrets reach it
+//!   through a 0600 file in a private in-memory job directory, never an argv).
 //! - [`agent`]: `sbxfs agent`, the HTTP server that runs inside a sandbox; every path confined
 //!   to its root by `openat2(RESOLVE_BENEATH)` ([`agent::workspace`]), its searches walking
 //!   beneath the root's descriptor ([`search::beneath`]) under a deadline and cancelled when

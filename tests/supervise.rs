@@ -359,3 +359,29 @@ async fn the_job_directory_is_private() {
     // SAFETY: getuid cannot fail.
     assert_eq!(meta.uid(), unsafe { libc::getuid() });
 }
+
+#[tokio::test]
+async fn a_cancelled_local_command_is_killed_with_its_children_and_reaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let pgid_file = dir.path().join("pgid");
+    // Unsupervised: the local `sh` itself leads the group the runner kills.
+    let runner = Arc::new(CommandRunner::new(vec!["sh".into()]).unwrap());
+    let ctl = RunControl::default();
+    let run = {
+        let (runner, ctl) = (runner.clone(), ctl.clone());
+        let program = program_with_children(&pgid_file);
+        tokio::spawn(async move { runner.run(&program, &ctl).await })
+    };
+    let pgid = wait_for_pgid(&pgid_file).await;
+    assert!(live_members(pgid).len() >= 3, "{:?}", live_members(pgid));
+    ctl.cancel.cancel();
+    let r = tokio::time::timeout(HANG, run).await.unwrap().unwrap();
+    assert!(
+        matches!(r, Err(RemoteError::Transport(ref m)) if m.contains("cancelled")),
+        "{r:?}"
+    );
+    assert_eq!(live_members(pgid), Vec::<String>::new());
+    // Reaped too: the shell is no zombie child of ours.
+    let stat = std::fs::read_to_string(format!("/proc/{pgid}/stat")).unwrap_or_default();
+    assert!(!stat.contains(") Z "), "{stat}");
+}
