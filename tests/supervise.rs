@@ -385,3 +385,69 @@ async fn a_cancelled_local_command_is_killed_with_its_children_and_reaped() {
     let stat = std::fs::read_to_string(format!("/proc/{pgid}/stat")).unwrap_or_default();
     assert!(!stat.contains(") Z "), "{stat}");
 }
+
+/// A transport that moves files natively (as an HTTP upload does; here: local writes, the
+/// sandbox being this machine) and records every program text it was sent.
+struct UploadingRunner {
+    shell: CommandRunner,
+    sent: std::sync::Mutex<Vec<String>>,
+    uploads: std::sync::Mutex<Vec<PathBuf>>,
+}
+
+#[async_trait::async_trait]
+impl Runner for UploadingRunner {
+    async fn run(&self, program: &str, ctl: &RunControl) -> sbxfs::remote::Result<Output> {
+        self.sent.lock().unwrap().push(program.to_string());
+        self.shell.run(program, ctl).await
+    }
+
+    async fn put_file(
+        &self,
+        abs_path: &[u8],
+        data: bytes::Bytes,
+    ) -> Option<sbxfs::remote::Result<()>> {
+        use std::os::unix::ffi::OsStrExt;
+        let path = PathBuf::from(std::ffi::OsStr::from_bytes(abs_path));
+        self.uploads.lock().unwrap().push(path.clone());
+        Some(
+            std::fs::write(&path, &data)
+                .map_err(|e| RemoteError::Io(path.display().to_string(), e.to_string())),
+        )
+    }
+
+    fn describe(&self) -> String {
+        "uploading sh".into()
+    }
+}
+
+#[tokio::test]
+async fn secrets_travel_by_upload_where_the_transport_has_one_and_never_in_a_program() {
+    let nonce = JobId::new().as_str().replace('-', "y");
+    let secret = format!("tok-{nonce}");
+    let runner = Arc::new(UploadingRunner {
+        shell: CommandRunner::new(vec!["sh".into()]).unwrap(),
+        sent: Default::default(),
+        uploads: Default::default(),
+    });
+    let sup = Supervised::new(runner.clone());
+    let job = Job {
+        program: "printf '%s' \"$API_TOKEN\"\n".into(),
+        secrets: vec![("API_TOKEN".into(), secret.clone().into_bytes())],
+        ..Job::default()
+    };
+    let out = sup.run_job(&job, &RunControl::default()).await.unwrap();
+    assert_eq!(
+        (out.code, String::from_utf8_lossy(&out.stdout)),
+        (0, secret.as_str().into())
+    );
+    let sent = runner.sent.lock().unwrap().join("\n");
+    assert!(
+        !sent.contains(&nonce),
+        "a secret in a program text:\n{sent}"
+    );
+    let uploads = runner.uploads.lock().unwrap().clone();
+    assert_eq!(uploads.len(), 1, "{uploads:?}");
+    assert!(uploads[0].starts_with(job_dir()), "{uploads:?}");
+    assert!(!uploads[0].exists(), "the secrets file outlived the run");
+    assert_eq!(job_files(&job.id), Vec::<String>::new());
+}
