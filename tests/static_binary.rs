@@ -8,17 +8,29 @@ use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-/// The static binary, built once (cargo reuses target/static when it is up to date).
+/// The static binary, built once per run (cargo reuses target/static when it is up to date).
 fn static_sbxfs() -> PathBuf {
-    let out = Command::new(common::repo_root().join("scripts/build-static.sh"))
-        .output()
-        .expect("run scripts/build-static.sh");
-    assert!(
-        out.status.success(),
-        "build-static.sh: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            // Without the variables `cargo test` sets for its tests: build scripts that watch
+            // them would rebuild target/static at every run.
+            let mut cmd = Command::new(common::repo_root().join("scripts/build-static.sh"));
+            cmd.env_clear();
+            for keep in ["PATH", "HOME", "CARGO_HOME", "RUSTUP_HOME", "TMPDIR"] {
+                if let Some(v) = std::env::var_os(keep) {
+                    cmd.env(keep, v);
+                }
+            }
+            let out = cmd.output().expect("run scripts/build-static.sh");
+            assert!(
+                out.status.success(),
+                "build-static.sh: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+        })
+        .clone()
 }
 
 /// Kills the chrooted agent by pid, even when the test fails.
