@@ -2,7 +2,7 @@
 # Install what sbxfs's tests and demo need, on a fresh Debian 12 machine (as root; idempotent:
 # nothing is fetched when everything is already there).
 #   fuse3 (fusermount3), ripgrep + fzf (peers the search core is checked against), gawk, mawk,
-#   busybox, dash (scripts/scan.sh runs under each), python3 (scripts/edit.py, references),
+#   busybox (static: also the shell of tests/static_binary.rs's chroot), dash (scripts/scan.sh runs under each), python3 (scripts/edit.py, references),
 #   git, tar, rsync, gcc (used through the mount in its tests), util-linux (setpriv, findmnt, prlimit),
 #   mount and systemd (tests/boot.rs: fstab through `mount`, `systemd-analyze verify`),
 #   bsdutils (`script`: grep on a terminal), openssl (a test CA for the TLS error tests),
@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 
 declare -A pkg_for=(
   [fusermount3]=fuse3 [rg]=ripgrep [fzf]=fzf [gawk]=gawk [mawk]=mawk
-  [busybox]=busybox [dash]=dash [python3]=python3 [npm]=npm [git]=git [tar]=tar [cc]=gcc [setpriv]=util-linux [prlimit]=util-linux [rsync]=rsync
+  [busybox]=busybox-static [dash]=dash [python3]=python3 [npm]=npm [git]=git [tar]=tar [cc]=gcc [setpriv]=util-linux [prlimit]=util-linux [rsync]=rsync
   [mount]=mount [findmnt]=util-linux [systemd-analyze]=systemd [script]=bsdutils [openssl]=openssl
   [sshfs]=sshfs [sshd]=openssh-server [getfattr]=attr [setfattr]=attr
 )
@@ -21,6 +21,10 @@ missing=()
 for bin in "${!pkg_for[@]}"; do
   command -v "$bin" >/dev/null 2>&1 || missing+=("${pkg_for[$bin]}")
 done
+# A static busybox (it replaces the dynamic one): tests/static_binary.rs puts it in a chroot.
+case " ${missing[*]:-} " in *" busybox-static "*) ;; *)
+  dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static) ;;
+esac
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "installing: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive

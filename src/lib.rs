@@ -18,6 +18,9 @@
 //!   [`remote::exec`]: sandboxes reached only through a shell (`shell:`, `exec:`): every
 //!   operation a static POSIX `sh` program with base64 arguments over a [`remote::exec::Runner`]
 //!   ([`remote::exec::remote::ScriptRemote`]); grep/glob/fuzzy matched here over what it lists.
+//!   [`remote::exec::supervise`]: every exec-only program runs in its own process group under a
+//!   supervising `sh` (cancel, timeout or a dropped run stops the whole group; secrets reach it
+//!   through a 0600 file in a private in-memory job directory, never an argv).
 //! - [`agent`]: `sbxfs agent`, the HTTP server that runs inside a sandbox; every path confined
 //!   to its root by `openat2(RESOLVE_BENEATH)` ([`agent::workspace`]), its searches walking
 //!   beneath the root's descriptor ([`search::beneath`]) under a deadline and cancelled when

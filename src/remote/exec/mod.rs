@@ -18,10 +18,12 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 pub mod edit;
+pub mod output_check;
 pub mod program;
 pub mod query;
 pub mod remote;
 pub mod statline;
+pub mod supervise;
 
 use super::{RemoteError, Result};
 
@@ -111,10 +113,13 @@ impl Runner for CommandRunner {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
+            // Its own process group, so a cancel reaches what a local `sh` started too.
+            .process_group(0)
             .kill_on_drop(true);
         let mut child = cmd
             .spawn()
             .map_err(|e| RemoteError::Transport(format!("cannot run {:?}: {e}", self.argv[0])))?;
+        let mut group = LocalGroup(child.id());
         let mut stdin = child.stdin.take().expect("piped");
         let stdout = child.stdout.take().expect("piped");
         let stderr = child.stderr.take().expect("piped");
@@ -145,19 +150,55 @@ impl Runner for CommandRunner {
             })
         };
         let limit = ctl.timeout.unwrap_or(Duration::MAX);
-        tokio::select! {
+        let stopped = tokio::select! {
             r = tokio::time::timeout(limit, work) => match r {
-                Ok(r) => r,
-                Err(_) => Err(RemoteError::TimedOut(format!("{} (after {limit:?})", self.describe()))),
+                Ok(r) => {
+                    // Reaped: its group id is no longer ours to signal.
+                    group.0 = None;
+                    return r;
+                }
+                Err(_) => RemoteError::TimedOut(format!("{} (after {limit:?})", self.describe())),
             },
-            _ = ctl.cancel.cancelled() => Err(RemoteError::Transport(format!("{}: cancelled", self.describe()))),
-        }
+            _ = ctl.cancel.cancelled() => RemoteError::Transport(format!("{}: cancelled", self.describe())),
+        };
+        // Stopped early: the whole local group goes, and the child is reaped here (its group
+        // id stays reserved until then, so the kill cannot reach a stranger).
+        group.kill();
+        group.0 = None;
+        let _ = child.kill().await;
+        Err(stopped)
     }
 
     fn describe(&self) -> String {
         self.argv.join(" ")
     }
 }
+
+/// The process group of a local command: killed (SIGKILL) when its run is dropped unfinished
+/// (forgotten, `None`, once the child was reaped).
+struct LocalGroup(Option<u32>);
+
+impl LocalGroup {
+    fn kill(&self) {
+        if let Some(pid) = self
+            .0
+            .and_then(|p| i32::try_from(p).ok())
+            .filter(|&p| p > 1)
+        {
+            // SAFETY: killpg only sends a signal; the group is our unreaped child's own.
+            unsafe {
+                libc::killpg(pid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+impl Drop for LocalGroup {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
 
 /// The absolute path after `scheme` (`shell:/ABS/PATH`), percent-decoded.
 fn url_path(url: &str, scheme: &str) -> Result<Vec<u8>> {
