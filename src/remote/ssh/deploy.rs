@@ -17,7 +17,7 @@
 
 use std::time::Duration;
 
-use super::master::{quote, Master};
+use super::master::{quote, Input, Master};
 use crate::remote::{RemoteError, Result};
 
 /// A deployed agent with no client for this long exits (a remount within it reuses it).
@@ -192,7 +192,7 @@ pub async fn deploy(
                 PROBE,
                 &[vdir.as_bytes(), bin.version.as_bytes(), key.as_bytes()],
             ),
-            Vec::new(),
+            Input::Bytes(Vec::new()),
             STEP_DEADLINE,
         )
         .await?;
@@ -215,13 +215,12 @@ pub async fn deploy(
         Some(("reuse", sock)) => parent_of_agents(sock),
         Some(("start", d)) => d.to_string(),
         Some(("upload", d)) => {
-            let data = tokio::fs::read(&bin.path)
-                .await
+            let data = std::fs::File::open(&bin.path)
                 .map_err(|e| RemoteError::Transport(format!("{}: {e}", bin.path.display())))?;
             let out = ssh
                 .run(
                     command(UPLOAD, &[d.as_bytes(), bin.version.as_bytes()]),
-                    data,
+                    Input::File(data),
                     STEP_DEADLINE,
                 )
                 .await?;
@@ -245,7 +244,7 @@ pub async fn deploy(
                 START,
                 &[dir.as_bytes(), root, key.as_bytes(), idle.as_bytes()],
             ),
-            format!("{token}\n").into_bytes(),
+            Input::Bytes(format!("{token}\n").into_bytes()),
             STEP_DEADLINE,
         )
         .await?;

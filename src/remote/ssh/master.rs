@@ -175,19 +175,23 @@ impl Master {
     }
 
     /// Run `remote` (a command line for the remote shell, built with [`quote`]) with `input` on
-    /// its standard input.
-    pub async fn run(&self, remote: Vec<u8>, input: Vec<u8>, limit: Duration) -> Result<Output> {
+    /// its standard input: bytes, or a file streamed as it is read (the binary to deploy).
+    pub async fn run(&self, remote: Vec<u8>, input: Input, limit: Duration) -> Result<Output> {
         let mut argv: Vec<OsString> = self.argv(&[]).into_iter().map(OsString::from).collect();
         argv.push(OsString::from_vec(remote));
+        let (stdin_of, bytes) = match input {
+            Input::Bytes(b) => (Stdio::piped(), b),
+            Input::File(f) => (Stdio::from(f), Vec::new()),
+        };
         let mut child = tokio::process::Command::new(&argv[0])
             .args(&argv[1..])
-            .stdin(Stdio::piped())
+            .stdin(stdin_of)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| RemoteError::Transport(format!("cannot run {:?}: {e}", argv[0])))?;
-        let mut stdin = child.stdin.take().expect("piped");
+        let stdin = child.stdin.take();
         let (stdout, stderr) = (
             child.stdout.take().expect("piped"),
             child.stderr.take().expect("piped"),
@@ -195,7 +199,9 @@ impl Master {
         let work = async {
             let feed = async move {
                 use tokio::io::AsyncWriteExt;
-                let _ = stdin.write_all(&input).await;
+                if let Some(mut stdin) = stdin {
+                    let _ = stdin.write_all(&bytes).await;
+                }
             };
             let (_, (out, out_cut), (err, err_cut), status) = tokio::join!(
                 feed,
@@ -242,6 +248,12 @@ impl Master {
         }
         Ok(())
     }
+}
+
+/// What a remote command reads on its standard input.
+pub enum Input {
+    Bytes(Vec<u8>),
+    File(std::fs::File),
 }
 
 /// The one error for a master that exited: ssh's last words, and what to do about them.
