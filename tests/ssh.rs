@@ -264,3 +264,68 @@ async fn agent_no_runs_the_exec_only_scripts() {
     let data = c.remote.read(&rp("a.txt"), 0, 100).await.unwrap().data;
     assert_eq!(&data[..], b"scripts\n");
 }
+
+/// The agent ssh deploys: `--listen unix:PATH` makes a 0600 socket, serves on it, and
+/// `--exit-when-idle` ends it once no client has been connected for that long.
+#[test]
+fn a_unix_socket_agent_serves_then_exits_when_idle() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    fs::create_dir(&root).unwrap();
+    fs::write(dir.path().join("token"), "t0k3n\n").unwrap();
+    let sock = dir.path().join("agent.sock");
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_sbxfs"))
+        .args(["agent", "--exit-when-idle", "2", "--root"])
+        .arg(&root)
+        .arg("--listen")
+        .arg(format!("unix:{}", sock.display()))
+        .arg("--token-file")
+        .arg(dir.path().join("token"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    struct Stop(std::process::Child);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut agent = Stop(child);
+    // A deadline only to stop a hung test.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !sock.exists() {
+        assert!(std::time::Instant::now() < deadline, "no socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(fs::metadata(&sock).unwrap().mode() & 0o777, 0o600);
+    let client = sbxfs::remote::client::AgentClient::over_unix_socket(&sock, "t0k3n").unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let info = rt.block_on(client.info()).unwrap();
+    assert_eq!(
+        info.root.as_bytes(),
+        fs::canonicalize(&root)
+            .unwrap()
+            .as_os_str()
+            .as_encoded_bytes()
+    );
+    let wrong = sbxfs::remote::client::AgentClient::over_unix_socket(&sock, "nope").unwrap();
+    assert!(
+        rt.block_on(wrong.info()).is_err(),
+        "a wrong token is refused"
+    );
+    drop((client, wrong, rt));
+    let status = loop {
+        if let Some(s) = agent.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the idle agent did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.success(), "{status}");
+    assert!(!sock.exists(), "the socket is removed on exit");
+}
