@@ -329,3 +329,41 @@ fn a_unix_socket_agent_serves_then_exits_when_idle() {
     assert!(status.success(), "{status}");
     assert!(!sock.exists(), "the socket is removed on exit");
 }
+
+/// A workspace path with quotes, `$(…)`, backticks, a newline and a leading dash reaches the
+/// sandbox as one word: nothing in it runs, and the agent serves exactly that directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_awkward_workspace_path_is_one_word_in_the_sandbox() {
+    if !ready() {
+        return;
+    }
+    let mut b = SshBox::start();
+    // A command would run in HOME (ssh's working directory) or / (where the agent starts).
+    let name = "-w s'\"$(touch sbxfs-ran)`touch sbxfs-ran`\nx";
+    b.root = b.dir.path().join(name);
+    fs::create_dir(&b.root).unwrap();
+    fs::write(b.root.join("f"), "awkward").unwrap();
+    let encoded: String = percent_encoding::utf8_percent_encode(
+        b.root.to_str().unwrap(),
+        percent_encoding::NON_ALPHANUMERIC,
+    )
+    .to_string()
+    .replace("%2F", "/");
+    let c = tokio::time::timeout(
+        Duration::from_secs(120),
+        connect(&format!("ssh://sbx{encoded}"), &b.options()),
+    )
+    .await
+    .expect("connect hung")
+    .unwrap();
+    assert_eq!(c.transport, "ssh+agent");
+    assert_eq!(
+        c.info.root.as_bytes(),
+        b.root.as_os_str().as_encoded_bytes()
+    );
+    let data = c.remote.read(&rp("f"), 0, 100).await.unwrap().data;
+    assert_eq!(&data[..], b"awkward");
+    for canary in [b.home.join("sbxfs-ran"), "/sbxfs-ran".into()] {
+        assert!(!canary.exists(), "a command in the path ran: {canary:?}");
+    }
+}
