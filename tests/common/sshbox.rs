@@ -104,6 +104,11 @@ impl Drop for SshBox {
                 .ok()
                 .and_then(|s| s.trim().parse::<i32>().ok())
             {
+                // Only a process running a binary this test deployed (a pid may be reused).
+                let exe = fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+                if !exe.starts_with(&self.home) {
+                    continue;
+                }
                 // SAFETY: kill(2) with a pid this test's sandbox recorded; no memory involved.
                 unsafe {
                     libc::kill(pid, libc::SIGKILL);
