@@ -14,7 +14,9 @@
 //!   [`remote::faulty`]: a wrapper around any `Remote` injecting latency, errors, hangs, cut streams.
 //!   [`remote::listings`]: a subtree's listings breadth first under a cap (what every backend
 //!   answers for `tree_listings`); [`remote::treepack`]: the agent's packed, compressed
-//!   encoding of them.
+//!   encoding of them. [`remote::ssh`]: `ssh://`, over the user's OpenSSH (one ControlMaster): a
+//!   self-deployed agent on a Unix socket reached through an ssh forwarding, else the exec-only
+//!   scripts.
 //!   [`remote::exec`]: sandboxes reached only through a shell (`shell:`, `exec:`): every
 //!   operation a static POSIX `sh` program with base64 arguments over a [`remote::exec::Runner`]
 //!   ([`remote::exec::remote::ScriptRemote`]); grep/glob/fuzzy matched here over what it lists.
@@ -26,8 +28,8 @@
 //!   beneath the root's descriptor ([`search::beneath`]) under a deadline and cancelled when
 //!   their client leaves ([`search::cancel`]); Landlock as a second wall ([`agent::confine`]);
 //!   a change feed over real directories only ([`agent::watch`]); its own accept loop bounding
-//!   connections, header reads and idle time ([`agent::server`]), https when given a certificate
-//!   ([`agent::tls`]).
+//!   connections, header reads and idle time ([`agent::server`]), on TCP or a Unix socket, https
+//!   when given a certificate ([`agent::tls`]).
 //! - [`mount`]: `sbxfs mount`, a FUSE filesystem over any `Remote`: a thin adapter
 //!   ([`mount::fuse`]) over the filesystem operations ([`mount::core`]); before each operation
 //!   the permission gate ([`mount::gate`]) applies the POSIX rules ([`mount::access`]), the

@@ -2187,3 +2187,51 @@ conformance!(busybox_shell_backend:
     // refuses past PATH_MAX (ENAMETOOLONG).
     versions_name_the_device,
 );
+
+/// The agent sbxfs deploys over ssh, reached through the ssh channel (a private sshd on
+/// 127.0.0.1; the workspace is on this machine, so the checks about a real OS apply).
+fn ssh_backend() -> Backend {
+    let b = common::sshbox::SshBox::start();
+    let c = tokio::task::block_in_place(|| {
+        tokio::runtime::Handle::current()
+            .block_on(sbxfs::remote::connect::connect(&b.url(""), &b.options()))
+    })
+    .unwrap();
+    assert_eq!(c.transport, "ssh+agent");
+    let root = b.root.clone();
+    Backend {
+        remote: c.remote.clone(),
+        sb: Box::new(RealDir(root.clone())),
+        real_root: Some(root),
+        _keep: Box::new((c.remote, c.keep, b)),
+    }
+}
+
+conformance!(ssh_backend:
+    stat_list_and_tree,
+    tree_listings_are_breadth_first_and_capped,
+    stat_list_and_tree_tell_whether_xattrs_exist,
+    ranged_reads_carry_the_version,
+    commits_replace_whole_files_atomically_and_keep_mode,
+    patch_commits_apply_ranges_over_the_base,
+    namespace_operations_and_their_errors,
+    awkward_names_round_trip,
+    path_escapes_are_refused,
+    queries_run_next_to_the_data,
+    change_feed_sees_writes_made_in_the_sandbox,
+    change_feed_reports_lost_events,
+    stat_many_answers_each_path_in_order,
+    create_only_commits_never_replace,
+    hard_links_made_in_the_sandbox_share_an_inode,
+    patches_cut_before_they_write,
+    hard_links_share_content_and_survive_commits,
+    mknod_makes_fifos_sockets_and_devices_when_allowed,
+    rename_exchanges_and_refuses_to_replace,
+    modes_are_exactly_those_asked,
+    setattr_owners_symlink_times_and_limits,
+    xattrs_round_trip_without_following_symlinks,
+    fallocate_grows_or_keeps_the_size,
+    copy_range_is_an_atomic_commit_of_the_destination,
+    paths_deeper_than_path_max_work,
+    versions_name_the_device,
+);

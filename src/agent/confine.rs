@@ -48,6 +48,15 @@ impl Confinement {
 /// read-only places listed above. An error means Landlock exists but the rules could not be
 /// applied.
 pub fn confine(root: &Path) -> Result<Confinement, landlock::RulesetError> {
+    confine_with_socket(root, None)
+}
+
+/// [`confine`], also letting the agent make and remove its Unix socket in `socket_dir` (nothing
+/// else there: not even reading).
+pub fn confine_with_socket(
+    root: &Path,
+    socket_dir: Option<&Path>,
+) -> Result<Confinement, landlock::RulesetError> {
     let all = AccessFs::from_all(ABI_WANTED);
     let read = AccessFs::from_read(ABI_WANTED);
     let existing = READ_ONLY.iter().filter(|p| Path::new(p).exists());
@@ -56,6 +65,10 @@ pub fn confine(root: &Path) -> Result<Confinement, landlock::RulesetError> {
         .create()?
         .add_rules(path_beneath_rules([root], all))?
         .add_rules(path_beneath_rules(existing, read))?
+        .add_rules(path_beneath_rules(
+            socket_dir,
+            AccessFs::MakeSock | AccessFs::RemoveFile,
+        ))?
         .restrict_self()?;
     Ok(match status.ruleset {
         RulesetStatus::FullyEnforced => Confinement::Full,

@@ -87,10 +87,31 @@ const LISTING_CHUNK_BYTES: usize = 64 * 1024;
 /// network: enough to keep a fast link busy, small enough to stop soon after a cancel.
 const STREAM_QUEUE: usize = 256;
 
+/// Where the agent listens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ListenAddr {
+    Tcp(SocketAddr),
+    /// A Unix socket (made 0600; keep it in a 0700 directory): the ssh transport's agent, which
+    /// opens no TCP port in the sandbox.
+    Unix(PathBuf),
+}
+
+impl std::fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ListenAddr::Tcp(a) => write!(f, "http://{a}"),
+            ListenAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
 pub struct AgentConfig {
     pub root: PathBuf,
-    pub listen: SocketAddr,
+    pub listen: ListenAddr,
     pub token: Vec<u8>,
+    /// Exit once no client has been connected for this long (a deployed agent outlives its
+    /// mount so the next one reuses it, but not forever).
+    pub idle_exit: Option<Duration>,
     /// How long one grep, glob, fuzzy or scan may run ([`SEARCH_TIMEOUT`] by default).
     pub search_timeout: Duration,
     /// How far Landlock confines the process ([`confine::confine`], applied before the
@@ -387,10 +408,9 @@ pub async fn serve(cfg: AgentConfig) -> anyhow::Result<()> {
             None
         }
     };
-    let listener = tokio::net::TcpListener::bind(cfg.listen)
+    let (listener, addr) = listen(&cfg.listen)
         .await
         .with_context(|| format!("cannot listen on {}", cfg.listen))?;
-    let addr = listener.local_addr()?;
     // Signals are caught before the ready line: a SIGTERM right after it stops the agent cleanly.
     let shutdown = shutdown_signal()?;
     tracing::info!(
@@ -400,8 +420,11 @@ pub async fn serve(cfg: AgentConfig) -> anyhow::Result<()> {
         "agent ready"
     );
     println!(
-        "sbxfs agent listening on {}://{addr} root={}",
-        if cfg.tls.is_some() { "https" } else { "http" },
+        "sbxfs agent listening on {} root={}",
+        match (&cfg.tls, addr.to_string()) {
+            (Some(_), a) if a.starts_with("http://") => a.replacen("http://", "https://", 1),
+            (_, a) => a,
+        },
         ws.root_path().display()
     );
     use std::io::Write;
@@ -412,11 +435,42 @@ pub async fn serve(cfg: AgentConfig) -> anyhow::Result<()> {
         router(ws, feed, cfg.token, cfg.search_timeout, cfg.confinement),
         cap,
         cfg.tls,
+        cfg.idle_exit,
         shutdown,
     )
     .await;
+    if let ListenAddr::Unix(path) = &cfg.listen {
+        let _ = std::fs::remove_file(path);
+    }
     tracing::info!("agent stopped");
     Ok(())
+}
+
+/// Bind `at`; answers the listener and the address it ended up on (port 0 picks one). A Unix
+/// socket left by an agent that is gone is replaced; one another agent answers on is not.
+async fn listen(at: &ListenAddr) -> std::io::Result<(server::Listener, ListenAddr)> {
+    match at {
+        ListenAddr::Tcp(a) => {
+            let l = tokio::net::TcpListener::bind(a).await?;
+            let addr = ListenAddr::Tcp(l.local_addr()?);
+            Ok((server::Listener::Tcp(l), addr))
+        }
+        ListenAddr::Unix(path) => {
+            use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+            if let Ok(meta) = std::fs::symlink_metadata(path) {
+                if !meta.file_type().is_socket() {
+                    return Err(std::io::Error::other("exists and is not a socket"));
+                }
+                if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                    return Err(std::io::Error::other("another agent answers on it"));
+                }
+                std::fs::remove_file(path)?;
+            }
+            let l = tokio::net::UnixListener::bind(path)?;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+            Ok((server::Listener::Unix(l), at.clone()))
+        }
+    }
 }
 
 /// Resolves on SIGTERM or SIGINT; the handlers are installed when this is called.

@@ -30,7 +30,8 @@ use axum::body::Body;
 use axum::response::Response;
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::Notify;
 use tower::ServiceExt;
 
@@ -238,12 +239,38 @@ impl<G: Unpin> http_body::Body for PacedBody<G> {
     }
 }
 
-/// Serve `router` on `listener` until `shutdown` resolves.
+/// Where the agent accepts connections: a TCP address, or a Unix socket (the ssh transport's
+/// deployed agent, reached only through the ssh channel).
+pub enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+/// An accepted connection of either kind.
+pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Stream for T {}
+
+impl Listener {
+    async fn accept(&self) -> std::io::Result<Box<dyn Stream>> {
+        match self {
+            Listener::Tcp(l) => {
+                let (s, _) = l.accept().await?;
+                let _ = s.set_nodelay(true);
+                Ok(Box::new(s))
+            }
+            Listener::Unix(l) => Ok(Box::new(l.accept().await?.0)),
+        }
+    }
+}
+
+/// Serve `router` on `listener` until `shutdown` resolves, or until no connection has been
+/// open for `idle_exit` (when given: a deployed agent outlives its mount for reuse, not forever).
 pub async fn serve(
-    listener: TcpListener,
+    listener: Listener,
     router: Router,
     cap: usize,
     tls: Option<tokio_rustls::TlsAcceptor>,
+    idle_exit: Option<Duration>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let registry = Arc::new(Registry {
@@ -254,14 +281,24 @@ pub async fn serve(
     });
     let errors = RateLimit::new();
     let mut next_id = 0u64;
+    let mut unused_since = Instant::now();
     tokio::pin!(shutdown);
     loop {
         let accepted = tokio::select! {
             r = listener.accept() => r,
             _ = &mut shutdown => break,
+            _ = tokio::time::sleep(IDLE_CHECK), if idle_exit.is_some() => {
+                if !registry.conns.lock().expect("connection registry").is_empty() {
+                    unused_since = Instant::now();
+                } else if idle_exit.is_some_and(|limit| unused_since.elapsed() >= limit) {
+                    tracing::info!("no client for {:?}: exiting", idle_exit.unwrap_or_default());
+                    break;
+                }
+                continue;
+            }
         };
         let stream = match accepted {
-            Ok((stream, _)) => stream,
+            Ok(stream) => stream,
             Err(e) => {
                 accept_failed(&e, &errors, &registry).await;
                 continue;
@@ -272,7 +309,7 @@ pub async fn serve(
             drop(stream);
             continue;
         }
-        let _ = stream.set_nodelay(true);
+        unused_since = Instant::now();
         let conn = Arc::new(Conn {
             in_flight: AtomicUsize::new(0),
             started: AtomicU64::new(0),

@@ -52,12 +52,16 @@ pub(super) struct AgentArgs {
     root: PathBuf,
     /// Address to listen on, HOST:PORT; a host name is resolved (port 0 picks a free port; the
     /// ready line says which). Keep it on loopback and reach it through an ssh tunnel: the
-    /// token and the files travel in clear.
+    /// token and the files travel in clear. `unix:/PATH` listens on a Unix socket instead
+    /// (made 0600; what `sbxfs mount ssh://…` starts, reached through the ssh channel).
     #[arg(long, default_value = "127.0.0.1:7070", value_name = "HOST:PORT", value_parser = parse_listen)]
-    listen: std::net::SocketAddr,
+    listen: crate::agent::ListenAddr,
     /// File holding the bearer token (else the SBXFS_TOKEN environment variable).
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
+    /// Exit once no client has been connected for SECS seconds.
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    exit_when_idle: Option<u64>,
     /// Longest a grep, glob, fuzzy search or scan may run, in seconds; it is also stopped as
     /// soon as its client disconnects.
     #[arg(long, value_name = "SECS", default_value_t = crate::agent::SEARCH_TIMEOUT.as_secs(),
@@ -155,8 +159,17 @@ pub(super) struct ProxyArgs {
 
 /// `HOST:PORT` as a socket address, the host resolved (IPv4 preferred: `localhost` means
 /// 127.0.0.1, as people expect).
-fn parse_listen(s: &str) -> Result<std::net::SocketAddr, String> {
+fn parse_listen(s: &str) -> Result<crate::agent::ListenAddr, String> {
     use std::net::ToSocketAddrs;
+    if let Some(path) = s.strip_prefix("unix:") {
+        return if path.starts_with('/') {
+            Ok(crate::agent::ListenAddr::Unix(path.into()))
+        } else {
+            Err(format!(
+                "unix:{path}: expected an absolute path, unix:/PATH"
+            ))
+        };
+    }
     let addrs: Vec<_> = s
         .to_socket_addrs()
         .map_err(|e| format!("expected HOST:PORT, e.g. 127.0.0.1:7070 ({e})"))?
@@ -166,12 +179,17 @@ fn parse_listen(s: &str) -> Result<std::net::SocketAddr, String> {
         .find(|a| a.is_ipv4())
         .or(addrs.first())
         .copied()
+        .map(crate::agent::ListenAddr::Tcp)
         .ok_or_else(|| format!("{s} resolves to no address"))
 }
 
 /// Landlock the agent to its workspace unless told not to; one log line when it cannot.
-fn confine_agent(root: &std::path::Path, off: bool) -> crate::agent::confine::Confinement {
-    use crate::agent::confine::{confine, Confinement};
+fn confine_agent(
+    root: &std::path::Path,
+    listen: &crate::agent::ListenAddr,
+    off: bool,
+) -> crate::agent::confine::Confinement {
+    use crate::agent::confine::{confine_with_socket, Confinement};
     if off {
         return Confinement::Disabled;
     }
@@ -179,7 +197,11 @@ fn confine_agent(root: &std::path::Path, off: bool) -> crate::agent::confine::Co
     let Ok(root) = std::fs::canonicalize(root) else {
         return Confinement::Unavailable;
     };
-    match confine(&root) {
+    let socket_dir = match listen {
+        crate::agent::ListenAddr::Unix(p) => p.parent(),
+        crate::agent::ListenAddr::Tcp(_) => None,
+    };
+    match confine_with_socket(&root, socket_dir) {
         Ok(Confinement::Unavailable) => {
             tracing::warn!(
                 "Landlock is not available in this kernel: the agent is confined by openat2 only"
@@ -198,7 +220,7 @@ fn confine_agent(root: &std::path::Path, off: bool) -> crate::agent::confine::Co
 
 pub(super) fn run_agent(a: AgentArgs) -> i32 {
     init_logging();
-    if !a.listen.ip().is_loopback() && a.tls_cert.is_none() {
+    if matches!(a.listen, crate::agent::ListenAddr::Tcp(addr) if !addr.ip().is_loopback()) && a.tls_cert.is_none() {
         super::logging::user_line(
             4,
             &format!(
@@ -216,12 +238,13 @@ pub(super) fn run_agent(a: AgentArgs) -> i32 {
             _ => None,
         };
         // Before any thread starts: Landlock binds the calling thread and those it starts.
-        let confinement = confine_agent(&a.root, a.no_landlock);
+        let confinement = confine_agent(&a.root, &a.listen, a.no_landlock);
         let rt = crate::agent::runtime()?;
         rt.block_on(crate::agent::serve(crate::agent::AgentConfig {
             root: a.root,
             listen: a.listen,
             token,
+            idle_exit: a.exit_when_idle.map(std::time::Duration::from_secs),
             search_timeout: std::time::Duration::from_secs(a.search_timeout),
             confinement,
             allow_setid: a.allow_setid,

@@ -81,6 +81,24 @@ impl AgentClient {
         })
     }
 
+    /// An agent reached through the Unix socket `socket` (the ssh transport's forwarding):
+    /// nothing on the way but this machine's kernel.
+    pub fn over_unix_socket(socket: &std::path::Path, token: &str) -> Result<Self> {
+        install_tls();
+        let http = reqwest::Client::builder()
+            .unix_socket(socket)
+            .connect_timeout(CONNECT_TIMEOUT)
+            .pool_max_idle_per_host(64)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| RemoteError::Transport(e.to_string()))?;
+        Ok(AgentClient {
+            http,
+            base: "http://sbxfs-agent".to_string(),
+            token: token.to_string(),
+        })
+    }
+
     fn request(&self, method: Method, endpoint: &str, query: &[(&str, Vec<u8>)]) -> RequestBuilder {
         let mut url = format!("{}/v1/{endpoint}", self.base);
         for (i, (k, v)) in query.iter().enumerate() {

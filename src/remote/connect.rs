@@ -34,6 +34,9 @@ pub struct ConnectOptions {
     pub ssh_command: Option<String>,
     /// `ssh://`: an ssh config file (`-F`).
     pub ssh_config: Option<PathBuf>,
+    /// `ssh://`: the sbxfs binary to deploy in the sandbox (default: this program; it must be
+    /// the static build to run on any sandbox).
+    pub deploy_binary: Option<PathBuf>,
     /// Deadline of one call (the mount's `-o timeout_ms=`).
     pub call_timeout: Option<Duration>,
 }

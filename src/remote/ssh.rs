@@ -1,10 +1,99 @@
-//! The `ssh` transport (being written).
+//! The `ssh://[USER@]HOST[:PORT]/ABS/PATH[?agent=no]` transport, over the user's own OpenSSH
+//! client and config (keys, ssh-agent, `~/.ssh/config`; `-o ssh_command=`, `-F`).
+//!
+//! One ControlMaster carries everything ([`master`]). Unless `?agent=no`, sbxfs finds this
+//! workspace's agent in the sandbox or deploys its own binary there and starts it on a Unix
+//! socket ([`deploy`]); a local socket in the connection's private directory is forwarded to
+//! it, and the [`AgentClient`] speaks HTTP over that ("ssh+agent"). When the sandbox cannot
+//! run it (read-only or noexec directories, a binary that does not run there) the exec-only
+//! scripts run over `ssh … sh` instead ("ssh+scripts"). Dropping the connection stops the
+//! master and its forwarding; the agent stays for the next mount and exits after
+//! [`deploy::AGENT_IDLE_EXIT`] without a client.
 
+mod deploy;
+mod master;
+pub mod target;
+
+use std::sync::Arc;
+
+use super::client::AgentClient;
 use super::connect::{ConnectOptions, Connected};
-use super::{RemoteError, Result};
+use super::exec::CommandRunner;
+use super::{Remote, RemoteError, Result};
 
-pub async fn connect(url: &str, _opts: &ConnectOptions) -> Result<Connected> {
-    Err(RemoteError::Unsupported(format!(
-        "{url}: the ssh transport is being written"
-    )))
+pub use deploy::{workspace_key, AGENT_IDLE_EXIT};
+
+pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Connected> {
+    let t = target::parse(url)?;
+    let base = master::base_argv(&t, opts.ssh_command.as_deref(), opts.ssh_config.as_deref())?;
+    let host = t.host.clone();
+    let ssh = tokio::task::spawn_blocking(move || master::Master::start(base, &host))
+        .await
+        .map_err(|e| RemoteError::Transport(format!("ssh: {e}")))??;
+    if t.agent {
+        let bin = match &opts.deploy_binary {
+            Some(p) => p.clone(),
+            None => std::env::current_exe()
+                .map_err(|e| RemoteError::Transport(format!("this program's path: {e}")))?,
+        };
+        let bin = deploy::Binary::of(bin)?;
+        match with_agent(&ssh, &bin, &t.root).await? {
+            Ok(client) => {
+                let remote: Arc<dyn Remote> = Arc::new(client);
+                let info = remote.info().await?;
+                return Ok(Connected {
+                    remote,
+                    info,
+                    transport: "ssh+agent".into(),
+                    keep: Box::new(ssh),
+                });
+            }
+            Err(deploy::NoAgent(why)) => {
+                tracing::warn!(%why, "no agent in the sandbox: using the exec-only scripts");
+            }
+        }
+    }
+    let runner = CommandRunner::new(ssh.argv(&["sh"]))?;
+    let remote = super::exec::script_remote(Arc::new(runner), t.root.clone())?;
+    let info = remote.info().await?;
+    Ok(Connected {
+        remote,
+        info,
+        transport: "ssh+scripts".into(),
+        keep: Box::new(ssh),
+    })
+}
+
+/// The agent's client over a forwarded socket; a reused agent that does not answer is
+/// restarted once.
+async fn with_agent(
+    ssh: &master::Master,
+    bin: &deploy::Binary,
+    root: &[u8],
+) -> Result<std::result::Result<AgentClient, deploy::NoAgent>> {
+    let mut restart = false;
+    for attempt in 0.. {
+        let d = match deploy::deploy(ssh, bin, root, restart).await? {
+            Ok(d) => d,
+            Err(no) => return Ok(Err(no)),
+        };
+        let local = ssh.dir().join(format!("agent{attempt}.sock"));
+        ssh.forward(&local, &d.remote_socket)?;
+        let client = AgentClient::over_unix_socket(&local, &d.token)?;
+        match client.info().await {
+            Ok(_) => {
+                tracing::info!(
+                    reused = d.reused,
+                    "connected to the sandbox's agent over ssh"
+                );
+                return Ok(Ok(client));
+            }
+            Err(e) if d.reused && !restart => {
+                tracing::info!(error = %e, "the running agent did not answer: starting a new one");
+                restart = true;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    unreachable!("the loop returns")
 }

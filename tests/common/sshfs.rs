@@ -27,6 +27,11 @@ impl Drop for Sshd {
 
 /// Start sshd as root on a free loopback port, with keys made in `dir`.
 pub fn start_sshd(dir: &Path) -> Sshd {
+    start_sshd_with(dir, "")
+}
+
+/// [`start_sshd`] with `extra` lines appended to its config (`SetEnv HOME=…`).
+pub fn start_sshd_with(dir: &Path, extra: &str) -> Sshd {
     let host_key = dir.join("host_key");
     let key = dir.join("id");
     for k in [&host_key, &key] {
@@ -48,7 +53,7 @@ pub fn start_sshd(dir: &Path) -> Sshd {
         &cfg,
         format!(
             "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nAuthorizedKeysFile {}\nPermitRootLogin yes\n\
-             PasswordAuthentication no\nUsePAM no\nStrictModes no\nPidFile {}\nSubsystem sftp internal-sftp\n",
+             PasswordAuthentication no\nUsePAM no\nStrictModes no\nPidFile {}\nSubsystem sftp internal-sftp\n{extra}",
             host_key.display(),
             dir.join("authorized_keys").display(),
             dir.join("sshd.pid").display()
