@@ -22,7 +22,8 @@ pub const MAX_ARG_BYTES: usize = 128 * 1024;
 const EDIT_PY: &str = include_str!("../../../scripts/edit.py");
 
 /// Runs the base64 script given as its first argument as `__main__`, with the rest as its argv.
-const BOOTSTRAP: &str = "import base64,sys\nsrc=base64.b64decode(sys.argv.pop(1))\nsys.argv[0]='edit.py'\nexec(compile(src,'edit.py','exec'),{'__name__':'__main__'})";
+/// (No single quote in it: the program holds it in single quotes.)
+const BOOTSTRAP: &str = "import base64,sys\nsrc=base64.b64decode(sys.argv.pop(1))\nsys.argv[0]=\"edit.py\"\nexec(compile(src,\"edit.py\",\"exec\"),{\"__name__\":\"__main__\"})";
 
 fn b64(data: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(data)
@@ -386,4 +387,12 @@ fn temp_beside(target: &[u8]) -> Option<Vec<u8>> {
     t.extend(nonce.iter().flat_map(|b| format!("{b:02x}").into_bytes()));
     t.extend_from_slice(b".tmp");
     Some(t)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_bootstrap_fits_in_single_quotes() {
+        assert!(!super::BOOTSTRAP.contains('\''));
+    }
 }
