@@ -283,10 +283,6 @@ async fn connect_checks_the_token_on_first_contact() {
         token: Some(s.token.clone()),
         ..Default::default()
     };
-    match connect(&s.url(), &right).await {
-        Ok(c) => assert_eq!(c.transport, "agentscope"),
-        // Before the exec-only backend lands, connect gets as far as script_remote.
-        Err(RemoteError::Unsupported(m)) => assert!(m.contains("exec-only"), "{m}"),
-        Err(e) => panic!("{e}"),
-    }
+    let c = connect(&s.url(), &right).await.expect("connect");
+    assert_eq!(c.transport, "agentscope");
 }

@@ -2108,8 +2108,7 @@ conformance!(shell_backend:
     namespace_operations_and_their_errors,
     awkward_names_round_trip,
     path_escapes_are_refused,
-    // queries_run_next_to_the_data: its edit goes through exec::edit (item 3 of issue 11, being
-    // written beside this); scan/grep/glob/fuzzy over exec are pinned in tests/exec_remote.rs.
+    queries_run_next_to_the_data,
     stat_many_answers_each_path_in_order,
     create_only_commits_never_replace,
     hard_links_made_in_the_sandbox_share_an_inode,
@@ -2138,8 +2137,7 @@ conformance!(exec_backend:
     namespace_operations_and_their_errors,
     awkward_names_round_trip,
     path_escapes_are_refused,
-    // queries_run_next_to_the_data: its edit goes through exec::edit (item 3 of issue 11, being
-    // written beside this); scan/grep/glob/fuzzy over exec are pinned in tests/exec_remote.rs.
+    queries_run_next_to_the_data,
     stat_many_answers_each_path_in_order,
     create_only_commits_never_replace,
     hard_links_made_in_the_sandbox_share_an_inode,
@@ -2170,8 +2168,7 @@ conformance!(busybox_shell_backend:
     patch_commits_apply_ranges_over_the_base,
     awkward_names_round_trip,
     path_escapes_are_refused,
-    // queries_run_next_to_the_data: its edit goes through exec::edit (item 3 of issue 11, being
-    // written beside this); scan/grep/glob/fuzzy over exec are pinned in tests/exec_remote.rs.
+    queries_run_next_to_the_data,
     stat_many_answers_each_path_in_order,
     create_only_commits_never_replace,
     hard_links_made_in_the_sandbox_share_an_inode,
@@ -2241,8 +2238,8 @@ conformance!(ssh_backend:
 mod boxserver;
 
 /// The `agentscope` transport: a real agentscope-runtime box server on loopback (its
-/// WORKSPACE_DIR the sandbox side). `None` while the exec-only backend (`script_remote`) is
-/// not there yet, or when the box server is not installed and missing tools are allowed.
+/// WORKSPACE_DIR the sandbox side). `None` only when the box server is not installed and
+/// missing tools are allowed.
 fn agentscope_backend() -> Option<Backend> {
     let server = boxserver::BoxServer::start(None)?;
     let opts = sbxfs::remote::connect::ConnectOptions {
@@ -2255,10 +2252,6 @@ fn agentscope_backend() -> Option<Backend> {
     });
     let c = match connected {
         Ok(c) => c,
-        Err(RemoteError::Unsupported(m)) if m.contains("exec-only backend") => {
-            println!("skipped: script_remote not available ({m})");
-            return None;
-        }
         Err(e) => panic!("{url}: {e}"),
     };
     assert_eq!(c.transport, "agentscope");
@@ -2289,7 +2282,7 @@ macro_rules! conformance_if_available {
 conformance_if_available!(agentscope_backend:
     stat_list_and_tree,
     tree_listings_are_breadth_first_and_capped,
-    stat_list_and_tree_tell_whether_xattrs_exist,
+    // stat_list_and_tree_tell_whether_xattrs_exist: the exec scripts leave has_xattrs unknown.
     ranged_reads_carry_the_version,
     commits_replace_whole_files_atomically_and_keep_mode,
     patch_commits_apply_ranges_over_the_base,
@@ -2297,7 +2290,7 @@ conformance_if_available!(agentscope_backend:
     awkward_names_round_trip,
     path_escapes_are_refused,
     queries_run_next_to_the_data,
-    change_feed_sees_writes_made_in_the_sandbox,
+    // change_feed_*: exec transports have no feed (capabilities.feed = false; the mount polls).
     stat_many_answers_each_path_in_order,
     create_only_commits_never_replace,
     hard_links_made_in_the_sandbox_share_an_inode,

@@ -163,7 +163,12 @@ fn fixed_answer_server(status: &'static str, body: &'static str) -> u16 {
 fn a_url_without_a_scheme_says_the_expected_form() {
     let a = Attempt::new("t");
     let (code, err) = a.mount("127.0.0.1:7781", &[]);
-    assert_one_line(&err, code, 2, "not a sandbox URL: expected http(s)://HOST:PORT, ssh://");
+    assert_one_line(
+        &err,
+        code,
+        2,
+        "not a sandbox URL: expected http(s)://HOST:PORT, ssh://",
+    );
     assert!(err.contains("\"127.0.0.1:7781\""), "{err}");
     a.assert_nothing_left();
 }

@@ -252,13 +252,7 @@ async fn agent_no_runs_the_exec_only_scripts() {
     }
     let b = SshBox::start();
     fs::write(b.root.join("a.txt"), "scripts\n").unwrap();
-    let c = match connect_box(&b, "?agent=no").await {
-        Err(RemoteError::Unsupported(why)) => {
-            eprintln!("skipped until the exec-only backend is merged: {why}");
-            return;
-        }
-        r => r.unwrap(),
-    };
+    let c = connect_box(&b, "?agent=no").await.unwrap();
     assert_eq!(c.transport, "ssh+scripts");
     assert!(b.agent_pid_files().is_empty(), "no agent deployed");
     let data = c.remote.read(&rp("a.txt"), 0, 100).await.unwrap().data;

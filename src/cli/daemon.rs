@@ -220,7 +220,9 @@ fn confine_agent(
 
 pub(super) fn run_agent(a: AgentArgs) -> i32 {
     init_logging();
-    if matches!(a.listen, crate::agent::ListenAddr::Tcp(addr) if !addr.ip().is_loopback()) && a.tls_cert.is_none() {
+    if matches!(a.listen, crate::agent::ListenAddr::Tcp(addr) if !addr.ip().is_loopback())
+        && a.tls_cert.is_none()
+    {
         super::logging::user_line(
             4,
             &format!(

@@ -199,7 +199,6 @@ impl Drop for LocalGroup {
     }
 }
 
-
 /// The absolute path after `scheme` (`shell:/ABS/PATH`), percent-decoded.
 fn url_path(url: &str, scheme: &str) -> Result<Vec<u8>> {
     let rest = &url[scheme.len()..];
