@@ -1,0 +1,156 @@
+//! The mount's real-tool checks over the transports besides the agent's http: `shell:` (the
+//! exec-only scripts over a local sh), `ssh://` with a self-deployed agent, and `ssh://…?agent=no`
+//! (the scripts over the ssh channel). Each mounts a real workspace directory, works in it with
+//! git, cp, an editor-style save and rm, and checks what the sandbox side holds.
+
+mod common;
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+
+use common::sshbox::SshBox;
+use common::*;
+
+fn sh(dir: &Path, script: &str) -> String {
+    let (code, out, err) = run(Command::new("sh").arg("-c").arg(script).current_dir(dir));
+    let (out, err) = (
+        String::from_utf8_lossy(&out).into_owned(),
+        String::from_utf8_lossy(&err).into_owned(),
+    );
+    assert_eq!(code, 0, "{script}\nstdout: {out}\nstderr: {err}");
+    out
+}
+
+/// `sbxfs ctl flush`: pushes queued by close have landed.
+fn flushed(mount: &Path) {
+    let (code, _, err) = run(Command::new(sbxfs_bin())
+        .args(["ctl", "--mount"])
+        .arg(mount)
+        .arg("flush"));
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+}
+
+fn status(mount: &Path) -> String {
+    let (code, out, err) = run(Command::new(sbxfs_bin())
+        .args(["ctl", "--mount"])
+        .arg(mount)
+        .arg("status"));
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// What programs do in a project tree, through the mount at `m` over the workspace `r`.
+fn real_tools(r: &Path, m: &Path) {
+    fs::write(r.join("made-in-sandbox.txt"), "from the sandbox\n").unwrap();
+    assert_eq!(
+        fs::read_to_string(m.join("made-in-sandbox.txt")).unwrap(),
+        "from the sandbox\n"
+    );
+    // git: init, add, commit, status clean, then a change seen.
+    sh(
+        m,
+        "mkdir proj && cd proj && git init -q . && printf 'one\\n' > a.txt && mkdir -p src && \
+         printf 'fn main() {}\\n' > src/main.rs && git add -A && \
+         git -c user.email=t@example.com -c user.name=t commit -qm first",
+    );
+    assert_eq!(sh(&m.join("proj"), "git status --porcelain"), "");
+    fs::write(m.join("proj/a.txt"), "one\ntwo\n").unwrap();
+    assert_eq!(sh(&m.join("proj"), "git status --porcelain"), " M a.txt\n");
+    // cp -r of the tree, then an editor-style save: a temp file renamed over the original
+    // while a reader holds the old one open.
+    sh(m, "cp -r proj copy");
+    let mut held = fs::File::open(m.join("copy/a.txt")).unwrap();
+    let tmp = m.join("copy/.a.txt.swp");
+    let mut f = fs::File::create(&tmp).unwrap();
+    f.write_all(b"saved by an editor\n").unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o640)).unwrap();
+    fs::rename(&tmp, m.join("copy/a.txt")).unwrap();
+    let mut old = String::new();
+    std::io::Read::read_to_string(&mut held, &mut old).unwrap();
+    assert_eq!(old, "one\ntwo\n", "the handle held across the rename reads the old file");
+    // A truncate between writes, on one handle.
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .open(m.join("copy/src/main.rs"))
+        .unwrap();
+    f.write_all(b"0123456789").unwrap();
+    f.set_len(4).unwrap();
+    f.write_all(b"XY").unwrap();
+    drop(f);
+    flushed(m);
+    // The sandbox side holds exactly what was written.
+    assert_eq!(fs::read_to_string(r.join("proj/a.txt")).unwrap(), "one\ntwo\n");
+    assert_eq!(
+        fs::read_to_string(r.join("copy/a.txt")).unwrap(),
+        "saved by an editor\n"
+    );
+    assert_eq!(
+        fs::metadata(r.join("copy/a.txt")).unwrap().permissions().mode() & 0o777,
+        0o640
+    );
+    assert_eq!(
+        fs::read(r.join("copy/src/main.rs")).unwrap(),
+        b"0123\0\0\0\0\0\0XY"
+    );
+    assert!(!r.join("copy/.a.txt.swp").exists());
+    assert_eq!(sh(&r.join("proj"), "git status --porcelain"), " M a.txt\n");
+    // rm -r, seen in the sandbox.
+    sh(m, "rm -r copy");
+    assert!(!r.join("copy").exists());
+    assert!(!m.join("copy").exists());
+}
+
+#[test]
+fn real_tools_work_over_the_shell_transport() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    fs::create_dir(&root).unwrap();
+    let mount = MountProcess::start_url(&format!("shell:{}", root.display()), "unused", &[]);
+    real_tools(&root, &mount.dir);
+    let st = status(&mount.dir);
+    assert!(st.contains("mount.transport") && st.contains("shell"), "{st}");
+    assert!(
+        st.lines()
+            .any(|l| l.starts_with("mount.capabilities.patch_commits") && l.ends_with("false")),
+        "{st}"
+    );
+}
+
+fn ssh_ready() -> bool {
+    if !is_root() || !Path::new("/usr/sbin/sshd").exists() {
+        eprintln!("skipped: needs root and openssh-server (scripts/install-deps.sh)");
+        return false;
+    }
+    require_tool("ssh").is_some()
+}
+
+fn over_ssh(suffix: &str, transport: &str) {
+    if !ssh_ready() {
+        return;
+    }
+    let b = SshBox::start();
+    let config = b.config.display().to_string();
+    let mount = MountProcess::start_url(&b.url(suffix), "unused", &["-F", &config]);
+    real_tools(&b.root, &mount.dir);
+    let st = status(&mount.dir);
+    assert!(
+        st.lines()
+            .any(|l| l.starts_with("mount.transport") && l.ends_with(transport)),
+        "{st}"
+    );
+}
+
+#[test]
+fn real_tools_work_over_ssh_with_the_deployed_agent() {
+    over_ssh("", "ssh+agent");
+}
+
+#[test]
+fn real_tools_work_over_ssh_with_the_scripts_only() {
+    over_ssh("?agent=no", "ssh+scripts");
+}
