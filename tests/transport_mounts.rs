@@ -72,7 +72,10 @@ fn real_tools(r: &Path, m: &Path) {
     fs::rename(&tmp, m.join("copy/a.txt")).unwrap();
     let mut old = String::new();
     std::io::Read::read_to_string(&mut held, &mut old).unwrap();
-    assert_eq!(old, "one\ntwo\n", "the handle held across the rename reads the old file");
+    assert_eq!(
+        old, "one\ntwo\n",
+        "the handle held across the rename reads the old file"
+    );
     // A truncate between writes, on one handle.
     let mut f = fs::OpenOptions::new()
         .write(true)
@@ -84,13 +87,20 @@ fn real_tools(r: &Path, m: &Path) {
     drop(f);
     flushed(m);
     // The sandbox side holds exactly what was written.
-    assert_eq!(fs::read_to_string(r.join("proj/a.txt")).unwrap(), "one\ntwo\n");
+    assert_eq!(
+        fs::read_to_string(r.join("proj/a.txt")).unwrap(),
+        "one\ntwo\n"
+    );
     assert_eq!(
         fs::read_to_string(r.join("copy/a.txt")).unwrap(),
         "saved by an editor\n"
     );
     assert_eq!(
-        fs::metadata(r.join("copy/a.txt")).unwrap().permissions().mode() & 0o777,
+        fs::metadata(r.join("copy/a.txt"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
         0o640
     );
     assert_eq!(
@@ -113,7 +123,10 @@ fn real_tools_work_over_the_shell_transport() {
     let mount = MountProcess::start_url(&format!("shell:{}", root.display()), "unused", &[]);
     real_tools(&root, &mount.dir);
     let st = status(&mount.dir);
-    assert!(st.contains("mount.transport") && st.contains("shell"), "{st}");
+    assert!(
+        st.contains("mount.transport") && st.contains("shell"),
+        "{st}"
+    );
     assert!(
         st.lines()
             .any(|l| l.starts_with("mount.capabilities.patch_commits") && l.ends_with("false")),

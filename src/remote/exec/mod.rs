@@ -218,7 +218,7 @@ async fn connect_runner(
     root: Vec<u8>,
     transport: &str,
 ) -> Result<super::connect::Connected> {
-    let remote = std::sync::Arc::new(remote::ScriptRemote::new(runner, root));
+    let remote = std::sync::Arc::new(remote::ScriptRemote::new(supervised(runner), root));
     let info = super::Remote::info(&*remote).await?;
     Ok(super::connect::Connected {
         remote,
@@ -270,5 +270,14 @@ pub fn script_remote(
             String::from_utf8_lossy(&root)
         )));
     }
-    Ok(std::sync::Arc::new(remote::ScriptRemote::new(runner, root)))
+    Ok(std::sync::Arc::new(remote::ScriptRemote::new(
+        supervised(runner),
+        root,
+    )))
+}
+
+/// Every program of the exec-only backend runs supervised: in its own process group, stopped
+/// whole on cancel, timeout or a dropped run ([`supervise`]).
+fn supervised(runner: std::sync::Arc<dyn Runner>) -> std::sync::Arc<dyn Runner> {
+    std::sync::Arc::new(supervise::Supervised::new(runner))
 }
