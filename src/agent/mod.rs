@@ -410,7 +410,10 @@ pub async fn serve(cfg: AgentConfig) -> anyhow::Result<()> {
     };
     let (listener, addr) = listen(&cfg.listen)
         .await
-        .with_context(|| format!("cannot listen on {}", cfg.listen))?;
+        .with_context(|| match &cfg.listen {
+            ListenAddr::Tcp(a) => format!("cannot listen on {a}"),
+            unix => format!("cannot listen on {unix}"),
+        })?;
     // Signals are caught before the ready line: a SIGTERM right after it stops the agent cleanly.
     let shutdown = shutdown_signal()?;
     tracing::info!(
