@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::sshfs::{mount_sshfs, start_sshd, Sshd};
+use common::sshfs::{mount_sshfs, start_sshd_with, Sshd};
 use common::*;
 use sbxfs::proxy::Proxy;
 
@@ -237,6 +237,10 @@ struct Rig {
     work: PathBuf,
     mount_args: Vec<String>,
     mounts: usize,
+    /// How sbxfs reaches the sandbox: `http` (the agent, default), `ssh` (ssh:// with the agent
+    /// it deploys) or `ssh-scripts` (ssh://…?agent=no); over ssh it shares sshfs's proxy.
+    transport: String,
+    ssh_config: PathBuf,
     _rt: tokio::runtime::Runtime,
 }
 
@@ -244,7 +248,8 @@ impl Rig {
     fn proxy(&self, peer: Peer) -> &Proxy {
         match peer {
             Peer::Sshfs => &self.ssh_proxy,
-            Peer::Sbxfs => &self.agent_proxy,
+            Peer::Sbxfs if self.transport == "http" => &self.agent_proxy,
+            Peer::Sbxfs => &self.ssh_proxy,
         }
     }
 
@@ -265,12 +270,17 @@ impl Rig {
                 &self.work.join(format!("sshfs{}", self.mounts)),
             )),
             Peer::Sbxfs => {
-                let args: Vec<&str> = self.mount_args.iter().map(String::as_str).collect();
-                Mounted::Sbxfs(MountProcess::start_url(
-                    &format!("http://{}", self.agent_proxy.addr),
-                    &self.agent.token,
-                    &args,
-                ))
+                let mut args: Vec<String> = self.mount_args.clone();
+                let url = match self.transport.as_str() {
+                    "http" => format!("http://{}", self.agent_proxy.addr),
+                    t => {
+                        args.extend(["-F".to_string(), self.ssh_config.display().to_string()]);
+                        let query = if t == "ssh-scripts" { "?agent=no" } else { "" };
+                        format!("ssh://sbx{}{query}", self.ws.display())
+                    }
+                };
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                Mounted::Sbxfs(MountProcess::start_url(&url, &self.agent.token, &args))
             }
         };
         let secs = t.elapsed().as_secs_f64();
@@ -480,7 +490,10 @@ fn the_mount_at_a_distance_vs_sshfs() {
         .build()
         .unwrap();
     let agent = AgentProcess::start(&ws);
-    let sshd = start_sshd(&work);
+    // The ssh sessions' HOME is the bench's own: an agent sbxfs deploys lands (and is stopped) there.
+    let home = work.join("home");
+    fs::create_dir_all(&home).unwrap();
+    let sshd = start_sshd_with(&work, &format!("SetEnv HOME={}\n", home.display()));
     let agent_proxy = rt
         .block_on(Proxy::start(
             "127.0.0.1:0".parse().unwrap(),
@@ -500,7 +513,18 @@ fn the_mount_at_a_distance_vs_sshfs() {
         .split_whitespace()
         .map(String::from)
         .collect();
+    let transport = std::env::var("SBXFS_BENCH_TRANSPORT").unwrap_or_else(|_| "http".into());
+    assert!(
+        ["http", "ssh", "ssh-scripts"].contains(&transport.as_str()),
+        "SBXFS_BENCH_TRANSPORT is http, ssh or ssh-scripts"
+    );
+    let ssh_config = work.join("ssh_config");
+    common::sshbox::write_config(&ssh_config, ssh_proxy.addr.port(), &sshd.key);
+    println!("sbxfs transport: {transport}");
+    let _deployed = DeployedAgents(home.clone());
     let mut rig = Rig {
+        transport,
+        ssh_config,
         agent_proxy,
         ssh_proxy,
         sshd,
@@ -795,4 +819,24 @@ fn the_mount_at_a_distance_vs_sshfs() {
 /// metadata: its cost is the cold `find` row's), for both peers alike.
 fn looked_at(m: &Mounted, rel: &str) {
     let _ = fs::metadata(m.dir().join(rel));
+}
+
+/// Agents sbxfs deployed under the bench's ssh HOME: stopped (by pid) when the bench ends.
+struct DeployedAgents(PathBuf);
+
+impl Drop for DeployedAgents {
+    fn drop(&mut self) {
+        for e in fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let exe = fs::read_link(e.path().join("exe")).unwrap_or_default();
+            if exe.starts_with(&self.0) {
+                // SAFETY: a signal to a process running a binary this bench deployed.
+                unsafe {
+                    libc::kill(pid, libc::SIGTERM);
+                }
+            }
+        }
+    }
 }

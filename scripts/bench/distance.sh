@@ -10,6 +10,8 @@
 #   SBXFS_BENCH_QUICK=1 scripts/bench/distance.sh       # small sizes, one run
 #   SBXFS_BENCH_RUNS=5 SBXFS_BENCH_DELAY_MS=40 SBXFS_BENCH_MOUNT_ARGS='-o sync_close' \
 #     scripts/bench/distance.sh                         # more runs, a farther sandbox, options
+#   SBXFS_BENCH_TRANSPORT=ssh scripts/bench/distance.sh          # sbxfs over ssh:// (deployed agent)
+#   SBXFS_BENCH_TRANSPORT=ssh-scripts scripts/bench/distance.sh  # sbxfs over ssh://…?agent=no
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 command -v sshfs >/dev/null && [ -x /usr/sbin/sshd ] || {
@@ -17,4 +19,4 @@ command -v sshfs >/dev/null && [ -x /usr/sbin/sshd ] || {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq sshfs openssh-server >/dev/null
 }
 cargo test --release -q --test bench_distance -- --ignored --nocapture 2>&1 |
-  grep --line-buffered -E '^(\||Medians|Made by|Workloads|sbxfs mounted|PROBLEM|run [0-9]|test result|thread|  |$)'
+  grep --line-buffered -E '^(\||Medians|Made by|Workloads|sbxfs transport|sbxfs mounted|PROBLEM|run [0-9]|test result|thread|  |$)'
