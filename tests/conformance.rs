@@ -2188,6 +2188,10 @@ conformance!(busybox_shell_backend:
 /// The agent sbxfs deploys over ssh, reached through the ssh channel (a private sshd on
 /// 127.0.0.1; the workspace is on this machine, so the checks about a real OS apply).
 fn ssh_backend() -> Backend {
+    // One deploy at a time: each uploads the whole debug binary (hundreds of MB), and two dozen
+    // at once on two cores only measure the machine.
+    static DEPLOYING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = DEPLOYING.lock().unwrap_or_else(|p| p.into_inner());
     let b = common::sshbox::SshBox::start();
     let c = tokio::task::block_in_place(|| {
         tokio::runtime::Handle::current()

@@ -313,7 +313,7 @@ impl<R: Remote> Remote for Deadlines<R> {
         path: &RemotePath,
         opts: GrepOptions,
     ) -> Result<BoxStream<'static, Result<GrepEvent>>> {
-        within("grep", self.call, self.inner.grep(path, opts)).await
+        within("grep", self.query, self.inner.grep(path, opts)).await
     }
     async fn glob(&self, path: &RemotePath, pattern: &str) -> Result<Vec<String>> {
         within("glob", self.query, self.inner.glob(path, pattern)).await

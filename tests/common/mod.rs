@@ -653,6 +653,19 @@ impl Drop for MountProcess {
             .stderr(std::process::Stdio::null())
             .status();
         if let Some(mut c) = self.child.take() {
+            // SIGTERM first: the daemon stops what it started (an ssh master) as it exits.
+            // SIGKILL only if it has not exited within a few seconds.
+            // SAFETY: a signal to our own child, not yet reaped.
+            unsafe {
+                libc::kill(c.id() as i32, libc::SIGTERM);
+            }
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while std::time::Instant::now() < until {
+                if matches!(c.try_wait(), Ok(Some(_))) {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
             let _ = c.kill();
             let _ = c.wait();
         }

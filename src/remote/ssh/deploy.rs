@@ -215,15 +215,26 @@ pub async fn deploy(
         Some(("reuse", sock)) => parent_of_agents(sock),
         Some(("start", d)) => d.to_string(),
         Some(("upload", d)) => {
-            let data = std::fs::File::open(&bin.path)
-                .map_err(|e| RemoteError::Transport(format!("{}: {e}", bin.path.display())))?;
-            let out = ssh
-                .run(
-                    command(UPLOAD, &[d.as_bytes(), bin.version.as_bytes()]),
-                    Input::File(data),
-                    STEP_DEADLINE,
-                )
-                .await?;
+            // A session the connection dropped (ssh's status 255) is tried once more: the
+            // upload writes a temp file and renames it, so a second attempt is safe.
+            let mut attempt = 0;
+            let out = loop {
+                attempt += 1;
+                let data = std::fs::File::open(&bin.path)
+                    .map_err(|e| RemoteError::Transport(format!("{}: {e}", bin.path.display())))?;
+                let out = ssh
+                    .run(
+                        command(UPLOAD, &[d.as_bytes(), bin.version.as_bytes()]),
+                        Input::File(data),
+                        STEP_DEADLINE,
+                    )
+                    .await?;
+                if out.code == 255 && attempt < 2 && result(&out, "upload").is_err() {
+                    tracing::warn!("the upload's ssh session failed (status 255): trying again");
+                    continue;
+                }
+                break out;
+            };
             let (said, _) = result(&out, "upload")?;
             if said != "ok" {
                 return Ok(Err(NoAgent(said)));

@@ -83,7 +83,12 @@ impl Master {
             .prefix("sbxfs-ssh-")
             .tempdir()
             .map_err(|e| RemoteError::Transport(format!("private directory: {e}")))?;
-        // tempfile makes it 0700.
+        // Private: it holds the control socket (anyone who can reach it runs commands as us).
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| RemoteError::Transport(format!("private directory: {e}")))?;
+        }
         let control = dir.path().join("master");
         let log = dir.path().join("master.log");
         let log_file = std::fs::File::create(&log)
