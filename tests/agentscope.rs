@@ -286,3 +286,310 @@ async fn connect_checks_the_token_on_first_contact() {
     let c = connect(&s.url(), &right).await.expect("connect");
     assert_eq!(c.transport, "agentscope");
 }
+
+// --- Cancel: a real kill in the sandbox, and --header-file headers on every request.
+
+mod kill_and_headers {
+    use super::*;
+
+    use std::path::Path;
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    use sbxfs::remote::exec::supervise::{Job, JobId, Supervised};
+    use sbxfs::remote::{CommitContent, CommitOptions, RemotePath};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Only to stop a hung test, never part of an assertion.
+    const HANG: Duration = Duration::from_secs(60);
+
+    fn supervised(s: &BoxServer) -> Arc<Supervised<AgentScopeRunner>> {
+        Arc::new(Supervised::new(Arc::new(runner(s))))
+    }
+
+    /// The live (not zombie) processes of process group `pgid`, as `ps` lists them.
+    fn live_members(pgid: u32) -> Vec<String> {
+        let out = std::process::Command::new("ps")
+            .args(["-e", "-o", "pid=,pgid=,stat=,args="])
+            .output()
+            .expect("ps");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() >= 3 && f[1] == pgid.to_string() && !f[2].starts_with('Z')
+            })
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Files of job `id` left in any directory the supervisor may have picked.
+    fn job_files(id: &JobId) -> Vec<String> {
+        // SAFETY: getuid cannot fail.
+        let uid = unsafe { libc::getuid() };
+        let mut left = Vec::new();
+        for base in ["/dev/shm", "/tmp"] {
+            let dir = Path::new(base).join(format!("sbxfs-jobs-{uid}"));
+            let Ok(rd) = fs::read_dir(&dir) else { continue };
+            left.extend(
+                rd.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with(&format!("{}.", id.as_str()))),
+            );
+        }
+        left
+    }
+
+    /// A program that records its process group in `pgid_file`, leaves a sleeper and a busy
+    /// loop behind, and waits for them.
+    fn long_program(pgid_file: &Path) -> String {
+        format!(
+            "sleep 1000 &\n(while :; do :; done) &\necho $$ > '{}'\nwait\n",
+            pgid_file.display()
+        )
+    }
+
+    async fn wait_for_pgid(pgid_file: &Path) -> u32 {
+        let start = Instant::now();
+        loop {
+            if let Ok(s) = fs::read_to_string(pgid_file) {
+                if let Ok(n) = s.trim().parse() {
+                    return n;
+                }
+            }
+            assert!(start.elapsed() < HANG, "the job never started");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn wait_gone(pgid: u32) -> Vec<String> {
+        let start = Instant::now();
+        loop {
+            let left = live_members(pgid);
+            if left.is_empty() || start.elapsed() > HANG {
+                return left;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_command_is_killed_in_the_sandbox_with_its_children() {
+        let Some(s) = BoxServer::start(None) else {
+            return;
+        };
+        let sup = supervised(&s);
+        let pgid_file = s.workspace.join("pgid");
+        let job = Job {
+            program: long_program(&pgid_file),
+            ..Job::default()
+        };
+        let ctl = RunControl::default();
+        let run = {
+            let (sup, job, ctl) = (sup.clone(), job.clone(), ctl.clone());
+            tokio::spawn(async move { sup.run_job(&job, &ctl).await })
+        };
+        let pgid = wait_for_pgid(&pgid_file).await;
+        // The job shell, the sleeper and the busy subshell.
+        assert!(live_members(pgid).len() >= 3, "{:?}", live_members(pgid));
+        let asked = Instant::now();
+        ctl.cancel.cancel();
+        let r = tokio::time::timeout(HANG, run).await.unwrap().unwrap();
+        match r {
+            Err(RemoteError::Transport(m)) => {
+                assert!(m.contains("cancelled"), "{m}");
+                assert!(m.contains("its process group was stopped"), "{m}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Stopped right away (TERM reaches all of them), not at the end of its sleep.
+        assert!(
+            asked.elapsed() < Duration::from_secs(15),
+            "{:?}",
+            asked.elapsed()
+        );
+        assert_eq!(live_members(pgid), Vec::<String>::new());
+        assert_eq!(job_files(&job.id), Vec::<String>::new());
+    }
+
+    #[tokio::test]
+    async fn a_timeout_or_a_dropped_run_kills_the_command_too() {
+        let Some(s) = BoxServer::start(None) else {
+            return;
+        };
+        let sup = supervised(&s);
+        // The timeout.
+        let pgid_file = s.workspace.join("pgid-timeout");
+        let job = Job {
+            program: long_program(&pgid_file),
+            ..Job::default()
+        };
+        let ctl = RunControl {
+            timeout: Some(Duration::from_secs(2)),
+            ..RunControl::default()
+        };
+        let r = sup.run_job(&job, &ctl).await;
+        assert!(matches!(r, Err(RemoteError::TimedOut(_))), "{r:?}");
+        let pgid = wait_for_pgid(&pgid_file).await;
+        assert_eq!(live_members(pgid), Vec::<String>::new());
+        assert_eq!(job_files(&job.id), Vec::<String>::new());
+
+        // A run whose future is dropped (a FUSE interrupt, a dropped query): the cancel goes
+        // from a spawned task.
+        let pgid_file = s.workspace.join("pgid-dropped");
+        let job = Job {
+            program: long_program(&pgid_file),
+            ..Job::default()
+        };
+        let run = {
+            let (sup, job) = (sup.clone(), job.clone());
+            tokio::spawn(async move { sup.run_job(&job, &RunControl::default()).await })
+        };
+        let pgid = wait_for_pgid(&pgid_file).await;
+        assert!(!live_members(pgid).is_empty());
+        run.abort();
+        assert!(run.await.unwrap_err().is_cancelled());
+        assert_eq!(wait_gone(pgid).await, Vec::<String>::new());
+    }
+
+    #[tokio::test]
+    async fn a_cancel_before_the_start_leaves_a_marker_and_nothing_runs() {
+        let Some(s) = BoxServer::start(None) else {
+            return;
+        };
+        let sup = supervised(&s);
+        let touched = s.workspace.join("touched");
+        let job = Job {
+            program: format!("touch '{}'\n", touched.display()),
+            ..Job::default()
+        };
+        sup.cancel(&job.id).await.unwrap();
+        let r = sup.run_job(&job, &RunControl::default()).await;
+        match r {
+            Err(RemoteError::Transport(m)) => assert!(m.contains("cancelled"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(!touched.exists(), "the program ran");
+        assert_eq!(job_files(&job.id), Vec::<String>::new());
+    }
+
+    #[tokio::test]
+    async fn the_transport_reports_that_it_kills() {
+        let Some(s) = BoxServer::start(None) else {
+            return;
+        };
+        let opts = ConnectOptions {
+            token: Some(s.token.clone()),
+            ..Default::default()
+        };
+        let c = connect(&s.url(), &opts).await.expect("connect");
+        assert!(c.info.capabilities.kill, "{:?}", c.info.capabilities);
+        assert!(!c.info.capabilities.feed);
+    }
+
+    /// A loopback TCP forwarder to `upstream` that keeps every byte the client sent.
+    async fn recorder(upstream: u16) -> (u16, Arc<Mutex<Vec<u8>>>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                else {
+                    continue;
+                };
+                let log = log.clone();
+                tokio::spawn(async move {
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let down = tokio::spawn(async move {
+                        let _ = tokio::io::copy(&mut sr, &mut cw).await;
+                    });
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        match cr.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => {
+                                log.lock().unwrap().extend_from_slice(&buf[..n]);
+                                if sw.write_all(&buf[..n]).await.is_err() {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    let _ = sw.shutdown().await;
+                    let _ = down.await;
+                });
+            }
+        });
+        (port, seen)
+    }
+
+    fn count(hay: &[u8], needle: &[u8]) -> usize {
+        hay.windows(needle.len()).filter(|w| *w == needle).count()
+    }
+
+    #[tokio::test]
+    async fn header_file_headers_go_on_every_box_server_request() {
+        let Some(s) = BoxServer::start(None) else {
+            return;
+        };
+        let (port, seen) = recorder(s.port).await;
+        let dir = tempfile::tempdir().unwrap();
+        let headers = dir.path().join("headers");
+        fs::write(
+            &headers,
+            "# the provider's gateway\nX-Sbxfs-Gateway: gw-s3cret-value\nX-Second: two\n",
+        )
+        .unwrap();
+        fs::write(s.workspace.join("f"), "hello").unwrap();
+        let opts = ConnectOptions {
+            token: Some(s.token.clone()),
+            header_file: Some(headers.clone()),
+            ..Default::default()
+        };
+        let c = connect(&format!("agentscope+http://127.0.0.1:{port}"), &opts)
+            .await
+            .expect("connect");
+        let f = RemotePath::new(b"f".to_vec()).unwrap();
+        // A read (the server's GET /workspace/file) and a commit (PUT, then a rename).
+        let got = c.remote.read(&f, 0, 100).await.unwrap();
+        assert_eq!(&got.data[..], b"hello");
+        c.remote
+            .commit(
+                &f,
+                CommitContent::Whole(Box::new(std::io::Cursor::new(b"bye".to_vec()))),
+                CommitOptions::default(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(fs::read(s.workspace.join("f")).unwrap(), b"bye");
+
+        let sent = seen.lock().unwrap().to_ascii_lowercase();
+        let requests = count(&sent, b" http/1.1\r\n");
+        assert!(requests >= 4, "{requests} requests");
+        assert!(count(&sent, b"get /workspace/file?") >= 1);
+        assert!(count(&sent, b"put /workspace/file?") >= 1);
+        assert_eq!(
+            count(&sent, b"\r\nx-sbxfs-gateway: gw-s3cret-value\r\n"),
+            requests,
+            "a request without the header"
+        );
+        assert_eq!(count(&sent, b"\r\nx-second: two\r\n"), requests);
+
+        // A header file that cannot be read is refused before any request, naming the file.
+        let before = seen.lock().unwrap().len();
+        let bad = ConnectOptions {
+            header_file: Some(dir.path().join("missing")),
+            ..opts.clone()
+        };
+        let e = connect(&format!("agentscope+http://127.0.0.1:{port}"), &bad)
+            .await
+            .err()
+            .expect("refused");
+        assert!(matches!(e, RemoteError::Invalid(_)), "{e}");
+        assert!(e.to_string().contains("--header-file"), "{e}");
+        assert_eq!(seen.lock().unwrap().len(), before);
+    }
+}

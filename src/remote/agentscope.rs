@@ -15,6 +15,7 @@
 //!   the root, without `.`/`..` components, are sent, and a script first checks that the path
 //!   resolves to itself (no symlink on the way). `DELETE /entry` (recursive) is never used.
 //! - The token goes in the `Authorization: Bearer` header only: never in a command, never logged.
+//!   `--header-file` headers (and `--ca-file` roots) are on every request, as for our agent.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -448,19 +449,17 @@ pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Connected> {
             "{base}: the box server's SECRET_TOKEN is needed (--token-file or SBXFS_TOKEN)"
         ))
     })?;
+    // `--ca-file` and `--header-file` as for our agent: the headers (a provider's auth in
+    // front of the box server) go on every request, their values never logged.
+    let setup =
+        super::httpsetup::HttpSetup::load(opts.ca_file.as_deref(), opts.header_file.as_deref())
+            .map_err(RemoteError::Invalid)?;
     super::client::install_tls();
-    let mut builder = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(10))
-        .redirect(reqwest::redirect::Policy::none());
-    if let Some(ca) = &opts.ca_file {
-        let pem = std::fs::read(ca)
-            .map_err(|e| RemoteError::Invalid(format!("{}: {e}", ca.display())))?;
-        for cert in reqwest::Certificate::from_pem_bundle(&pem)
-            .map_err(|e| RemoteError::Invalid(format!("{}: {e}", ca.display())))?
-        {
-            builder = builder.add_root_certificate(cert);
-        }
-    }
+    let builder = setup.apply(
+        reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .redirect(reqwest::redirect::Policy::none()),
+    );
     let http = builder
         .build()
         .map_err(|e| RemoteError::Transport(format!("{base}: {e}")))?;

@@ -511,11 +511,7 @@ impl Remote for AgentClient {
         flags: XattrFlags,
     ) -> Result<()> {
         check_xattr_name(name)?;
-        if value.len() > MAX_XATTR_VALUE_BYTES {
-            return Err(RemoteError::TooLarge(format!(
-                "extended attribute values are limited to {MAX_XATTR_VALUE_BYTES} bytes"
-            )));
-        }
+        super::check_xattr_value(path, value)?;
         let mut q = vec![p(path), ("name", name.to_vec())];
         if flags.create {
             q.push(("create", b"1".to_vec()));

@@ -92,6 +92,18 @@ pub const MAX_XATTR_VALUE_BYTES: usize = 64 * 1024;
 /// Longest extended attribute name (Linux's XATTR_NAME_MAX).
 pub const MAX_XATTR_NAME_BYTES: usize = 255;
 
+/// The one check of a value given to `setxattr` before it leaves for the sandbox (every
+/// transport): at most [`MAX_XATTR_VALUE_BYTES`], as the kernel would refuse it (E2BIG).
+pub fn check_xattr_value(path: &RemotePath, value: &[u8]) -> Result<()> {
+    if value.len() > MAX_XATTR_VALUE_BYTES {
+        return Err(RemoteError::TooLarge(format!(
+            "{}: extended attribute values are limited to {MAX_XATTR_VALUE_BYTES} bytes",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
 /// Why `name` cannot be one directory entry's name (empty, `.`, `..`, a `/` or NUL in it,
 /// longer than [`MAX_NAME_BYTES`]); names from the other side are checked before they
 /// become inodes.

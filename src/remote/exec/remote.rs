@@ -883,12 +883,7 @@ impl Remote for ScriptRemote {
         flags: XattrFlags,
     ) -> Result<()> {
         check_xattr_name(name)?;
-        if value.len() > MAX_XATTR_VALUE_BYTES {
-            return Err(RemoteError::TooLarge(format!(
-                "{}: an attribute value over {MAX_XATTR_VALUE_BYTES} bytes",
-                path.display()
-            )));
-        }
+        crate::remote::check_xattr_value(path, value)?;
         let v = b64(value);
         let flag: &[u8] = if flags.create {
             b"create"
