@@ -349,6 +349,21 @@ mod kill_and_headers {
         )
     }
 
+    /// Kills what is left of a job's group when a test fails half way (the box server's own
+    /// stop does not reach a `setsid` group).
+    struct GroupGuard(u32);
+
+    impl Drop for GroupGuard {
+        fn drop(&mut self) {
+            if self.0 > 1 && !live_members(self.0).is_empty() {
+                // SAFETY: killpg only sends a signal, to the group this test's job made.
+                unsafe {
+                    libc::killpg(self.0 as i32, libc::SIGKILL);
+                }
+            }
+        }
+    }
+
     async fn wait_for_pgid(pgid_file: &Path) -> u32 {
         let start = Instant::now();
         loop {
@@ -390,6 +405,7 @@ mod kill_and_headers {
             tokio::spawn(async move { sup.run_job(&job, &ctl).await })
         };
         let pgid = wait_for_pgid(&pgid_file).await;
+        let _guard = GroupGuard(pgid);
         // The job shell, the sleeper and the busy subshell.
         assert!(live_members(pgid).len() >= 3, "{:?}", live_members(pgid));
         let asked = Instant::now();
@@ -431,6 +447,7 @@ mod kill_and_headers {
         let r = sup.run_job(&job, &ctl).await;
         assert!(matches!(r, Err(RemoteError::TimedOut(_))), "{r:?}");
         let pgid = wait_for_pgid(&pgid_file).await;
+        let _guard = GroupGuard(pgid);
         assert_eq!(live_members(pgid), Vec::<String>::new());
         assert_eq!(job_files(&job.id), Vec::<String>::new());
 
@@ -446,6 +463,7 @@ mod kill_and_headers {
             tokio::spawn(async move { sup.run_job(&job, &RunControl::default()).await })
         };
         let pgid = wait_for_pgid(&pgid_file).await;
+        let _guard = GroupGuard(pgid);
         assert!(!live_members(pgid).is_empty());
         run.abort();
         assert!(run.await.unwrap_err().is_cancelled());
@@ -591,5 +609,31 @@ mod kill_and_headers {
         assert!(matches!(e, RemoteError::Invalid(_)), "{e}");
         assert!(e.to_string().contains("--header-file"), "{e}");
         assert_eq!(seen.lock().unwrap().len(), before);
+    }
+
+    #[tokio::test]
+    async fn an_oversized_xattr_value_is_refused_before_it_reaches_the_box_server() {
+        let Some(s) = BoxServer::start(None) else {
+            return;
+        };
+        let (port, seen) = recorder(s.port).await;
+        let opts = ConnectOptions {
+            token: Some(s.token.clone()),
+            ..Default::default()
+        };
+        let c = connect(&format!("agentscope+http://127.0.0.1:{port}"), &opts)
+            .await
+            .expect("connect");
+        fs::write(s.workspace.join("f"), "x").unwrap();
+        let f = RemotePath::new(b"f".to_vec()).unwrap();
+        let before = seen.lock().unwrap().len();
+        let big = vec![b'v'; sbxfs::remote::MAX_XATTR_VALUE_BYTES + 1];
+        let e = c
+            .remote
+            .setxattr(&f, b"user.big", &big, Default::default())
+            .await
+            .unwrap_err();
+        assert!(matches!(e, RemoteError::TooLarge(_)), "{e}");
+        assert_eq!(seen.lock().unwrap().len(), before, "a request was sent");
     }
 }

@@ -670,3 +670,22 @@ pub trait Remote: Send + Sync {
     /// Change events after `since` (or from now); a `Lost` event means some were dropped.
     async fn watch(&self, since: Option<u64>) -> Result<BoxStream<'static, Result<ChangeEvent>>>;
 }
+
+#[cfg(test)]
+mod xattr_value_tests {
+    use super::*;
+
+    #[test]
+    fn an_xattr_value_over_the_kernel_limit_is_refused_naming_the_path() {
+        let p = RemotePath::new(b"d/f".to_vec()).unwrap();
+        assert!(check_xattr_value(&p, &vec![0; MAX_XATTR_VALUE_BYTES]).is_ok());
+        assert!(check_xattr_value(&p, b"").is_ok());
+        match check_xattr_value(&p, &vec![0; MAX_XATTR_VALUE_BYTES + 1]) {
+            Err(RemoteError::TooLarge(m)) => {
+                assert!(m.starts_with("d/f: "), "{m}");
+                assert!(m.contains(&MAX_XATTR_VALUE_BYTES.to_string()), "{m}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
