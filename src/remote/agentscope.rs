@@ -16,6 +16,9 @@
 //!   resolves to itself (no symlink on the way). `DELETE /entry` (recursive) is never used.
 //! - The token goes in the `Authorization: Bearer` header only: never in a command, never logged.
 //!   `--header-file` headers (and `--ca-file` roots) are on every request, as for our agent.
+//! - The server has no process kill (dropping a request leaves its command running), so every
+//!   program runs under [`super::exec::supervise`]: a cancel, timeout or dropped run sends a
+//!   second `run_shell_command` that stops the job's process group (TERM, KILL after 2 s).
 
 use std::sync::Arc;
 use std::time::Duration;
