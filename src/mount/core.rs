@@ -953,6 +953,11 @@ impl FsCore {
             }
             self.queue_push(h.node);
         }
+        if !h.writable {
+            // A reader's close (`cat`'s) is not where a writer's failed push is reported:
+            // the data is kept and the next writer's close or fsync says so.
+            return Ok(());
+        }
         self.failures.take_report(h.node)
     }
 
@@ -1023,16 +1028,26 @@ impl FsCore {
         // this answer is not overwritten: the first push is create-only.
         // A sandbox out of reach: made here too, and pushed when it answers (create-only, so
         // nothing there is overwritten), as writes to existing files are kept.
-        if self.commit_absent() && self.inodes.child(parent, name).is_none() {
-            match self.stable_stat(&path).await {
-                Err(RemoteError::NotFound(_)) => return self.create_new(parent, name, mode).await,
-                Err(e) if unreachable(&e) => return self.create_new(parent, name, mode).await,
-                _ => {}
+        if self.inodes.child(parent, name).is_none() {
+            if self.offline() {
+                return self.create_new(parent, name, mode).await;
+            }
+            if self.commit_absent() {
+                match self.stable_stat(&path).await {
+                    Err(RemoteError::NotFound(_)) => {
+                        return self.create_new(parent, name, mode).await
+                    }
+                    Err(e) if unreachable(&e) => return self.create_new(parent, name, mode).await,
+                    _ => {}
+                }
             }
         }
         self.bump();
         let attr = match self.note(self.remote.create(&path, mode & 0o7777).await) {
             Ok(a) => a,
+            Err(e) if unreachable(&e) && self.inodes.child(parent, name).is_none() => {
+                return self.create_new(parent, name, mode).await
+            }
             Err(RemoteError::Exists(_)) if !exclusive => self.stable_stat(&path).await?,
             Err(e) => return Err(e),
         };
@@ -1384,25 +1399,43 @@ impl FsCore {
                 return Ok(s.clone());
             }
         }
-        let s = self.note(self.remote.statfs().await)?;
+        let s = match self.note(self.remote.statfs().await) {
+            Ok(s) => s,
+            // Out of reach: the last answer, however old (`df` keeps working).
+            Err(e) if unreachable(&e) => {
+                return match &*self.statfs_seen.lock().expect("statfs lock") {
+                    Some((_, s)) => Ok(s.clone()),
+                    None => Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        };
         *self.statfs_seen.lock().expect("statfs lock") = Some((Instant::now(), s.clone()));
         Ok(s)
     }
 
     pub async fn getxattr(&self, node: NodeId, name: &[u8]) -> Result<Vec<u8>> {
         let path = self.path_of(node)?;
-        if self.known_without_xattrs(node) {
+        if self.known_without_xattrs(node) || self.offline_without_xattrs(node) {
             return Err(RemoteError::NoAttr(path.display()));
         }
-        self.note(self.remote.getxattr(&path, name).await)
+        match self.note(self.remote.getxattr(&path, name).await) {
+            Err(e) if unreachable(&e) && self.offline_without_xattrs(node) => {
+                Err(RemoteError::NoAttr(path.display()))
+            }
+            r => r,
+        }
     }
 
     pub async fn listxattr(&self, node: NodeId) -> Result<Vec<Vec<u8>>> {
         let path = self.path_of(node)?;
-        if self.known_without_xattrs(node) {
+        if self.known_without_xattrs(node) || self.offline_without_xattrs(node) {
             return Ok(Vec::new());
         }
-        self.note(self.remote.listxattr(&path).await)
+        match self.note(self.remote.listxattr(&path).await) {
+            Err(e) if unreachable(&e) && self.offline_without_xattrs(node) => Ok(Vec::new()),
+            r => r,
+        }
     }
 
     pub async fn setxattr(

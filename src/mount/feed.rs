@@ -389,9 +389,10 @@ fn touched(
     }
 }
 
-/// Everything cached may be stale: every listing goes, every named node is checked.
+/// Everything cached may be stale: no listing is trusted (each is kept for a sandbox that
+/// stops answering meanwhile), every named node is checked.
 async fn revalidate_all(core: &FsCore, reason: &str) -> crate::remote::Result<()> {
-    core.meta.clear();
+    core.meta.expire_all();
     core.prefetched.forget_under(&RemotePath::root());
     let nodes = core.inodes.known_paths();
     let checked = nodes.len();
@@ -427,6 +428,7 @@ async fn check_nodes(
     let paths: Vec<RemotePath> = nodes.iter().map(|(_, p)| p.clone()).collect();
     let mut changed = 0;
     let mut at = 0;
+    let mut unanswered = None;
     for batch in stat_many_batches(&paths) {
         let before = core.epoch();
         let answers = core.note(core.remote().stat_many(batch).await)?;
@@ -435,12 +437,26 @@ async fn check_nodes(
         for answer in answers {
             let (node, path) = &nodes[at];
             at += 1;
-            if settle(core, *node, path, answer, raced) {
-                changed += 1;
+            match answer {
+                // No answer for this path: nothing learnt, so the node stays as it was
+                // (untrusted past its TTL, served while the sandbox does not answer) and the
+                // revalidation fails.
+                Err(e) if super::core::unreachable(&e) => {
+                    unanswered.get_or_insert(e);
+                    continue;
+                }
+                answer => {
+                    if settle(core, *node, path, answer, raced) {
+                        changed += 1;
+                    }
+                }
             }
         }
     }
-    Ok(changed)
+    match unanswered {
+        Some(e) => Err(e),
+        None => Ok(changed),
+    }
 }
 
 /// One node's answer about `path`: unchanged is trusted afresh; changed or gone is dropped.

@@ -121,9 +121,17 @@ impl MetaCache {
         self.listings.lock().expect("listings lock").pop(&dir);
     }
 
-    /// Forget every listing (the change feed missed events: any could be stale).
-    pub fn clear(&self) {
-        self.listings.lock().expect("listings lock").clear();
+    /// Every listing may be stale (the change feed missed events): none is trusted again,
+    /// but each is kept, to be served while the sandbox does not answer, as any listing past
+    /// its TTL is. (Forgetting them would leave `ls` of a directory listed a minute ago with
+    /// nothing to show when the revalidation that follows finds the sandbox gone.)
+    pub fn expire_all(&self) {
+        let long_ago = Instant::now()
+            .checked_sub(Duration::from_secs(86_400 * 365))
+            .unwrap_or_else(Instant::now);
+        for (_, x) in self.listings.lock().expect("listings lock").iter_mut() {
+            x.fetched = x.fetched.min(long_ago);
+        }
     }
 }
 
@@ -150,6 +158,16 @@ mod tests {
             version: Version("v".into()),
             has_xattrs: None,
         }
+    }
+
+    #[test]
+    fn expired_listings_are_kept_for_when_the_sandbox_does_not_answer() {
+        let m = MetaCache::new();
+        m.put(NodeId(7), Arc::new(vec![(b"a".to_vec(), attr())]));
+        m.expire_all();
+        let year = Duration::from_secs(86_400 * 300);
+        assert!(m.listing(NodeId(7), year, false).is_none(), "not trusted");
+        assert_eq!(m.listing(NodeId(7), year, true).unwrap().len(), 1, "kept");
     }
 
     #[test]

@@ -15,6 +15,17 @@ impl FsCore {
             .is_some_and(|n| n.attr.has_xattrs == Some(false) && self.fresh(n.fetched))
     }
 
+    /// While the sandbox does not answer, a node not known to carry attributes answers
+    /// "none": `ls -l` asks every file for its ACL, and an `EIO` there fails the listing
+    /// that the mount otherwise serves from what it knows.
+    pub(super) fn offline_without_xattrs(&self, node: NodeId) -> bool {
+        self.offline()
+            && self
+                .inodes
+                .get(node)
+                .is_some_and(|n| n.attr.has_xattrs != Some(true))
+    }
+
     /// An attribute was set (`Some(true)`) or removed (unknown: others may remain) through
     /// the mount, or the call failed (unknown): the node and its directory's cached listing
     /// say so, so neither answers "none" from before the change.

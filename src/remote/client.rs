@@ -284,6 +284,14 @@ fn capped_entries<'de, D: serde::Deserializer<'de>>(
     d.deserialize_seq(Capped)
 }
 
+/// The statuses a gateway gives for an upstream that is down, asleep or slow.
+fn is_gateway_failure(status: StatusCode) -> bool {
+    matches!(
+        status,
+        StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
+    )
+}
+
 async fn decode_error(resp: reqwest::Response) -> RemoteError {
     let status = resp.status();
     match json_answer::<ErrorBody>(resp, MAX_JSON_ANSWER).await {
@@ -291,6 +299,11 @@ async fn decode_error(resp: reqwest::Response) -> RemoteError {
         Err(_) if status == StatusCode::UNAUTHORIZED => {
             RemoteError::Unauthorized(status.to_string())
         }
+        // A gateway in front of the agent (a hosted sandbox's preview URL, a reverse proxy)
+        // answers for an agent it cannot reach: the sandbox did not answer.
+        Err(_) if is_gateway_failure(status) => RemoteError::Transport(format!(
+            "a gateway answered {status} for the agent (the sandbox is not answering)"
+        )),
         Err(_) => RemoteError::Io(
             "sandbox".into(),
             format!("answered {status}, which no sbxfs agent answers"),
@@ -980,12 +993,39 @@ mod tests {
         assert!(whole.iter().all(Result::is_ok));
     }
 
+    /// A response with `status` whose body is `chunks`.
+    fn with_status(chunks: Vec<Bytes>, status: u16) -> reqwest::Response {
+        let body = reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks.into_iter().map(Ok::<_, std::io::Error>),
+        ));
+        let mut r = http::Response::new(body);
+        *r.status_mut() = http::StatusCode::from_u16(status).unwrap();
+        reqwest::Response::from(r)
+    }
+
     /// A response whose body is `chunks`, as a server would stream it.
     fn response(chunks: Vec<Bytes>) -> reqwest::Response {
         let body = reqwest::Body::wrap_stream(futures_util::stream::iter(
             chunks.into_iter().map(Ok::<_, std::io::Error>),
         ));
         reqwest::Response::from(http::Response::new(body))
+    }
+
+    #[tokio::test]
+    async fn a_gateways_page_for_a_down_agent_means_not_answering() {
+        let page = || vec![Bytes::from_static(b"<html><h1>502 Bad Gateway</h1></html>")];
+        for (code, unreachable) in [(502, true), (503, true), (504, true), (500, false)] {
+            let e = decode_error(with_status(page(), code)).await;
+            assert_eq!(
+                matches!(e, RemoteError::Transport(_)),
+                unreachable,
+                "{code}: {e:?}"
+            );
+        }
+        // The agent's own error body is the agent's answer, whatever the status.
+        let body = br#"{"error":"ENOENT","message":"x: no such file or directory"}"#;
+        let e = decode_error(with_status(vec![Bytes::from_static(body)], 503)).await;
+        assert!(!matches!(e, RemoteError::Transport(_)), "{e:?}");
     }
 
     #[tokio::test]
