@@ -53,18 +53,25 @@ fn parent_of(pid: i32) -> Option<i32> {
     after.split(' ').nth(1)?.parse().ok()
 }
 
+/// Whether `pid` runs (exists and is not a zombie waiting for its parent to reap it).
+fn running(pid: i32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| s.rfind(')').is_some_and(|i| !s[i..].starts_with(") Z")))
+}
+
 fn exe_of(pid: i32) -> PathBuf {
     fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default()
 }
 
-/// The processes whose command line holds `needle` (the ssh config path names one mount's ssh).
+/// The running ssh client processes whose command line holds `needle` (the ssh config path
+/// names one mount's ssh).
 fn processes_naming(needle: &Path) -> Vec<i32> {
     let n = needle.as_os_str().as_encoded_bytes();
     pids()
         .into_iter()
+        .filter(|&p| running(p) && exe_of(p).file_name().is_some_and(|f| f == "ssh"))
         .filter(|p| {
-            fs::read(format!("/proc/{p}/cmdline"))
-                .is_ok_and(|c| c.windows(n.len()).any(|w| w == n))
+            fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c.windows(n.len()).any(|w| w == n))
         })
         .collect()
 }
@@ -176,14 +183,13 @@ fn an_ssh_agent_mount_recovers_after_sshd_is_restarted() {
         "known before\n"
     );
     let agent = b.agent_pid();
+    let masters = processes_naming(&b.config);
+    assert!(!masters.is_empty(), "the mount's ssh master runs");
 
     stop_sshd(&mut b);
     // The master goes with its connection.
     within(Duration::from_secs(20), "the master exits", || {
-        processes_naming(&b.config)
-            .into_iter()
-            .all(|p| exe_of(p).to_string_lossy().contains("sshd"))
-            .then_some(())
+        masters.iter().all(|&p| !running(p)).then_some(())
     });
     // While down: what the mount knows stays readable, a new file is staged, not lost.
     assert_eq!(
@@ -208,10 +214,8 @@ fn an_ssh_agent_mount_recovers_after_sshd_is_restarted() {
     });
     let _ = listing;
     assert_eq!(b.agent_pid(), agent, "the running agent is used again");
-    // The ssh master is running again.
-    assert!(processes_naming(&b.config)
-        .into_iter()
-        .any(|p| !exe_of(p).to_string_lossy().contains("sshd")));
+    // An ssh master is running again.
+    assert!(!processes_naming(&b.config).is_empty());
     let log = m.log_text();
     assert!(!log.contains("sbxfs-agent:80"), "{log}");
 }
@@ -230,10 +234,7 @@ fn an_ssh_agent_mount_starts_the_agent_again_when_it_is_killed() {
     let token = fs::read_to_string(&token_file).unwrap();
     kill(agent, libc::SIGKILL);
     within(Duration::from_secs(10), "the agent is gone", || {
-        (!Path::new(&format!("/proc/{agent}")).exists()
-            || fs::read_to_string(format!("/proc/{agent}/stat"))
-                .is_ok_and(|s| s.contains(") Z")))
-        .then_some(())
+        (!running(agent)).then_some(())
     });
     fs::write(b.root.join("b.txt"), "b\n").unwrap();
     let got = within(Duration::from_secs(60), "the mount reads again", || {
@@ -327,9 +328,8 @@ fn a_sigkilled_mount_daemon_leaves_no_ssh_behind() {
     for suffix in ["", "?agent=no"] {
         let mut m = mount(&b, suffix);
         assert_eq!(fs::read_to_string(m.dir.join("a.txt")).unwrap(), "a\n");
-        let mine = |p: &i32| !exe_of(*p).to_string_lossy().contains("sshd");
         assert!(
-            processes_naming(&b.config).iter().any(mine),
+            !processes_naming(&b.config).is_empty(),
             "{suffix}: the mount's ssh master runs"
         );
         let mut daemon = m.child.take().unwrap();
@@ -338,9 +338,7 @@ fn a_sigkilled_mount_daemon_leaves_no_ssh_behind() {
         within(
             Duration::from_secs(5),
             "no ssh of the killed mount is left",
-            || {
-                (!processes_naming(&b.config).iter().any(mine)).then_some(())
-            },
+            || processes_naming(&b.config).is_empty().then_some(()),
         );
         let st = Command::new("fusermount3")
             .arg("-uz")

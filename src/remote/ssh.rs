@@ -47,7 +47,7 @@ pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Connected> {
                 .map_err(|e| RemoteError::Transport(format!("this program's path: {e}")))?,
         };
         let bin = deploy::Binary::of(bin)?;
-        match with_agent(&ssh, &bin, &t.root).await.map_err(named)? {
+        match with_agent(&ssh, &bin, &t.root, url).await.map_err(named)? {
             Ok(client) => {
                 let remote: Arc<dyn Remote> = Arc::new(SshAgent::new(
                     url.to_string(),
@@ -88,11 +88,12 @@ pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Connected> {
 }
 
 /// The agent's client over a forwarded socket; a reused agent that does not answer is
-/// restarted once.
+/// restarted once. `label`: the user's URL, which errors name.
 async fn with_agent(
     ssh: &master::Master,
     bin: &deploy::Binary,
     root: &[u8],
+    label: &str,
 ) -> Result<std::result::Result<AgentClient, deploy::NoAgent>> {
     let mut restart = false;
     loop {
@@ -104,7 +105,7 @@ async fn with_agent(
         let local = ssh.dir().join(format!("agent{}.sock", next_socket()));
         ssh.forward(&local, &d.remote_socket)?;
         let client = AgentClient::over_unix_socket(&local, &d.token)?;
-        match client.info().await {
+        match client.info().await.map_err(|e| relink::relabel(e, label)) {
             Ok(_) => {
                 tracing::info!(
                     reused = d.reused,

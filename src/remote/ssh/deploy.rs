@@ -192,7 +192,12 @@ pub async fn deploy(
         .run(
             command(
                 PROBE,
-                &[vdir.as_bytes(), bin.version.as_bytes(), key.as_bytes(), root],
+                &[
+                    vdir.as_bytes(),
+                    bin.version.as_bytes(),
+                    key.as_bytes(),
+                    root,
+                ],
             ),
             Input::Bytes(Vec::new()),
             STEP_DEADLINE,

@@ -251,12 +251,13 @@ async fn repair_once(this: &Arc<Shared>) -> Result<()> {
         st.link = None;
     }
     let master = match current {
-        Some(l) if {
-            let m = l.master.clone();
-            tokio::task::spawn_blocking(move || m.alive())
-                .await
-                .unwrap_or(false)
-        } =>
+        Some(l)
+            if {
+                let m = l.master.clone();
+                tokio::task::spawn_blocking(move || m.alive())
+                    .await
+                    .unwrap_or(false)
+            } =>
         {
             l.master.clone()
         }
@@ -268,7 +269,9 @@ async fn repair_once(this: &Arc<Shared>) -> Result<()> {
             Arc::new(m)
         }
     };
-    let client = match super::with_agent(&master, &this.plan.bin, &this.plan.root).await? {
+    let client = match super::with_agent(&master, &this.plan.bin, &this.plan.root, &this.plan.label)
+        .await?
+    {
         Ok(c) => c,
         Err(super::deploy::NoAgent(why)) => {
             return Err(RemoteError::Transport(format!(
@@ -287,7 +290,7 @@ async fn repair_once(this: &Arc<Shared>) -> Result<()> {
 }
 
 /// `e` with the forwarding's internal address replaced by the user's URL.
-fn relabel(e: RemoteError, label: &str) -> RemoteError {
+pub(super) fn relabel(e: RemoteError, label: &str) -> RemoteError {
     let fix = |m: String| {
         let mut m = m;
         for i in INTERNAL {
@@ -348,7 +351,8 @@ impl Remote for SshAgent {
             .await
     }
     async fn mkdir(&self, path: &RemotePath, mode: u32) -> Result<Attr> {
-        self.call(|c| async move { c.mkdir(path, mode).await }).await
+        self.call(|c| async move { c.mkdir(path, mode).await })
+            .await
     }
     async fn mknod(
         &self,
@@ -477,7 +481,10 @@ mod tests {
             RemoteError::Transport("connection refused (http://sbxfs-agent:80)".into()),
             "ssh://box/w",
         );
-        assert_eq!(e.to_string(), "the sandbox did not answer: connection refused (ssh://box/w)");
+        assert_eq!(
+            e.to_string(),
+            "the sandbox did not answer: connection refused (ssh://box/w)"
+        );
         let e = relabel(RemoteError::NotFound("a".into()), "ssh://box/w");
         assert_eq!(e, RemoteError::NotFound("a".into()));
     }
