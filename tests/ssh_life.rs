@@ -348,3 +348,59 @@ fn a_sigkilled_mount_daemon_leaves_no_ssh_behind() {
         assert!(st.success(), "{suffix}: the dead mount is unmounted");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_the_sandbox_is_away_calls_fail_fast_naming_the_ssh_url_then_work_again() {
+    use sbxfs::remote::{RemoteError, RemotePath};
+    if !ready() {
+        return;
+    }
+    let mut b = SshBox::start();
+    let port = port_of(&b);
+    fs::write(b.root.join("a.txt"), "a\n").unwrap();
+    let url = b.url("");
+    let c = tokio::time::timeout(
+        Duration::from_secs(120),
+        sbxfs::remote::connect::connect(&url, &b.options()),
+    )
+    .await
+    .expect("connect hung")
+    .unwrap();
+    let a = RemotePath::new(b"a.txt".to_vec()).unwrap();
+    c.remote.stat(&a).await.unwrap();
+    // The sandbox "reboots": sshd and the agent both gone.
+    let agent = b.agent_pid();
+    stop_sshd(&mut b);
+    kill(agent, libc::SIGKILL);
+    within(Duration::from_secs(10), "the agent is gone", || {
+        (!running(agent)).then_some(())
+    });
+    let started = Instant::now();
+    let e = c.remote.stat(&a).await.unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "fails fast: {:?}",
+        started.elapsed()
+    );
+    assert!(matches!(e, RemoteError::Transport(_)), "{e:?}");
+    let text = e.to_string();
+    assert!(!text.contains("sbxfs-agent"), "{text}");
+    assert!(text.contains(&url), "{text}");
+    let _sshd = start_sshd_again(&b, port);
+    // Back by itself, with a new agent.
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        match c.remote.stat(&a).await {
+            Ok(attr) => {
+                assert_eq!(attr.size, 2);
+                break;
+            }
+            Err(e) => {
+                assert!(Instant::now() < until, "not back: {e}");
+                assert!(!e.to_string().contains("sbxfs-agent"), "{e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    assert_ne!(b.agent_pid(), agent);
+}
