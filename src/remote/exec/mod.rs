@@ -222,8 +222,11 @@ async fn connect_runner(
 ) -> Result<super::connect::Connected> {
     let remote = std::sync::Arc::new(remote::ScriptRemote::new(supervised(runner), root));
     let info = super::Remote::info(&*remote).await.map_err(|e| match e {
-        RemoteError::NotFound(_) | RemoteError::NotDir(_) => {
+        RemoteError::NotFound(_) => {
             RemoteError::Invalid(format!("{url}: no such directory in the sandbox"))
+        }
+        RemoteError::NotDir(_) => {
+            RemoteError::Invalid(format!("{url}: not a directory in the sandbox"))
         }
         other => other,
     })?;
