@@ -48,7 +48,7 @@ pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Connected> {
         };
         let bin = deploy::Binary::of(bin)?;
         match with_agent(&ssh, &bin, &t.root, url).await.map_err(named)? {
-            Ok(client) => {
+            Ok(agent) => {
                 let remote: Arc<dyn Remote> = Arc::new(SshAgent::new(
                     url.to_string(),
                     base,
@@ -56,7 +56,7 @@ pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Connected> {
                     bin,
                     t.root.clone(),
                     ssh,
-                    client,
+                    agent,
                 ));
                 let info = remote.info().await?;
                 return Ok(Connected {
@@ -94,7 +94,7 @@ async fn with_agent(
     bin: &deploy::Binary,
     root: &[u8],
     label: &str,
-) -> Result<std::result::Result<AgentClient, deploy::NoAgent>> {
+) -> Result<std::result::Result<Agent, deploy::NoAgent>> {
     let mut restart = false;
     loop {
         let d = match deploy::deploy(ssh, bin, root, restart).await? {
@@ -111,7 +111,10 @@ async fn with_agent(
                     reused = d.reused,
                     "connected to the sandbox's agent over ssh"
                 );
-                return Ok(Ok(client));
+                return Ok(Ok(Agent {
+                    client,
+                    forward: (local, d.remote_socket),
+                }));
             }
             Err(e) if d.reused && !restart => {
                 tracing::info!(error = %e, "the running agent did not answer: starting a new one");
@@ -120,6 +123,13 @@ async fn with_agent(
             Err(e) => return Err(e),
         }
     }
+}
+
+/// The agent reached: its client, and the forwarding it goes through (local socket, the
+/// agent's socket in the sandbox).
+struct Agent {
+    client: AgentClient,
+    forward: (std::path::PathBuf, Vec<u8>),
 }
 
 /// A number for each forwarded socket this process makes.

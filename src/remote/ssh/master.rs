@@ -264,6 +264,26 @@ impl Master {
         }
         Ok(())
     }
+
+    /// Stop forwarding `local` to `remote` (best effort: a forwarding already gone is fine),
+    /// and remove the local socket.
+    pub fn cancel_forward(&self, local: &Path, remote: &[u8]) {
+        let mut spec = local.as_os_str().to_os_string().into_vec();
+        spec.push(b':');
+        spec.extend_from_slice(remote);
+        let _ = std::process::Command::new(&self.base[0])
+            .args(&self.base[1..])
+            .arg("-S")
+            .arg(&self.control)
+            .args(["-O", "cancel", "-L"])
+            .arg(OsString::from_vec(spec))
+            .args(["--", &self.host])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let _ = std::fs::remove_file(local);
+    }
 }
 
 /// Start `cmd` so that it gets SIGTERM when this process dies, however it dies (SIGKILL

@@ -49,6 +49,8 @@ const INTERNAL: [&str; 2] = ["http://sbxfs-agent:80", "http://sbxfs-agent"];
 struct Link {
     master: Arc<Master>,
     client: Arc<AgentClient>,
+    /// The forwarding the client goes through: cancelled when a repair keeps the master.
+    forward: (std::path::PathBuf, Vec<u8>),
 }
 
 /// What a repair needs to make a link from nothing.
@@ -88,7 +90,7 @@ impl SshAgent {
         bin: Binary,
         root: Vec<u8>,
         master: Arc<Master>,
-        client: AgentClient,
+        agent: super::Agent,
     ) -> SshAgent {
         SshAgent {
             shared: Arc::new(Shared {
@@ -102,7 +104,8 @@ impl SshAgent {
                 state: Mutex::new(State {
                     link: Some(Arc::new(Link {
                         master,
-                        client: Arc::new(client),
+                        client: Arc::new(agent.client),
+                        forward: agent.forward,
                     })),
                     repairing: false,
                     cause: String::new(),
@@ -259,6 +262,9 @@ async fn repair_once(this: &Arc<Shared>) -> Result<()> {
                     .unwrap_or(false)
             } =>
         {
+            // The old forwarding leads to a socket that is gone or replaced: stop it.
+            let (m, (local, remote)) = (l.master.clone(), l.forward.clone());
+            let _ = tokio::task::spawn_blocking(move || m.cancel_forward(&local, &remote)).await;
             l.master.clone()
         }
         _ => {
@@ -269,10 +275,10 @@ async fn repair_once(this: &Arc<Shared>) -> Result<()> {
             Arc::new(m)
         }
     };
-    let client = match super::with_agent(&master, &this.plan.bin, &this.plan.root, &this.plan.label)
+    let agent = match super::with_agent(&master, &this.plan.bin, &this.plan.root, &this.plan.label)
         .await?
     {
-        Ok(c) => c,
+        Ok(a) => a,
         Err(super::deploy::NoAgent(why)) => {
             return Err(RemoteError::Transport(format!(
                 "the agent cannot run in the sandbox any more: {why}"
@@ -283,7 +289,8 @@ async fn repair_once(this: &Arc<Shared>) -> Result<()> {
     let mut st = this.lock();
     st.link = Some(Arc::new(Link {
         master,
-        client: Arc::new(client),
+        client: Arc::new(agent.client),
+        forward: agent.forward,
     }));
     st.cause.clear();
     Ok(())
