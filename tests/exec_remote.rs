@@ -295,11 +295,14 @@ async fn shell_and_exec_urls_fail_clearly() {
         .await
         .err()
         .expect("a missing root");
-    assert!(matches!(e, RemoteError::NotFound(_)), "{e:?}");
+    // A wrong workspace is a usage mistake (`sbxfs mount` exits 2), naming the URL.
+    assert!(matches!(e, RemoteError::Invalid(_)), "{e:?}");
+    assert!(e.to_string().contains(&missing), "{e}");
     fs::write(root.join("file"), "").unwrap();
     let file = format!("shell:{}/file", root.display());
     let e = connect(&file, &opts).await.err().expect("a file as root");
-    assert!(matches!(e, RemoteError::NotDir(_)), "{e:?}");
+    assert!(matches!(e, RemoteError::Invalid(_)), "{e:?}");
+    assert!(e.to_string().contains("not a directory"), "{e}");
     let e = connect("shell:relative/path", &opts).await.err().unwrap();
     assert!(matches!(e, RemoteError::Invalid(_)), "{e:?}");
     let url = format!("exec:{}", root.display());

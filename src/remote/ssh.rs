@@ -8,10 +8,13 @@
 //! run it (read-only or noexec directories, a binary that does not run there) the exec-only
 //! scripts run over `ssh … sh` instead ("ssh+scripts"). Dropping the connection stops the
 //! master and its forwarding; the agent stays for the next mount and exits after
-//! [`deploy::AGENT_IDLE_EXIT`] without a client.
+//! [`deploy::AGENT_IDLE_EXIT`] without a client. A dropped link (sshd restarted, the agent
+//! killed) is made again in the background ([`relink`]); the master dies with the process
+//! that started it, even a SIGKILLed one ([`master`]).
 
 mod deploy;
 mod master;
+mod relink;
 pub mod target;
 
 use std::sync::Arc;
@@ -22,14 +25,21 @@ use super::exec::CommandRunner;
 use super::{Remote, RemoteError, Result};
 
 pub use deploy::{workspace_key, AGENT_IDLE_EXIT};
+pub use relink::{SshAgent, FIRST_WAIT, LONGEST_WAIT};
 
 pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Connected> {
     let t = target::parse(url)?;
     let base = master::base_argv(&t, opts.ssh_command.as_deref(), opts.ssh_config.as_deref())?;
     let host = t.host.clone();
-    let ssh = tokio::task::spawn_blocking(move || master::Master::start(base, &host))
+    let b = base.clone();
+    let ssh = tokio::task::spawn_blocking(move || master::Master::start(b, &host))
         .await
         .map_err(|e| RemoteError::Transport(format!("ssh: {e}")))??;
+    let ssh = Arc::new(ssh);
+    let named = |e: RemoteError| match e {
+        RemoteError::Invalid(m) => RemoteError::Invalid(format!("{url}: {m}")),
+        other => other,
+    };
     if t.agent {
         let bin = match &opts.deploy_binary {
             Some(p) => p.clone(),
@@ -37,15 +47,23 @@ pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Connected> {
                 .map_err(|e| RemoteError::Transport(format!("this program's path: {e}")))?,
         };
         let bin = deploy::Binary::of(bin)?;
-        match with_agent(&ssh, &bin, &t.root).await? {
-            Ok(client) => {
-                let remote: Arc<dyn Remote> = Arc::new(client);
+        match with_agent(&ssh, &bin, &t.root, url).await.map_err(named)? {
+            Ok(agent) => {
+                let remote: Arc<dyn Remote> = Arc::new(SshAgent::new(
+                    url.to_string(),
+                    base,
+                    t.host.clone(),
+                    bin,
+                    t.root.clone(),
+                    ssh,
+                    agent,
+                ));
                 let info = remote.info().await?;
                 return Ok(Connected {
                     remote,
                     info,
                     transport: "ssh+agent".into(),
-                    keep: Box::new(ssh),
+                    keep: Box::new(()),
                 });
             }
             Err(deploy::NoAgent(why)) => {
@@ -55,7 +73,12 @@ pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Connected> {
     }
     let runner = CommandRunner::new(ssh.argv(&["sh"]))?;
     let remote = super::exec::script_remote(Arc::new(runner), t.root.clone())?;
-    let info = remote.info().await?;
+    let info = remote.info().await.map_err(|e| match e {
+        RemoteError::NotFound(_) | RemoteError::NotDir(_) => {
+            named(deploy::missing_workspace(&t.root))
+        }
+        other => other,
+    })?;
     Ok(Connected {
         remote,
         info,
@@ -65,28 +88,33 @@ pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Connected> {
 }
 
 /// The agent's client over a forwarded socket; a reused agent that does not answer is
-/// restarted once.
+/// restarted once. `label`: the user's URL, which errors name.
 async fn with_agent(
     ssh: &master::Master,
     bin: &deploy::Binary,
     root: &[u8],
-) -> Result<std::result::Result<AgentClient, deploy::NoAgent>> {
+    label: &str,
+) -> Result<std::result::Result<Agent, deploy::NoAgent>> {
     let mut restart = false;
-    for attempt in 0.. {
+    loop {
         let d = match deploy::deploy(ssh, bin, root, restart).await? {
             Ok(d) => d,
             Err(no) => return Ok(Err(no)),
         };
-        let local = ssh.dir().join(format!("agent{attempt}.sock"));
+        // A new name per forwarding: one made before on this master may still be listening.
+        let local = ssh.dir().join(format!("agent{}.sock", next_socket()));
         ssh.forward(&local, &d.remote_socket)?;
         let client = AgentClient::over_unix_socket(&local, &d.token)?;
-        match client.info().await {
+        match client.info().await.map_err(|e| relink::relabel(e, label)) {
             Ok(_) => {
                 tracing::info!(
                     reused = d.reused,
                     "connected to the sandbox's agent over ssh"
                 );
-                return Ok(Ok(client));
+                return Ok(Ok(Agent {
+                    client,
+                    forward: (local, d.remote_socket),
+                }));
             }
             Err(e) if d.reused && !restart => {
                 tracing::info!(error = %e, "the running agent did not answer: starting a new one");
@@ -95,5 +123,17 @@ async fn with_agent(
             Err(e) => return Err(e),
         }
     }
-    unreachable!("the loop returns")
+}
+
+/// The agent reached: its client, and the forwarding it goes through (local socket, the
+/// agent's socket in the sandbox).
+struct Agent {
+    client: AgentClient,
+    forward: (std::path::PathBuf, Vec<u8>),
+}
+
+/// A number for each forwarded socket this process makes.
+fn next_socket() -> u64 {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }

@@ -212,14 +212,24 @@ fn url_path(url: &str, scheme: &str) -> Result<Vec<u8>> {
     Ok(path)
 }
 
-/// Probe the sandbox through `runner` and answer the connection.
+/// Probe the sandbox through `runner` and answer the connection. A workspace that is not a
+/// directory is a usage mistake (exit 2) naming `url`.
 async fn connect_runner(
     runner: std::sync::Arc<dyn Runner>,
     root: Vec<u8>,
     transport: &str,
+    url: &str,
 ) -> Result<super::connect::Connected> {
     let remote = std::sync::Arc::new(remote::ScriptRemote::new(supervised(runner), root));
-    let info = super::Remote::info(&*remote).await?;
+    let info = super::Remote::info(&*remote).await.map_err(|e| match e {
+        RemoteError::NotFound(_) => {
+            RemoteError::Invalid(format!("{url}: no such directory in the sandbox"))
+        }
+        RemoteError::NotDir(_) => {
+            RemoteError::Invalid(format!("{url}: not a directory in the sandbox"))
+        }
+        other => other,
+    })?;
     Ok(super::connect::Connected {
         remote,
         info,
@@ -236,7 +246,7 @@ pub async fn connect_shell(
 ) -> Result<super::connect::Connected> {
     let root = url_path(url, "shell:")?;
     let runner = std::sync::Arc::new(CommandRunner::new(vec!["sh".into()])?);
-    connect_runner(runner, root, "shell").await
+    connect_runner(runner, root, "shell", url).await
 }
 
 /// `exec:/ABS/PATH` with `--exec CMD`: the exec-only scripts over CMD's stdio. CMD is split
@@ -255,7 +265,7 @@ pub async fn connect_exec(
     let argv = shell_words::split(cmd)
         .map_err(|e| RemoteError::Invalid(format!("--exec {cmd:?}: {e}")))?;
     let runner = std::sync::Arc::new(CommandRunner::new(argv)?);
-    connect_runner(runner, root, "exec").await
+    connect_runner(runner, root, "exec", url).await
 }
 
 /// The exec-only [`Remote`](super::Remote) over `runner`, for the workspace at the absolute

@@ -26,10 +26,12 @@ pub const AGENT_IDLE_EXIT: Duration = Duration::from_secs(30 * 60);
 const STEP_DEADLINE: Duration = Duration::from_secs(600);
 
 /// Find a usable directory and what it holds. Args: version dir name, expected `--version`
-/// line, workspace key. Answers `reuse SOCK` + the token on the next line, `start DIR`,
-/// `upload DIR`, or `none`.
+/// line, workspace key, workspace path. Answers `missing` (the workspace is not a directory:
+/// nothing is made), `reuse SOCK` + the token on the next line, `start DIR`, `upload DIR`, or
+/// `none`.
 const PROBE: &str = r#"
 set -u
+[ -d "$4" ] || { echo "__RESULT__ missing"; exit 0; }
 for base in "${HOME:-/nonexistent}/.cache/sbxfs" "/tmp/sbxfs-$(id -u)"; do
   d="$base/$1"
   mkdir -p "$d" 2>/dev/null && chmod 700 "$base" "$d" 2>/dev/null || continue
@@ -190,13 +192,21 @@ pub async fn deploy(
         .run(
             command(
                 PROBE,
-                &[vdir.as_bytes(), bin.version.as_bytes(), key.as_bytes()],
+                &[
+                    vdir.as_bytes(),
+                    bin.version.as_bytes(),
+                    key.as_bytes(),
+                    root,
+                ],
             ),
             Input::Bytes(Vec::new()),
             STEP_DEADLINE,
         )
         .await?;
     let (said, rest) = result(&out, "probe")?;
+    if said == "missing" {
+        return Err(missing_workspace(root));
+    }
     let dir = match said.split_once(' ') {
         Some(("reuse", sock)) if !restart => {
             let token = rest
@@ -271,6 +281,15 @@ pub async fn deploy(
             rest.join(" / ")
         )))),
     }
+}
+
+/// The one error for a workspace path that is not a directory in the sandbox: a usage
+/// mistake (exit 2), like a wrong path on any other transport.
+pub fn missing_workspace(root: &[u8]) -> RemoteError {
+    RemoteError::Invalid(format!(
+        "the workspace {} is not a directory in the sandbox",
+        String::from_utf8_lossy(root)
+    ))
 }
 
 /// `BASE/VERSION` from `BASE/VERSION/agents/KEY/sock`.

@@ -93,8 +93,8 @@ impl Master {
         let log = dir.path().join("master.log");
         let log_file = std::fs::File::create(&log)
             .map_err(|e| RemoteError::Transport(format!("{}: {e}", log.display())))?;
-        let child = std::process::Command::new(&base[0])
-            .args(&base[1..])
+        let mut cmd = std::process::Command::new(&base[0]);
+        cmd.args(&base[1..])
             .args([
                 "-M",
                 "-N",
@@ -107,8 +107,8 @@ impl Master {
             .arg(host)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(log_file)
-            .spawn()
+            .stderr(log_file);
+        let child = spawn_tied(cmd)
             .map_err(|e| RemoteError::Transport(format!("cannot run {:?}: {e}", base[0])))?;
         let master = Master {
             base,
@@ -141,6 +141,17 @@ impl Master {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Whether the master process has exited (the connection dropped, or it was killed).
+    pub fn exited(&self) -> bool {
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        !matches!(child.try_wait(), Ok(None))
+    }
+
+    /// Whether the master is running and answers on its socket.
+    pub fn alive(&self) -> bool {
+        !self.exited() && self.check()
     }
 
     fn check(&self) -> bool {
@@ -253,6 +264,80 @@ impl Master {
         }
         Ok(())
     }
+
+    /// Stop forwarding `local` to `remote` (best effort: a forwarding already gone is fine),
+    /// and remove the local socket.
+    pub fn cancel_forward(&self, local: &Path, remote: &[u8]) {
+        let mut spec = local.as_os_str().to_os_string().into_vec();
+        spec.push(b':');
+        spec.extend_from_slice(remote);
+        let _ = std::process::Command::new(&self.base[0])
+            .args(&self.base[1..])
+            .arg("-S")
+            .arg(&self.control)
+            .args(["-O", "cancel", "-L"])
+            .arg(OsString::from_vec(spec))
+            .args(["--", &self.host])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let _ = std::fs::remove_file(local);
+    }
+}
+
+/// Start `cmd` so that it gets SIGTERM when this process dies, however it dies (SIGKILL
+/// included): the master must not outlive the mount that started it.
+///
+/// `PR_SET_PDEATHSIG` fires when the *thread* that forked the child exits, not the process,
+/// so the fork happens on one thread kept for the process's life (a `spawn_blocking` thread
+/// would exit after a while idle and take the master with it).
+fn spawn_tied(mut cmd: std::process::Command) -> std::io::Result<std::process::Child> {
+    type Job = (
+        std::process::Command,
+        std::sync::mpsc::Sender<std::io::Result<std::process::Child>>,
+    );
+    static SPAWNER: std::sync::OnceLock<Mutex<std::sync::mpsc::Sender<Job>>> =
+        std::sync::OnceLock::new();
+    let parent = std::process::id();
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: only async-signal-safe calls (prctl, getppid, kill, getpid) between fork
+        // and exec; no allocation, no lock.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The parent died before the line above: the signal will never come.
+                if libc::getppid() as u32 != parent {
+                    libc::kill(libc::getpid(), libc::SIGTERM);
+                }
+                Ok(())
+            });
+        }
+    }
+    let spawner = SPAWNER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("sbxfs-ssh-spawn".into())
+            .spawn(move || {
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(cmd.spawn());
+                }
+            })
+            .expect("a thread to start ssh masters from");
+        Mutex::new(tx)
+    });
+    let (reply, answer) = std::sync::mpsc::channel();
+    spawner
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .send((cmd, reply))
+        .map_err(|_| std::io::Error::other("the ssh spawning thread is gone"))?;
+    answer
+        .recv()
+        .map_err(|_| std::io::Error::other("the ssh spawning thread is gone"))?
 }
 
 /// What a remote command reads on its standard input.
