@@ -466,11 +466,9 @@ fn ssh_scripts_only_serve_what_they_know_while_sshd_is_down() {
     over_ssh("?agent=no", SshCut::Stopped);
 }
 
-/// The master connection dies with sshd: the scripts make a new one on their next call, but
-/// the agent's client keeps its forwarded socket, which nothing serves any more.
+/// The master connection dies with sshd: the ssh remote makes a new master and forwarding
+/// (src/remote/ssh/relink.rs) once sshd answers again.
 #[test]
-#[ignore = "ssh+agent: after the ssh master dies, the agent's socket forward is not made again \
-            (src/remote/ssh, another owner): the mount stays offline though sshd is back"]
 fn ssh_with_the_deployed_agent_serves_what_it_knows_while_sshd_is_down() {
     over_ssh("", SshCut::Stopped);
 }
