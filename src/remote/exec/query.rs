@@ -1,16 +1,24 @@
 //! Queries over exec: scan runs in the sandbox (`scripts/scan.sh`, only the window crosses);
-//! grep, glob and fuzzy run here, over a snapshot of the searched subtree that the scripts
-//! list into a [`MemoryRemote`], so the matching rules are exactly the agent's (the same
-//! pure functions). glob and fuzzy need only the paths and the ignore files; grep needs the
-//! files' bytes too, so they cross (capped at [`MAX_SNAPSHOT_BYTES`]).
+//! grep runs in the sandbox too where ripgrep is there and the options have an exact rg form
+//! ([`grep_in_sandbox`], [`super::rgjson`]: only the file list and the matching lines
+//! cross). Otherwise grep, and glob and fuzzy always, run here, over a snapshot of the
+//! searched subtree that the scripts list into a [`MemoryRemote`], so the matching rules are
+//! exactly the agent's (the same pure functions). glob and fuzzy need only the paths and the
+//! ignore files; grep needs the files' bytes too, so they cross (capped at
+//! [`MAX_SNAPSHOT_BYTES`]).
 
 use crate::remote::memory::MemoryRemote;
 use crate::remote::*;
 use crate::search::scan::ScanResult;
 use crate::search::SearchError;
 
-use super::program::malformed;
-use super::remote::ScriptRemote;
+use super::program::{build, malformed, parse};
+use super::remote::{Probe, ScriptRemote};
+use super::rgjson::{self, Answer};
+use super::{RunControl, Runner};
+use crate::search::grep::GrepOptions;
+
+const GREP_RG: &str = include_str!("scripts/grep_rg.sh");
 
 /// Most file bytes a grep without a sandbox-side tool downloads; past it the search is
 /// refused rather than left to fill memory.
@@ -135,6 +143,82 @@ pub async fn snapshot(
         }
     }
     Ok(m)
+}
+
+/// grep with ripgrep in the sandbox: the agent's events (already complete: rg's output is
+/// collected whole, at most [`super::OUTPUT_CAP`]), or `None` when rg cannot give the agent's
+/// answer exactly here (no rg, an option without an exact rg form, rg reported an error): the
+/// caller then searches locally. Dropping the future stops the sandbox's rg (the run is
+/// supervised).
+pub async fn grep_in_sandbox(
+    runner: &dyn Runner,
+    probe: &Probe,
+    path: &RemotePath,
+    opts: &GrepOptions,
+) -> Result<Option<Vec<GrepEvent>>> {
+    // The agent's caps, so both answer the same.
+    let mut opts = opts.clone();
+    opts.max_results = Some(
+        opts.max_results
+            .unwrap_or(crate::agent::MAX_GREP_RESULTS)
+            .min(crate::agent::MAX_GREP_RESULTS),
+    );
+    opts.max_bytes = Some(
+        opts.max_bytes
+            .unwrap_or(crate::agent::MAX_GREP_BYTES)
+            .min(crate::agent::MAX_GREP_BYTES),
+    );
+    if !probe.tools.iter().any(|t| t == "rg") {
+        return Ok(None);
+    }
+    let plan = match rgjson::plan(&opts) {
+        Ok(plan) => plan,
+        Err(why) => {
+            tracing::debug!("grep searches here: {why}");
+            return Ok(None);
+        }
+    };
+    let matcher = crate::search::grep::build_matcher(&opts)?;
+    let (min, nwalk) = (plan.min_major.to_string(), plan.walk.len().to_string());
+    let mut args: Vec<&[u8]> = vec![
+        path.as_bytes(),
+        min.as_bytes(),
+        if plan.parents { b"1" } else { b"0" },
+        nwalk.as_bytes(),
+    ];
+    args.extend(plan.walk.iter().chain(&plan.search).map(|a| a.as_bytes()));
+    let p = probe.precision;
+    let text = build(
+        &probe.root,
+        p.attr_format(),
+        p.version_format(),
+        &args,
+        &[GREP_RG],
+    );
+    let out = runner.run(&text, &RunControl::default()).await?;
+    let shown = path.display();
+    let mut all = Vec::with_capacity(out.stdout.len() + 1);
+    all.push(b'\n');
+    all.extend_from_slice(&out.stdout);
+    const MARKER: &[u8] = b"\n__RESULT__\n";
+    let mut found = memchr::memmem::find_iter(&all, MARKER);
+    let (Some(at), None) = (found.next(), found.next()) else {
+        // No marker, or more than one: the strict parser says which.
+        parse(&out, &shown)?;
+        return Err(malformed("grep"));
+    };
+    let body = &all[at + MARKER.len()..];
+    let Some(body) = body.strip_prefix(b"ok\n") else {
+        parse(&out, &shown)?;
+        return Err(malformed("grep"));
+    };
+    match rgjson::parse_answer(body, out.stdout_cut > 0)? {
+        Answer::Fallback(why) => {
+            tracing::debug!("grep searches here: {why}");
+            Ok(None)
+        }
+        Answer::Run(run) => rgjson::assemble(&opts, &matcher, run).map(Some),
+    }
 }
 
 /// `scripts/scan.sh`'s output: `OK START END TOTAL_LINES TOTAL_BYTES FIRST_LINE_BYTES` and

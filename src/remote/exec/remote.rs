@@ -440,7 +440,8 @@ impl Remote for ScriptRemote {
             capabilities: Capabilities {
                 feed: false,
                 patch_commits: false,
-                server_search: false,
+                // grep runs in the sandbox where rg is (glob and fuzzy: only paths cross).
+                server_search: probe.tools.iter().any(|t| t == "rg"),
                 kill: true,
             },
         })
@@ -1034,6 +1035,21 @@ impl Remote for ScriptRemote {
         opts: GrepOptions,
     ) -> Result<BoxStream<'static, Result<GrepEvent>>> {
         crate::search::grep::build_matcher(&opts)?;
+        use crate::search::grep::MAX_CONTEXT_LINES;
+        if opts.before_context > MAX_CONTEXT_LINES || opts.after_context > MAX_CONTEXT_LINES {
+            // As the local search reports it (in the stream), before anything crosses.
+            let e = SearchError::LimitExceeded(format!(
+                "context is limited to {MAX_CONTEXT_LINES} lines"
+            ));
+            return Ok(stream::iter([Err(e.into())]).boxed());
+        }
+        // ripgrep in the sandbox where it gives the agent's answer; else the files cross.
+        let probe = self.probe().await?;
+        if let Some(events) =
+            super::query::grep_in_sandbox(&*self.runner, probe, path, &opts).await?
+        {
+            return Ok(stream::iter(events.into_iter().map(Ok)).boxed());
+        }
         let snap = super::query::snapshot(self, path, true).await?;
         snap.grep(path, opts).await
     }
