@@ -107,6 +107,17 @@ fn sandboxes() -> Option<Sandboxes> {
     })
 }
 
+/// The major version of the rg this machine has.
+fn rg_major() -> u32 {
+    let out = std::process::Command::new("rg").arg("--version").output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.split('.').next())
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(0)
+}
+
 fn matches(events: &[GrepEvent]) -> usize {
     events
         .iter()
@@ -149,6 +160,9 @@ async fn grep_vectors_equal_the_agents_with_rg_and_without() {
                 assert_eq!(got.as_ref(), Ok(want), "{name}: with rg");
                 assert_eq!(local.as_ref(), Ok(want), "{name}: without rg");
                 in_sandbox += usize::from(one_program);
+                if !one_program {
+                    println!("searched here: {name}");
+                }
             }
             Err(e) => {
                 assert!(got.is_err(), "{name}: the agent says {e}, with rg: {got:?}");
@@ -186,6 +200,8 @@ async fn more_options_equal_the_agents() {
     let a = agent.client();
     let with = remote_over(sb.with_rg.clone(), r);
     let without = remote_over(sb.without_rg.clone(), r);
+    // Probed once before (so each grep below is its own programs only).
+    assert!(with.info().await.unwrap().capabilities.server_search);
     let base = GrepOptions {
         pattern: "needle".into(),
         ..Default::default()
@@ -260,7 +276,12 @@ async fn more_options_equal_the_agents() {
         for path in [RemotePath::root(), RemotePath::new(b"sub".to_vec()).unwrap()] {
             let want = grep_all(&a, &path, opts.clone()).await;
             assert!(want.is_ok(), "{name}: {want:?}");
+            let runs = sb.with_rg.runs.load(Ordering::Relaxed);
             assert_eq!(grep_all(&*with, &path, opts.clone()).await, want, "{name}: with rg");
+            // One program (rg in the sandbox), unless the options have no exact rg form.
+            let here = name == "types search here" || (name == "word" && rg_major() < 14);
+            let one = sb.with_rg.runs.load(Ordering::Relaxed) - runs == 1;
+            assert_eq!(one, !here, "{name}: ran rg in the sandbox?");
             assert_eq!(grep_all(&*without, &path, opts.clone()).await, want, "{name}: without rg");
         }
     }
