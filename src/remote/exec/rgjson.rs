@@ -207,7 +207,9 @@ pub fn parse_answer(body: &[u8], cut: bool) -> Result<Answer> {
         .and_then(|l| l.strip_suffix(b"\n"))
     else {
         if cut {
-            return Ok(Answer::Fallback("the file list passed the output cap".into()));
+            return Ok(Answer::Fallback(
+                "the file list passed the output cap".into(),
+            ));
         }
         return Err(malformed("rg: no file list"));
     };
@@ -526,7 +528,10 @@ mod tests {
     }
 
     fn answer(files: &[&str], json: &str, tail: &str) -> Vec<u8> {
-        let list: Vec<u8> = files.iter().flat_map(|f| [f.as_bytes(), b"\0"].concat()).collect();
+        let list: Vec<u8> = files
+            .iter()
+            .flat_map(|f| [f.as_bytes(), b"\0"].concat())
+            .collect();
         format!(
             "L {}\nLRC 0\nJ\n{json}{tail}",
             base64::engine::general_purpose::STANDARD.encode(list)
@@ -546,7 +551,11 @@ mod tests {
     #[test]
     fn matches_get_the_cores_columns_and_submatches_and_files_are_counted() {
         let o = opts("foo");
-        let body = answer(&["a.txt", "b.txt"], A, "{\"type\":\"summary\",\"data\":{}}\nJRC 0\n");
+        let body = answer(
+            &["a.txt", "b.txt"],
+            A,
+            "{\"type\":\"summary\",\"data\":{}}\nJRC 0\n",
+        );
         let Answer::Run(run) = parse_answer(&body, false).unwrap() else {
             panic!("fallback")
         };
@@ -584,7 +593,10 @@ mod tests {
     #[test]
     fn errors_and_unknown_lines_are_never_guessed_at() {
         let body = answer(&["a.txt"], A, "JRC 2\n");
-        assert!(matches!(parse_answer(&body, false), Ok(Answer::Fallback(_))));
+        assert!(matches!(
+            parse_answer(&body, false),
+            Ok(Answer::Fallback(_))
+        ));
         let body = answer(&["a.txt"], "{\"type\":\"weird\",\"data\":{}}\n", "JRC 0\n");
         assert!(parse_answer(&body, false).is_err());
         let body = answer(&["a.txt"], "", "JRC 0\nmore\n");
