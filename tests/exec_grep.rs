@@ -382,3 +382,53 @@ async fn an_answer_past_the_output_cap_is_reported_truncated() {
     .unwrap();
     assert_eq!(&got[..n], &core[..]);
 }
+
+/// A PATH holding busybox's applets and rg, nothing else.
+fn busybox_with_rg(dir: &Path) -> Option<String> {
+    let busybox = ["/usr/bin/busybox", "/bin/busybox"]
+        .iter()
+        .map(Path::new)
+        .find(|p| p.exists())?;
+    let list = std::process::Command::new(busybox)
+        .arg("--list")
+        .output()
+        .unwrap();
+    for applet in String::from_utf8(list.stdout).unwrap().lines() {
+        std::os::unix::fs::symlink(busybox, dir.join(applet)).unwrap();
+    }
+    std::os::unix::fs::symlink(require_tool("rg")?, dir.join("rg")).unwrap();
+    Some(format!("PATH={}", dir.display()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busybox_with_rg_answers_the_vectors_as_the_agent() {
+    let Some(sb) = sandboxes() else { return };
+    let tools = tempfile::tempdir().unwrap();
+    let Some(path) = busybox_with_rg(tools.path()) else {
+        require_tool("busybox");
+        return;
+    };
+    let v = load_vectors("grep.json");
+    write_tree(&sb.root, &v["tree"]);
+    let agent = AgentProcess::start(&sb.root);
+    let a = agent.client();
+    let runner = counting(&["env", &path, "sh"]);
+    let bb = remote_over(runner.clone(), &sb.root);
+    assert!(bb.info().await.unwrap().capabilities.server_search);
+    let mut in_sandbox = 0;
+    for c in v["cases"].as_array().unwrap() {
+        let name = c["name"].as_str().unwrap();
+        let o: &Value = &c["options"];
+        let path = RemotePath::new(o["path"].as_str().unwrap_or("").as_bytes().to_vec()).unwrap();
+        let opts = grep_options(o);
+        let want = grep_all(&a, &path, opts.clone()).await;
+        let runs = runner.runs.load(Ordering::Relaxed);
+        let got = grep_all(&*bb, &path, opts).await;
+        in_sandbox += usize::from(runner.runs.load(Ordering::Relaxed) - runs == 1);
+        match &want {
+            Ok(want) => assert_eq!(got.as_ref(), Ok(want), "{name}: busybox with rg"),
+            Err(e) => assert!(got.is_err(), "{name}: the agent says {e}, busybox: {got:?}"),
+        }
+    }
+    assert!(in_sandbox >= 15, "only {in_sandbox} cases ran rg in the sandbox");
+}
