@@ -430,5 +430,71 @@ async fn busybox_with_rg_answers_the_vectors_as_the_agent() {
             Err(e) => assert!(got.is_err(), "{name}: the agent says {e}, busybox: {got:?}"),
         }
     }
-    assert!(in_sandbox >= 15, "only {in_sandbox} cases ran rg in the sandbox");
+    assert!(
+        in_sandbox >= 15,
+        "only {in_sandbox} cases ran rg in the sandbox"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_grep_stops_rg_in_the_sandbox() {
+    let Some(sb) = sandboxes() else { return };
+    let rg = require_tool("rg").unwrap();
+    fs::write(sb.root.join("a.txt"), "needle\n").unwrap();
+    // The sandbox's rg, slow to search: it waits before it runs (the real rg, in the end).
+    let tools = tempfile::tempdir().unwrap();
+    let wrapper = tools.path().join("rg");
+    fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\ncase \" $* \" in *\" --json \"*) sleep 317 ;; esac\nexec '{}' \"$@\"\n",
+            rg.display()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let path = format!(
+        "PATH={}:{}",
+        tools.path().display(),
+        std::env::var("PATH").unwrap()
+    );
+    let r = remote_over(counting(&["env", &path, "sh"]), &sb.root);
+    assert!(r.info().await.unwrap().capabilities.server_search);
+    let sleeping = || {
+        let out = std::process::Command::new("ps")
+            .args(["-eo", "args"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .any(|l| l.trim() == "sleep 317")
+    };
+    let opts = GrepOptions {
+        pattern: "needle".into(),
+        ..Default::default()
+    };
+    let top = RemotePath::root();
+    let search = r.grep(&top, opts);
+    let (dropped, was_running) = tokio::join!(
+        tokio::time::timeout(std::time::Duration::from_secs(3), search),
+        async {
+            tokio::time::sleep(std::time::Duration::from_millis(2000)).await;
+            sleeping()
+        }
+    );
+    assert!(dropped.is_err(), "the slow search answered");
+    assert!(was_running, "rg was not running in the sandbox");
+    // The supervisor stops the whole group: TERM, then KILL after 2 s.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while sleeping() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "rg's process group outlived the dropped search"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
 }
