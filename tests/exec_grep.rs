@@ -313,7 +313,8 @@ async fn more_options_equal_the_agents() {
 async fn rg_moves_only_the_matches_not_the_files() {
     let Some(sb) = sandboxes() else { return };
     let r = &sb.root;
-    // Four large files without a match, one small file with one.
+    // Four large files without a match, one small file with one; a regex (a literal would
+    // let the local path ask `grep -F` which files to download).
     let filler = "nothing to see on this line at all\n".repeat(30_000);
     for i in 0..4 {
         fs::write(r.join(format!("big{i}.txt")), &filler).unwrap();
@@ -324,7 +325,7 @@ async fn rg_moves_only_the_matches_not_the_files() {
     with.info().await.unwrap();
     without.info().await.unwrap();
     let opts = GrepOptions {
-        pattern: "needle".into(),
+        pattern: "ne+dle".into(),
         ..Default::default()
     };
     let before = (
@@ -497,4 +498,46 @@ async fn a_dropped_grep_stops_rg_in_the_sandbox() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_rg_a_literal_downloads_only_the_files_that_hold_it() {
+    let Some(sb) = sandboxes() else { return };
+    let r = &sb.root;
+    let filler = "nothing to see on this line at all\n".repeat(30_000);
+    for i in 0..4 {
+        fs::write(r.join(format!("big{i}.txt")), &filler).unwrap();
+    }
+    fs::write(r.join("small.txt"), "the needle\n").unwrap();
+    fs::write(r.join("-dash"), "needle\n").unwrap();
+    let agent = AgentProcess::start(r);
+    let a = agent.client();
+    let without = remote_over(sb.without_rg.clone(), r);
+    without.info().await.unwrap();
+    let top = RemotePath::root();
+    let literal = GrepOptions {
+        pattern: "needle".into(),
+        after_context: 1,
+        ..Default::default()
+    };
+    let before = sb.without_rg.bytes.load(Ordering::Relaxed);
+    let got = grep_all(&*without, &top, literal.clone()).await.unwrap();
+    let literal_bytes = sb.without_rg.bytes.load(Ordering::Relaxed) - before;
+    assert_eq!(Ok(&got), grep_all(&a, &top, literal).await.as_ref());
+    assert_eq!(matches(&got), 2);
+    assert_eq!(summary(&got).0.files_searched, 6);
+    // A regex has no literal to look for: every file crosses, and the answer is the same.
+    let regex = GrepOptions {
+        pattern: "ne+dle".into(),
+        ..Default::default()
+    };
+    let before = sb.without_rg.bytes.load(Ordering::Relaxed);
+    let all = grep_all(&*without, &top, regex.clone()).await.unwrap();
+    let regex_bytes = sb.without_rg.bytes.load(Ordering::Relaxed) - before;
+    assert_eq!(Ok(&all), grep_all(&a, &top, regex).await.as_ref());
+    println!("without rg: literal {literal_bytes} bytes, regex {regex_bytes} bytes");
+    assert!(
+        literal_bytes * 50 < regex_bytes,
+        "literal {literal_bytes} vs regex {regex_bytes}"
+    );
 }

@@ -56,12 +56,106 @@ fn joined(dir: &RemotePath, name: &[u8]) -> Result<RemotePath> {
     dir.join(name)
 }
 
+/// The literal every matching line of `opts` holds, byte for byte, where there is one: a
+/// case-sensitive, not inverted search for a fixed string, or a pattern of letters, digits,
+/// spaces and `_` only (no regex syntax). A file without it has no match.
+pub fn required_literal(opts: &GrepOptions) -> Option<String> {
+    let p = &opts.pattern;
+    let insensitive =
+        opts.case_insensitive || (opts.smart_case && !p.chars().any(char::is_uppercase));
+    let plain = p
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b' ' || b == b'_');
+    // max_filesize: the snapshot's stand-ins for skipped files are empty, so their sizes
+    // would not be the files'.
+    (!p.is_empty()
+        && !p.contains('\n')
+        && !insensitive
+        && !opts.invert
+        && opts.print.is_none()
+        && opts.walk.max_filesize.is_none()
+        && (opts.fixed_strings || plain))
+        .then(|| p.clone())
+}
+
+/// Grep's snapshot without ripgrep in the sandbox: where the pattern needs a literal
+/// ([`required_literal`]), `grep -F` in the sandbox says which files hold it, and only those
+/// files' bytes cross (the others are empty stand-ins: walked and counted, never matching).
+pub async fn grep_snapshot(
+    remote: &ScriptRemote,
+    runner: &dyn Runner,
+    probe: &Probe,
+    path: &RemotePath,
+    opts: &GrepOptions,
+) -> Result<MemoryRemote> {
+    let pre = required_literal(opts).map(|literal| Prefilter {
+        runner,
+        probe,
+        literal,
+    });
+    snapshot_with(remote, path, true, pre.as_ref()).await
+}
+
+struct Prefilter<'a> {
+    runner: &'a dyn Runner,
+    probe: &'a Probe,
+    literal: String,
+}
+
+const CONTAIN: &str = include_str!("scripts/contain.sh");
+
+impl Prefilter<'_> {
+    /// Which of `files` hold the literal (`None`: grep failed on one, download them all).
+    async fn containing(
+        &self,
+        files: &[&[u8]],
+    ) -> Result<Option<std::collections::HashSet<Vec<u8>>>> {
+        let list = files.join(&b'\n');
+        let p = self.probe.precision;
+        let text = build(
+            &self.probe.root,
+            p.attr_format(),
+            p.version_format(),
+            &[self.literal.as_bytes(), &list],
+            &[CONTAIN],
+        );
+        let out = self.runner.run(&text, &RunControl::default()).await?;
+        let lines = parse(&out, "grep prefilter")?;
+        let found = match lines.first().and_then(|l| l.strip_prefix("C ")) {
+            Some(b) => super::program::unb64(b)?,
+            None => return Err(malformed("grep prefilter")),
+        };
+        let mut set = std::collections::HashSet::new();
+        let mut names = found.split(|&b| b == 0);
+        let last = names.next_back();
+        if last.is_some_and(|l| !l.is_empty()) {
+            return Err(malformed("grep prefilter: a name without its NUL"));
+        }
+        for name in names {
+            if name.is_empty() {
+                return Ok(None);
+            }
+            set.insert(name.to_vec());
+        }
+        Ok(Some(set))
+    }
+}
+
 /// A sandbox copy of `path`'s subtree (and the ignore files above it), with file contents
 /// when `contents`.
 pub async fn snapshot(
     remote: &ScriptRemote,
     path: &RemotePath,
     contents: bool,
+) -> Result<MemoryRemote> {
+    snapshot_with(remote, path, contents, None).await
+}
+
+async fn snapshot_with(
+    remote: &ScriptRemote,
+    path: &RemotePath,
+    contents: bool,
+    pre: Option<&Prefilter<'_>>,
 ) -> Result<MemoryRemote> {
     // A path out of the workspace is refused before anything is listed.
     remote.resolve(path).await.map_err(|e| match e {
@@ -112,6 +206,18 @@ pub async fn snapshot(
             attr: top,
         }),
     }
+    // Which files' bytes are needed (`None`: all of them).
+    let mut wanted = None;
+    if let (true, Some(pre)) = (contents, pre) {
+        let files: Vec<&[u8]> = entries
+            .iter()
+            .filter(|e| e.attr.kind == FileKind::File && !e.path.0.contains(&b'\n'))
+            .map(|e| &e.path.0[..])
+            .collect();
+        if !files.is_empty() {
+            wanted = pre.containing(&files).await?;
+        }
+    }
     let mut bytes = 0u64;
     for e in &entries {
         let p = &e.path.0;
@@ -125,7 +231,11 @@ pub async fn snapshot(
             FileKind::File => {
                 let name = p.rsplit(|b| *b == b'/').next().unwrap_or(p);
                 let rp = RemotePath::new(p.clone())?;
-                if contents || IGNORE_FILES.contains(&name) {
+                let needed = contents
+                    && wanted
+                        .as_ref()
+                        .is_none_or(|w| w.contains(p) || p.contains(&b'\n'));
+                if needed || IGNORE_FILES.contains(&name) {
                     bytes += e.attr.size;
                     if bytes > MAX_SNAPSHOT_BYTES {
                         return Err(SearchError::LimitExceeded(format!(

@@ -1050,7 +1050,7 @@ impl Remote for ScriptRemote {
         {
             return Ok(stream::iter(events.into_iter().map(Ok)).boxed());
         }
-        let snap = super::query::snapshot(self, path, true).await?;
+        let snap = super::query::grep_snapshot(self, &*self.runner, probe, path, &opts).await?;
         snap.grep(path, opts).await
     }
 
