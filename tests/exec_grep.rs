@@ -384,8 +384,8 @@ async fn an_answer_past_the_output_cap_is_reported_truncated() {
     assert_eq!(&got[..n], &core[..]);
 }
 
-/// A PATH holding busybox's applets and rg, nothing else.
-fn busybox_with_rg(dir: &Path) -> Option<String> {
+/// A PATH holding busybox's applets (and rg, `with_rg`), nothing else.
+fn busybox_path(dir: &Path, with_rg: bool) -> Option<String> {
     let busybox = ["/usr/bin/busybox", "/bin/busybox"]
         .iter()
         .map(Path::new)
@@ -397,15 +397,20 @@ fn busybox_with_rg(dir: &Path) -> Option<String> {
     for applet in String::from_utf8(list.stdout).unwrap().lines() {
         std::os::unix::fs::symlink(busybox, dir.join(applet)).unwrap();
     }
-    std::os::unix::fs::symlink(require_tool("rg")?, dir.join("rg")).unwrap();
+    if with_rg {
+        std::os::unix::fs::symlink(require_tool("rg")?, dir.join("rg")).unwrap();
+    }
     Some(format!("PATH={}", dir.display()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn busybox_with_rg_answers_the_vectors_as_the_agent() {
+async fn busybox_with_and_without_rg_answers_the_vectors_as_the_agent() {
     let Some(sb) = sandboxes() else { return };
-    let tools = tempfile::tempdir().unwrap();
-    let Some(path) = busybox_with_rg(tools.path()) else {
+    let (tools, bare) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (Some(path), Some(bare_path)) = (
+        busybox_path(tools.path(), true),
+        busybox_path(bare.path(), false),
+    ) else {
         require_tool("busybox");
         return;
     };
@@ -416,6 +421,9 @@ async fn busybox_with_rg_answers_the_vectors_as_the_agent() {
     let runner = counting(&["env", &path, "sh"]);
     let bb = remote_over(runner.clone(), &sb.root);
     assert!(bb.info().await.unwrap().capabilities.server_search);
+    // busybox alone: grep -F (its applet) chooses the files to download for a literal.
+    let bare_bb = remote_over(counting(&["env", &bare_path, "sh"]), &sb.root);
+    assert!(!bare_bb.info().await.unwrap().capabilities.server_search);
     let mut in_sandbox = 0;
     for c in v["cases"].as_array().unwrap() {
         let name = c["name"].as_str().unwrap();
@@ -424,11 +432,21 @@ async fn busybox_with_rg_answers_the_vectors_as_the_agent() {
         let opts = grep_options(o);
         let want = grep_all(&a, &path, opts.clone()).await;
         let runs = runner.runs.load(Ordering::Relaxed);
-        let got = grep_all(&*bb, &path, opts).await;
+        let got = grep_all(&*bb, &path, opts.clone()).await;
+        let bare_got = grep_all(&*bare_bb, &path, opts).await;
         in_sandbox += usize::from(runner.runs.load(Ordering::Relaxed) - runs == 1);
         match &want {
-            Ok(want) => assert_eq!(got.as_ref(), Ok(want), "{name}: busybox with rg"),
-            Err(e) => assert!(got.is_err(), "{name}: the agent says {e}, busybox: {got:?}"),
+            Ok(want) => {
+                assert_eq!(got.as_ref(), Ok(want), "{name}: busybox with rg");
+                assert_eq!(bare_got.as_ref(), Ok(want), "{name}: busybox alone");
+            }
+            Err(e) => {
+                assert!(got.is_err(), "{name}: the agent says {e}, busybox: {got:?}");
+                assert!(
+                    bare_got.is_err(),
+                    "{name}: the agent says {e}: {bare_got:?}"
+                );
+            }
         }
     }
     assert!(

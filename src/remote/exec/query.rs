@@ -379,3 +379,34 @@ pub fn parse_scan(out: &[u8], shown: &str) -> Result<ScanResult> {
         first_line_bytes,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lit(pattern: &str, f: impl FnOnce(&mut GrepOptions)) -> Option<String> {
+        let mut o = GrepOptions {
+            pattern: pattern.into(),
+            ..Default::default()
+        };
+        f(&mut o);
+        required_literal(&o)
+    }
+
+    #[test]
+    fn only_a_case_sensitive_plain_or_fixed_pattern_has_a_required_literal() {
+        assert_eq!(lit("TODO fix", |_| {}), Some("TODO fix".into()));
+        assert_eq!(lit("a.c(", |o| o.fixed_strings = true), Some("a.c(".into()));
+        assert_eq!(lit("a.c", |_| {}), None);
+        assert_eq!(lit("\\w+", |_| {}), None);
+        assert_eq!(lit("", |_| {}), None);
+        assert_eq!(lit("todo", |o| o.case_insensitive = true), None);
+        // Smart case: insensitive (no literal) unless the pattern has an uppercase letter.
+        assert_eq!(lit("todo", |o| o.smart_case = true), None);
+        assert_eq!(lit("Todo", |o| o.smart_case = true), Some("Todo".into()));
+        assert_eq!(lit("todo", |o| o.invert = true), None);
+        assert_eq!(lit("todo", |o| o.walk.max_filesize = Some(10)), None);
+        // -w: a word match still holds the literal.
+        assert_eq!(lit("todo", |o| o.word = true), Some("todo".into()));
+    }
+}
