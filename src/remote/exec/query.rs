@@ -5,7 +5,8 @@
 //! searched subtree that the scripts list into a [`MemoryRemote`], so the matching rules are
 //! exactly the agent's (the same pure functions). glob and fuzzy need only the paths and the
 //! ignore files; grep needs the files' bytes too, so they cross (capped at
-//! [`MAX_SNAPSHOT_BYTES`]).
+//! [`MAX_SNAPSHOT_BYTES`]): all of them, or for a pattern that needs a literal only those
+//! that `grep -F` in the sandbox finds it in ([`grep_snapshot`]).
 
 use crate::remote::memory::MemoryRemote;
 use crate::remote::*;

@@ -11,7 +11,8 @@
 //! What the transport lacks natively: no change feed (`watch` is `Unsupported`; the mount
 //! revalidates by polling), whole-file commits (patches are accepted and applied in the
 //! sandbox on a temp copy), and queries run here over what the scripts list (glob/fuzzy: only
-//! paths and ignore files cross; grep: the files' bytes cross) — see [`super::query`].
+//! paths and ignore files cross; grep: rg in the sandbox where it is, else the bytes of the
+//! files that may match cross) — see [`super::query`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
