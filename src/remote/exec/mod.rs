@@ -22,6 +22,7 @@ pub mod output_check;
 pub mod program;
 pub mod query;
 pub mod remote;
+pub mod rgjson;
 pub mod statline;
 pub mod supervise;
 

@@ -1,16 +1,25 @@
 //! Queries over exec: scan runs in the sandbox (`scripts/scan.sh`, only the window crosses);
-//! grep, glob and fuzzy run here, over a snapshot of the searched subtree that the scripts
-//! list into a [`MemoryRemote`], so the matching rules are exactly the agent's (the same
-//! pure functions). glob and fuzzy need only the paths and the ignore files; grep needs the
-//! files' bytes too, so they cross (capped at [`MAX_SNAPSHOT_BYTES`]).
+//! grep runs in the sandbox too where ripgrep is there and the options have an exact rg form
+//! ([`grep_in_sandbox`], [`super::rgjson`]: only the file list and the matching lines
+//! cross). Otherwise grep, and glob and fuzzy always, run here, over a snapshot of the
+//! searched subtree that the scripts list into a [`MemoryRemote`], so the matching rules are
+//! exactly the agent's (the same pure functions). glob and fuzzy need only the paths and the
+//! ignore files; grep needs the files' bytes too, so they cross (capped at
+//! [`MAX_SNAPSHOT_BYTES`]): all of them, or for a pattern that needs a literal only those
+//! that `grep -F` in the sandbox finds it in ([`grep_snapshot`]).
 
 use crate::remote::memory::MemoryRemote;
 use crate::remote::*;
 use crate::search::scan::ScanResult;
 use crate::search::SearchError;
 
-use super::program::malformed;
-use super::remote::ScriptRemote;
+use super::program::{build, malformed, parse};
+use super::remote::{Probe, ScriptRemote};
+use super::rgjson::{self, Answer};
+use super::{RunControl, Runner};
+use crate::search::grep::GrepOptions;
+
+const GREP_RG: &str = include_str!("scripts/grep_rg.sh");
 
 /// Most file bytes a grep without a sandbox-side tool downloads; past it the search is
 /// refused rather than left to fill memory.
@@ -48,12 +57,106 @@ fn joined(dir: &RemotePath, name: &[u8]) -> Result<RemotePath> {
     dir.join(name)
 }
 
+/// The literal every matching line of `opts` holds, byte for byte, where there is one: a
+/// case-sensitive, not inverted search for a fixed string, or a pattern of letters, digits,
+/// spaces and `_` only (no regex syntax). A file without it has no match.
+pub fn required_literal(opts: &GrepOptions) -> Option<String> {
+    let p = &opts.pattern;
+    let insensitive =
+        opts.case_insensitive || (opts.smart_case && !p.chars().any(char::is_uppercase));
+    let plain = p
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b' ' || b == b'_');
+    // max_filesize: the snapshot's stand-ins for skipped files are empty, so their sizes
+    // would not be the files'.
+    (!p.is_empty()
+        && !p.contains('\n')
+        && !insensitive
+        && !opts.invert
+        && opts.print.is_none()
+        && opts.walk.max_filesize.is_none()
+        && (opts.fixed_strings || plain))
+        .then(|| p.clone())
+}
+
+/// Grep's snapshot without ripgrep in the sandbox: where the pattern needs a literal
+/// ([`required_literal`]), `grep -F` in the sandbox says which files hold it, and only those
+/// files' bytes cross (the others are empty stand-ins: walked and counted, never matching).
+pub async fn grep_snapshot(
+    remote: &ScriptRemote,
+    runner: &dyn Runner,
+    probe: &Probe,
+    path: &RemotePath,
+    opts: &GrepOptions,
+) -> Result<MemoryRemote> {
+    let pre = required_literal(opts).map(|literal| Prefilter {
+        runner,
+        probe,
+        literal,
+    });
+    snapshot_with(remote, path, true, pre.as_ref()).await
+}
+
+struct Prefilter<'a> {
+    runner: &'a dyn Runner,
+    probe: &'a Probe,
+    literal: String,
+}
+
+const CONTAIN: &str = include_str!("scripts/contain.sh");
+
+impl Prefilter<'_> {
+    /// Which of `files` hold the literal (`None`: grep failed on one, download them all).
+    async fn containing(
+        &self,
+        files: &[&[u8]],
+    ) -> Result<Option<std::collections::HashSet<Vec<u8>>>> {
+        let list = files.join(&b'\n');
+        let p = self.probe.precision;
+        let text = build(
+            &self.probe.root,
+            p.attr_format(),
+            p.version_format(),
+            &[self.literal.as_bytes(), &list],
+            &[CONTAIN],
+        );
+        let out = self.runner.run(&text, &RunControl::default()).await?;
+        let lines = parse(&out, "grep prefilter")?;
+        let found = match lines.first().and_then(|l| l.strip_prefix("C ")) {
+            Some(b) => super::program::unb64(b)?,
+            None => return Err(malformed("grep prefilter")),
+        };
+        let mut set = std::collections::HashSet::new();
+        let mut names = found.split(|&b| b == 0);
+        let last = names.next_back();
+        if last.is_some_and(|l| !l.is_empty()) {
+            return Err(malformed("grep prefilter: a name without its NUL"));
+        }
+        for name in names {
+            if name.is_empty() {
+                return Ok(None);
+            }
+            set.insert(name.to_vec());
+        }
+        Ok(Some(set))
+    }
+}
+
 /// A sandbox copy of `path`'s subtree (and the ignore files above it), with file contents
 /// when `contents`.
 pub async fn snapshot(
     remote: &ScriptRemote,
     path: &RemotePath,
     contents: bool,
+) -> Result<MemoryRemote> {
+    snapshot_with(remote, path, contents, None).await
+}
+
+async fn snapshot_with(
+    remote: &ScriptRemote,
+    path: &RemotePath,
+    contents: bool,
+    pre: Option<&Prefilter<'_>>,
 ) -> Result<MemoryRemote> {
     // A path out of the workspace is refused before anything is listed.
     remote.resolve(path).await.map_err(|e| match e {
@@ -104,6 +207,18 @@ pub async fn snapshot(
             attr: top,
         }),
     }
+    // Which files' bytes are needed (`None`: all of them).
+    let mut wanted = None;
+    if let (true, Some(pre)) = (contents, pre) {
+        let files: Vec<&[u8]> = entries
+            .iter()
+            .filter(|e| e.attr.kind == FileKind::File && !e.path.0.contains(&b'\n'))
+            .map(|e| &e.path.0[..])
+            .collect();
+        if !files.is_empty() {
+            wanted = pre.containing(&files).await?;
+        }
+    }
     let mut bytes = 0u64;
     for e in &entries {
         let p = &e.path.0;
@@ -117,7 +232,11 @@ pub async fn snapshot(
             FileKind::File => {
                 let name = p.rsplit(|b| *b == b'/').next().unwrap_or(p);
                 let rp = RemotePath::new(p.clone())?;
-                if contents || IGNORE_FILES.contains(&name) {
+                let needed = contents
+                    && wanted
+                        .as_ref()
+                        .is_none_or(|w| w.contains(p) || p.contains(&b'\n'));
+                if needed || IGNORE_FILES.contains(&name) {
                     bytes += e.attr.size;
                     if bytes > MAX_SNAPSHOT_BYTES {
                         return Err(SearchError::LimitExceeded(format!(
@@ -135,6 +254,82 @@ pub async fn snapshot(
         }
     }
     Ok(m)
+}
+
+/// grep with ripgrep in the sandbox: the agent's events (already complete: rg's output is
+/// collected whole, at most [`super::OUTPUT_CAP`]), or `None` when rg cannot give the agent's
+/// answer exactly here (no rg, an option without an exact rg form, rg reported an error): the
+/// caller then searches locally. Dropping the future stops the sandbox's rg (the run is
+/// supervised).
+pub async fn grep_in_sandbox(
+    runner: &dyn Runner,
+    probe: &Probe,
+    path: &RemotePath,
+    opts: &GrepOptions,
+) -> Result<Option<Vec<GrepEvent>>> {
+    // The agent's caps, so both answer the same.
+    let mut opts = opts.clone();
+    opts.max_results = Some(
+        opts.max_results
+            .unwrap_or(crate::agent::MAX_GREP_RESULTS)
+            .min(crate::agent::MAX_GREP_RESULTS),
+    );
+    opts.max_bytes = Some(
+        opts.max_bytes
+            .unwrap_or(crate::agent::MAX_GREP_BYTES)
+            .min(crate::agent::MAX_GREP_BYTES),
+    );
+    if !probe.tools.iter().any(|t| t == "rg") {
+        return Ok(None);
+    }
+    let plan = match rgjson::plan(&opts) {
+        Ok(plan) => plan,
+        Err(why) => {
+            tracing::debug!("grep searches here: {why}");
+            return Ok(None);
+        }
+    };
+    let matcher = crate::search::grep::build_matcher(&opts)?;
+    let (min, nwalk) = (plan.min_major.to_string(), plan.walk.len().to_string());
+    let mut args: Vec<&[u8]> = vec![
+        path.as_bytes(),
+        min.as_bytes(),
+        if plan.parents { b"1" } else { b"0" },
+        nwalk.as_bytes(),
+    ];
+    args.extend(plan.walk.iter().chain(&plan.search).map(|a| a.as_bytes()));
+    let p = probe.precision;
+    let text = build(
+        &probe.root,
+        p.attr_format(),
+        p.version_format(),
+        &args,
+        &[GREP_RG],
+    );
+    let out = runner.run(&text, &RunControl::default()).await?;
+    let shown = path.display();
+    let mut all = Vec::with_capacity(out.stdout.len() + 1);
+    all.push(b'\n');
+    all.extend_from_slice(&out.stdout);
+    const MARKER: &[u8] = b"\n__RESULT__\n";
+    let mut found = memchr::memmem::find_iter(&all, MARKER);
+    let (Some(at), None) = (found.next(), found.next()) else {
+        // No marker, or more than one: the strict parser says which.
+        parse(&out, &shown)?;
+        return Err(malformed("grep"));
+    };
+    let body = &all[at + MARKER.len()..];
+    let Some(body) = body.strip_prefix(b"ok\n") else {
+        parse(&out, &shown)?;
+        return Err(malformed("grep"));
+    };
+    match rgjson::parse_answer(body, out.stdout_cut > 0)? {
+        Answer::Fallback(why) => {
+            tracing::debug!("grep searches here: {why}");
+            Ok(None)
+        }
+        Answer::Run(run) => rgjson::assemble(&opts, &matcher, run).map(Some),
+    }
 }
 
 /// `scripts/scan.sh`'s output: `OK START END TOTAL_LINES TOTAL_BYTES FIRST_LINE_BYTES` and
@@ -184,4 +379,35 @@ pub fn parse_scan(out: &[u8], shown: &str) -> Result<ScanResult> {
         total_bytes,
         first_line_bytes,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lit(pattern: &str, f: impl FnOnce(&mut GrepOptions)) -> Option<String> {
+        let mut o = GrepOptions {
+            pattern: pattern.into(),
+            ..Default::default()
+        };
+        f(&mut o);
+        required_literal(&o)
+    }
+
+    #[test]
+    fn only_a_case_sensitive_plain_or_fixed_pattern_has_a_required_literal() {
+        assert_eq!(lit("TODO fix", |_| {}), Some("TODO fix".into()));
+        assert_eq!(lit("a.c(", |o| o.fixed_strings = true), Some("a.c(".into()));
+        assert_eq!(lit("a.c", |_| {}), None);
+        assert_eq!(lit("\\w+", |_| {}), None);
+        assert_eq!(lit("", |_| {}), None);
+        assert_eq!(lit("todo", |o| o.case_insensitive = true), None);
+        // Smart case: insensitive (no literal) unless the pattern has an uppercase letter.
+        assert_eq!(lit("todo", |o| o.smart_case = true), None);
+        assert_eq!(lit("Todo", |o| o.smart_case = true), Some("Todo".into()));
+        assert_eq!(lit("todo", |o| o.invert = true), None);
+        assert_eq!(lit("todo", |o| o.walk.max_filesize = Some(10)), None);
+        // -w: a word match still holds the literal.
+        assert_eq!(lit("todo", |o| o.word = true), Some("todo".into()));
+    }
 }

@@ -11,7 +11,8 @@
 //! What the transport lacks natively: no change feed (`watch` is `Unsupported`; the mount
 //! revalidates by polling), whole-file commits (patches are accepted and applied in the
 //! sandbox on a temp copy), and queries run here over what the scripts list (glob/fuzzy: only
-//! paths and ignore files cross; grep: the files' bytes cross) — see [`super::query`].
+//! paths and ignore files cross; grep: rg in the sandbox where it is, else the bytes of the
+//! files that may match cross) — see [`super::query`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -440,7 +441,8 @@ impl Remote for ScriptRemote {
             capabilities: Capabilities {
                 feed: false,
                 patch_commits: false,
-                server_search: false,
+                // grep runs in the sandbox where rg is (glob and fuzzy: only paths cross).
+                server_search: probe.tools.iter().any(|t| t == "rg"),
                 kill: true,
             },
         })
@@ -1029,7 +1031,22 @@ impl Remote for ScriptRemote {
         opts: GrepOptions,
     ) -> Result<BoxStream<'static, Result<GrepEvent>>> {
         crate::search::grep::build_matcher(&opts)?;
-        let snap = super::query::snapshot(self, path, true).await?;
+        use crate::search::grep::MAX_CONTEXT_LINES;
+        if opts.before_context > MAX_CONTEXT_LINES || opts.after_context > MAX_CONTEXT_LINES {
+            // As the local search reports it (in the stream), before anything crosses.
+            let e = SearchError::LimitExceeded(format!(
+                "context is limited to {MAX_CONTEXT_LINES} lines"
+            ));
+            return Ok(stream::iter([Err(e.into())]).boxed());
+        }
+        // ripgrep in the sandbox where it gives the agent's answer; else the files cross.
+        let probe = self.probe().await?;
+        if let Some(events) =
+            super::query::grep_in_sandbox(&*self.runner, probe, path, &opts).await?
+        {
+            return Ok(stream::iter(events.into_iter().map(Ok)).boxed());
+        }
+        let snap = super::query::grep_snapshot(self, &*self.runner, probe, path, &opts).await?;
         snap.grep(path, opts).await
     }
 
