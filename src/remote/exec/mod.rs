@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 pub mod edit;
 pub mod output_check;
 pub mod program;
+pub mod pyfast;
 pub mod query;
 pub mod remote;
 pub mod statline;

@@ -23,6 +23,7 @@ use tokio::io::AsyncReadExt;
 use tokio::sync::OnceCell;
 
 use super::program::{self, b64, build, heredoc_b64, malformed, parse, unb64};
+use super::pyfast;
 use super::statline::{parse_attr, parse_version_fields, version_fields, Precision};
 use super::{RunControl, Runner};
 use crate::remote::*;
@@ -63,6 +64,8 @@ pub struct Probe {
     pub user: Identity,
     /// Tools found in PATH (python3, rg, getfattr, fallocate).
     pub tools: Vec<String>,
+    /// The python (3.6 or later) that runs the fast stat/list/tree path ([`super::pyfast`]).
+    pub python: Option<String>,
 }
 
 pub struct ScriptRemote {
@@ -111,6 +114,7 @@ impl ScriptRemote {
                     precision: Precision::Seconds,
                     user: Identity::default(),
                     tools: Vec::new(),
+                    python: None,
                 };
                 for line in &lines {
                     match word(line) {
@@ -129,6 +133,9 @@ impl ScriptRemote {
                         ("F", "ns") => probe.precision = Precision::Nanos,
                         ("F", _) => probe.precision = Precision::Seconds,
                         ("T", t) => probe.tools.push(t.to_string()),
+                        ("Y", py) if pyfast::PYTHONS.contains(&py) => {
+                            probe.python = Some(py.to_string())
+                        }
                         _ => return Err(malformed("probe line")),
                     }
                 }
@@ -167,6 +174,18 @@ impl ScriptRemote {
         }
     }
 
+    /// Run the python fast path's `op` ([`pyfast`]), answering its lines; `None` where the
+    /// sandbox has no python (the sh scripts answer then).
+    async fn fast(&self, what: &str, op: &str, args: &[&[u8]]) -> Result<Option<Vec<String>>> {
+        let probe = self.probe().await?;
+        let Some(python) = probe.python.as_deref() else {
+            return Ok(None);
+        };
+        let text = pyfast::program(python, &probe.root, probe.precision, op, args);
+        let out = self.runner.run(&text, &RunControl::default()).await?;
+        parse(&out, what).map(Some)
+    }
+
     fn abs(&self, probe: &Probe, path: &RemotePath) -> Vec<u8> {
         let mut p = probe.root.clone();
         if !path.is_root() {
@@ -193,11 +212,13 @@ impl ScriptRemote {
         for line in lines {
             match word(line) {
                 ("S", s) => out.push(parse_attr(s, None)),
-                ("L", t) => match out.last_mut() {
-                    Some(Ok(a)) if a.kind == FileKind::Symlink => {
-                        a.symlink_target = Some(WireBytes(unb64(t)?))
+                ("L", _) | ("X", _) => match out.last_mut() {
+                    Some(Ok(a)) => {
+                        if !pyfast::extra_line(a, line)? {
+                            return Err(malformed("stat line"));
+                        }
                     }
-                    _ => return Err(malformed("a link target without a link")),
+                    _ => return Err(malformed("an L or X line after no attributes")),
                 },
                 ("E", e) => {
                     let shown = paths
@@ -401,6 +422,16 @@ fn agent_order(top: &RemotePath, entries: Vec<(RemotePath, Attr)>) -> Vec<(Remot
     out
 }
 
+fn tree_stream(entries: Vec<(RemotePath, Attr)>) -> BoxStream<'static, Result<TreeEntry>> {
+    stream::iter(entries.into_iter().map(|(p, attr)| {
+        Ok(TreeEntry {
+            path: WireBytes(p.as_bytes().to_vec()),
+            attr,
+        })
+    }))
+    .boxed()
+}
+
 /// A `dd` block size and seek that put a range at exactly `offset`.
 fn dd_at(offset: u64) -> (u64, u64) {
     let bs = if offset == 0 {
@@ -457,11 +488,29 @@ impl Remote for ScriptRemote {
             return Ok(Vec::new());
         }
         let args: Vec<&[u8]> = paths.iter().map(|p| p.as_bytes()).collect();
+        if let Some(lines) = self.fast("stat", "stat", &args).await? {
+            return Self::stat_results(&lines, paths);
+        }
         let lines = self.call("stat", &args, &[STAT]).await?;
         Self::stat_results(&lines, paths)
     }
 
     async fn list(&self, path: &RemotePath) -> Result<Vec<DirEntry>> {
+        let shown = path.display();
+        if let Some(lines) = self.fast(&shown, "list", &[path.as_bytes()]).await? {
+            let mut entries = pyfast::entries(&lines)?
+                .into_iter()
+                .map(|(name, attr)| {
+                    check_entry_name(&name).map_err(malformed)?;
+                    Ok(DirEntry {
+                        name: WireBytes(name),
+                        attr,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            entries.sort_by(|a, b| a.name.0.cmp(&b.name.0));
+            return Ok(entries);
+        }
         let lines = self
             .call(&path.display(), &[path.as_bytes()], &[LIST])
             .await?;
@@ -505,6 +554,22 @@ impl Remote for ScriptRemote {
     }
 
     async fn tree(&self, path: &RemotePath) -> Result<BoxStream<'static, Result<TreeEntry>>> {
+        let shown = path.display();
+        if let Some(lines) = self.fast(&shown, "tree", &[path.as_bytes()]).await? {
+            let entries = pyfast::entries(&lines)?
+                .into_iter()
+                .map(|(rel, attr)| {
+                    let full = if path.is_root() {
+                        RemotePath::new(rel)
+                    } else {
+                        RemotePath::new([path.as_bytes(), b"/", &rel].concat())
+                    }
+                    .map_err(|_| malformed("a path"))?;
+                    Ok((full, attr))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            return Ok(tree_stream(agent_order(path, entries)));
+        }
         let lines = self
             .call(&path.display(), &[path.as_bytes()], &[TREE])
             .await?;
@@ -557,14 +622,7 @@ impl Remote for ScriptRemote {
                 a.symlink_target = targets.remove(p.as_bytes());
             }
         }
-        let entries = agent_order(path, entries);
-        Ok(stream::iter(entries.into_iter().map(|(p, attr)| {
-            Ok(TreeEntry {
-                path: WireBytes(p.as_bytes().to_vec()),
-                attr,
-            })
-        }))
-        .boxed())
+        Ok(tree_stream(agent_order(path, entries)))
     }
 
     async fn read(&self, path: &RemotePath, offset: u64, len: u32) -> Result<ReadResult> {
