@@ -219,7 +219,9 @@ def tree(out, rel):
 
 def main():
     global ROOT, PREC, OP
-    items = [x for x in ITEMS if x]
+    items = list(ITEMS)
+    if items and items[-1] == b"":
+        items.pop()  # after the last newline (an empty argument is an empty line, kept)
     if len(items) < 3 or items[-1] != b"END":
         sys.stdout.write("\n__RESULT__\nerr EIO a cut program\n")
         return
