@@ -44,6 +44,7 @@ const STATFS: &str = include_str!("scripts/statfs.sh");
 const SCAN_RUN: &str = include_str!("scripts/scan_run.sh");
 const RESOLVE: &str = include_str!("scripts/resolve.sh");
 const SCAN: &str = include_str!("../../../scripts/scan.sh");
+const PYSTAT: &str = include_str!("scripts/pystat.sh");
 
 /// Times a program is run again when it saw the sandbox change under it (a file gone
 /// between listing and `stat`, a file rewritten during a read).
@@ -66,6 +67,10 @@ pub struct Probe {
     pub tools: Vec<String>,
     /// The python (3.6 or later) that runs the fast stat/list/tree path ([`super::pyfast`]).
     pub python: Option<String>,
+    /// The sandbox's `stat` knows whole seconds only but python runs: the scripts' `stat -c`
+    /// goes through python (`scripts/pystat.sh`), so every path gives nanoseconds and the
+    /// same versions.
+    pub stat_via_python: bool,
 }
 
 pub struct ScriptRemote {
@@ -115,6 +120,7 @@ impl ScriptRemote {
                     user: Identity::default(),
                     tools: Vec::new(),
                     python: None,
+                    stat_via_python: false,
                 };
                 for line in &lines {
                     match word(line) {
@@ -142,6 +148,10 @@ impl ScriptRemote {
                 if !probe.root.starts_with(b"/") {
                     return Err(malformed("the workspace path"));
                 }
+                if probe.python.is_some() && probe.precision == Precision::Seconds {
+                    probe.precision = Precision::Nanos;
+                    probe.stat_via_python = true;
+                }
                 Ok(probe)
             })
             .await
@@ -152,12 +162,20 @@ impl ScriptRemote {
     async fn call(&self, what: &str, args: &[&[u8]], parts: &[&str]) -> Result<Vec<String>> {
         let probe = self.probe().await?;
         let p = probe.precision;
+        let pystat;
+        let mut all: Vec<&str> = Vec::with_capacity(parts.len() + 1);
+        if let (true, Some(python)) = (probe.stat_via_python, probe.python.as_deref()) {
+            // `python` is one of pyfast::PYTHONS: a fixed word.
+            pystat = format!("__PY={python}\n{PYSTAT}");
+            all.push(&pystat);
+        }
+        all.extend_from_slice(parts);
         let text = build(
             &probe.root,
             p.attr_format(),
             p.version_format(),
             args,
-            parts,
+            &all,
         );
         let mut attempt = 0;
         loop {
