@@ -7,7 +7,7 @@
 //! attributes (`listxattr`), and paths past `PATH_MAX` (walked with `openat`, one component at
 //! a time, a symlink on the way followed by hand and refused when it leaves the workspace).
 //!
-//! How it travels: the program is `exec PY -c BOOTSTRAP` with a here-document holding the
+//! How it travels: the program is `PY -c BOOTSTRAP` with a here-document holding the
 //! script and every argument in base64, one per line, ended by `END` (a cut program is refused,
 //! never half read); no user-controlled byte reaches a shell's or python's syntax. Its answer
 //! uses lib.sh's framing (`__RESULT__`, then `ok` or `err TOKEN TEXT`) and
@@ -38,7 +38,10 @@ pub fn program(
 ) -> String {
     debug_assert!(PYTHONS.contains(&python));
     let mut p = String::with_capacity(FAST_PY.len() * 2 + 256);
-    p.push_str(&format!("exec {python} -c '{BOOTSTRAP}' <<'__SBX_DATA__'\n"));
+    // Not `exec`: a here-document past the pipe's size is written by a child of the shell,
+    // which the shell must live to reap (a zombie left to init keeps the supervisor waiting
+    // for the job's group to go).
+    p.push_str(&format!("{python} -c '{BOOTSTRAP}' <<'__SBX_DATA__'\n"));
     p.push_str(&b64(FAST_PY.as_bytes()));
     p.push('\n');
     p.push_str(&b64(root));

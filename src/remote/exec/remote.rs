@@ -170,13 +170,7 @@ impl ScriptRemote {
             all.push(&pystat);
         }
         all.extend_from_slice(parts);
-        let text = build(
-            &probe.root,
-            p.attr_format(),
-            p.version_format(),
-            args,
-            &all,
-        );
+        let text = build(&probe.root, p.attr_format(), p.version_format(), args, &all);
         let mut attempt = 0;
         loop {
             attempt += 1;
