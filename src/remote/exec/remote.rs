@@ -8,6 +8,11 @@
 //! are separate steps of one program, so a process in the sandbox racing them can win, as
 //! against any path-based tool (the agent holds directory descriptors instead).
 //!
+//! Where the probe finds python 3.6+, stat / stat_many / list / tree run `scripts/fast.py`
+//! instead ([`super::pyfast`]: directory descriptors, xattr presence, paths past PATH_MAX), and
+//! on a sandbox whose `stat` knows whole seconds only, the scripts' `stat -c` goes through
+//! python (`scripts/pystat.sh`): one precision, one version for a file whatever answered.
+//!
 //! What the transport lacks natively: no change feed (`watch` is `Unsupported`; the mount
 //! revalidates by polling), whole-file commits (patches are accepted and applied in the
 //! sandbox on a temp copy), and queries run here over what the scripts list (glob/fuzzy: only
