@@ -7,9 +7,9 @@
 //! attributes (`listxattr`), and paths past `PATH_MAX` (walked with `openat`, one component at
 //! a time, a symlink on the way followed by hand and refused when it leaves the workspace).
 //!
-//! How it travels: the program is `PY -c BOOTSTRAP` with a here-document holding the
-//! script and every argument in base64, one per line, ended by `END` (a cut program is refused,
-//! never half read); no user-controlled byte reaches a shell's or python's syntax. Its answer
+//! How it travels: the program pipes a single-quoted variable into `PY -c BOOTSTRAP`; it holds
+//! the script and every argument in base64, one per line, ended by `END` (a cut program is
+//! refused, never half read); no user-controlled byte reaches a shell's or python's syntax. Its answer
 //! uses lib.sh's framing (`__RESULT__`, then `ok` or `err TOKEN TEXT`) and
 //! [`super::program::parse`]. Attribute lines are the sh path's own (`stat -c "$SF"` at the
 //! probe's precision), so a version is the same whichever path made it: switching paths never
@@ -38,10 +38,10 @@ pub fn program(
 ) -> String {
     debug_assert!(PYTHONS.contains(&python));
     let mut p = String::with_capacity(FAST_PY.len() * 2 + 256);
-    // Not `exec`: a here-document past the pipe's size is written by a child of the shell,
-    // which the shell must live to reap (a zombie left to init keeps the supervisor waiting
-    // for the job's group to go).
-    p.push_str(&format!("{python} -c '{BOOTSTRAP}' <<'__SBX_DATA__'\n"));
+    // A quoted variable piped by the shell's own printf, not a here-document: dash writes a
+    // here-document past the pipe's size from a child it never waits for, and that zombie
+    // keeps the supervisor polling for the job's group to go (base64 holds no single quote).
+    p.push_str("__sbx_items='");
     p.push_str(&b64(FAST_PY.as_bytes()));
     p.push('\n');
     p.push_str(&b64(root));
@@ -56,7 +56,9 @@ pub fn program(
         p.push_str(&b64(a));
         p.push('\n');
     }
-    p.push_str("END\n__SBX_DATA__\n");
+    p.push_str(&format!(
+        "END'\nprintf '%s\\n' \"$__sbx_items\" | {python} -c '{BOOTSTRAP}'\n"
+    ));
     p
 }
 
@@ -183,6 +185,7 @@ mod tests {
         assert!(!p.contains("touch"));
         assert!(!p.contains('`'));
         assert!(!BOOTSTRAP.contains('\''));
-        assert!(p.ends_with("END\n__SBX_DATA__\n"));
+        assert!(p.starts_with("__sbx_items='"));
+        assert_eq!(p.matches('\'').count(), 6, "the variable's and the bootstrap's quotes");
     }
 }
