@@ -186,6 +186,10 @@ mod tests {
         assert!(!p.contains('`'));
         assert!(!BOOTSTRAP.contains('\''));
         assert!(p.starts_with("__sbx_items='"));
-        assert_eq!(p.matches('\'').count(), 6, "the variable's and the bootstrap's quotes");
+        assert_eq!(
+            p.matches('\'').count(),
+            6,
+            "the variable's and the bootstrap's quotes"
+        );
     }
 }
