@@ -2301,3 +2301,79 @@ conformance_if_available!(agentscope_backend:
     patches_cut_before_they_write,
     hard_links_share_content_and_survive_commits,
 );
+
+// ---- The python3 fast path of the exec-only transports (src/remote/exec/pyfast.rs): where
+// python3 runs in the sandbox, stat / list / tree say whether each entry has xattrs, and a
+// busybox-only sandbox gets nanosecond times (its scripts' `stat -c` goes through python too,
+// so versions agree everywhere). Paths past PATH_MAX: stat / list / tree only, pinned in
+// tests/exec_fastpath.rs (mkdir, commit and the rest still take whole paths).
+
+/// The real python3 of this machine (a pyenv shim resolved), to link into a bare PATH.
+fn real_python3() -> PathBuf {
+    let out = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import os, sys; sys.stdout.write(os.path.realpath(sys.executable))",
+        ])
+        .output()
+        .expect("python3 is installed (scripts/install-deps.sh)");
+    assert!(out.status.success());
+    PathBuf::from(String::from_utf8(out.stdout).unwrap())
+}
+
+/// `shell:` where python3 is in PATH (as on this machine): the fast path answers.
+fn shell_python_backend() -> Backend {
+    real_python3();
+    shell_backend()
+}
+
+/// `exec:` where python3 is in PATH.
+fn exec_python_backend() -> Backend {
+    real_python3();
+    exec_backend()
+}
+
+/// busybox's applets and python3, nothing else.
+fn busybox_python_shell_backend() -> Backend {
+    let tools = tempfile::tempdir().unwrap();
+    let busybox = which_busybox();
+    let list = std::process::Command::new(&busybox)
+        .arg("--list")
+        .output()
+        .unwrap();
+    for applet in String::from_utf8(list.stdout).unwrap().lines() {
+        std::os::unix::fs::symlink(&busybox, tools.path().join(applet)).unwrap();
+    }
+    std::os::unix::fs::symlink(real_python3(), tools.path().join("python3")).unwrap();
+    let path = format!("PATH={}", tools.path().display());
+    let mut b = script_backend(vec!["env".into(), path, "sh".into()]);
+    b._keep = Box::new((b._keep, tools));
+    b
+}
+
+conformance!(shell_python_backend: stat_list_and_tree_tell_whether_xattrs_exist);
+
+conformance!(exec_python_backend: stat_list_and_tree_tell_whether_xattrs_exist);
+
+// stat_list_and_tree pins nanosecond mtimes; the others check versions made by the fast path
+// against those the read / commit scripts make. (busybox has no setfattr: no xattr checks;
+// its touch sets whole seconds: no setattr checks.)
+conformance!(busybox_python_shell_backend:
+    stat_list_and_tree,
+    tree_listings_are_breadth_first_and_capped,
+    ranged_reads_carry_the_version,
+    commits_replace_whole_files_atomically_and_keep_mode,
+    patch_commits_apply_ranges_over_the_base,
+    awkward_names_round_trip,
+    path_escapes_are_refused,
+    queries_run_next_to_the_data,
+    stat_many_answers_each_path_in_order,
+    create_only_commits_never_replace,
+    hard_links_made_in_the_sandbox_share_an_inode,
+    patches_cut_before_they_write,
+    hard_links_share_content_and_survive_commits,
+    mknod_makes_fifos_sockets_and_devices_when_allowed,
+    rename_exchanges_and_refuses_to_replace,
+    modes_are_exactly_those_asked,
+    copy_range_is_an_atomic_commit_of_the_destination,
+);

@@ -2,7 +2,8 @@
 //! this shell program" (a provider's exec API, `docker exec`, `kubectl exec`, ssh without an
 //! agent, a local `sh`). Every operation is a static POSIX `sh` script; user-controlled values
 //! reach it only as base64 (never spliced into the script text); results come back framed by
-//! a `__RESULT__` marker and are parsed strictly.
+//! a `__RESULT__` marker and are parsed strictly. Where python3 runs in the sandbox, stat,
+//! listings and trees are one python script instead ([`pyfast`]).
 //!
 //! A [`Runner`] is how a program reaches the sandbox: it sends one whole `sh` program and
 //! answers its exit status and output (each stream capped at [`OUTPUT_CAP`] bytes, the cut
@@ -20,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 pub mod edit;
 pub mod output_check;
 pub mod program;
+pub mod pyfast;
 pub mod query;
 pub mod remote;
 pub mod rgjson;

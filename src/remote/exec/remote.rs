@@ -8,6 +8,11 @@
 //! are separate steps of one program, so a process in the sandbox racing them can win, as
 //! against any path-based tool (the agent holds directory descriptors instead).
 //!
+//! Where the probe finds python 3.6+, stat / stat_many / list / tree run `scripts/fast.py`
+//! instead ([`super::pyfast`]: directory descriptors, xattr presence, paths past PATH_MAX), and
+//! on a sandbox whose `stat` knows whole seconds only, the scripts' `stat -c` goes through
+//! python (`scripts/pystat.sh`): one precision, one version for a file whatever answered.
+//!
 //! What the transport lacks natively: no change feed (`watch` is `Unsupported`; the mount
 //! revalidates by polling), whole-file commits (patches are accepted and applied in the
 //! sandbox on a temp copy), and queries run here over what the scripts list (glob/fuzzy: only
@@ -24,6 +29,7 @@ use tokio::io::AsyncReadExt;
 use tokio::sync::OnceCell;
 
 use super::program::{self, b64, build, heredoc_b64, malformed, parse, unb64};
+use super::pyfast;
 use super::statline::{parse_attr, parse_version_fields, version_fields, Precision};
 use super::{RunControl, Runner};
 use crate::remote::*;
@@ -44,6 +50,7 @@ const STATFS: &str = include_str!("scripts/statfs.sh");
 const SCAN_RUN: &str = include_str!("scripts/scan_run.sh");
 const RESOLVE: &str = include_str!("scripts/resolve.sh");
 const SCAN: &str = include_str!("../../../scripts/scan.sh");
+const PYSTAT: &str = include_str!("scripts/pystat.sh");
 
 /// Times a program is run again when it saw the sandbox change under it (a file gone
 /// between listing and `stat`, a file rewritten during a read).
@@ -64,6 +71,12 @@ pub struct Probe {
     pub user: Identity,
     /// Tools found in PATH (python3, rg, getfattr, fallocate).
     pub tools: Vec<String>,
+    /// The python (3.6 or later) that runs the fast stat/list/tree path ([`super::pyfast`]).
+    pub python: Option<String>,
+    /// The sandbox's `stat` knows whole seconds only but python runs: the scripts' `stat -c`
+    /// goes through python (`scripts/pystat.sh`), so every path gives nanoseconds and the
+    /// same versions.
+    pub stat_via_python: bool,
 }
 
 pub struct ScriptRemote {
@@ -112,6 +125,8 @@ impl ScriptRemote {
                     precision: Precision::Seconds,
                     user: Identity::default(),
                     tools: Vec::new(),
+                    python: None,
+                    stat_via_python: false,
                 };
                 for line in &lines {
                     match word(line) {
@@ -130,11 +145,18 @@ impl ScriptRemote {
                         ("F", "ns") => probe.precision = Precision::Nanos,
                         ("F", _) => probe.precision = Precision::Seconds,
                         ("T", t) => probe.tools.push(t.to_string()),
+                        ("Y", py) if pyfast::PYTHONS.contains(&py) => {
+                            probe.python = Some(py.to_string())
+                        }
                         _ => return Err(malformed("probe line")),
                     }
                 }
                 if !probe.root.starts_with(b"/") {
                     return Err(malformed("the workspace path"));
+                }
+                if probe.python.is_some() && probe.precision == Precision::Seconds {
+                    probe.precision = Precision::Nanos;
+                    probe.stat_via_python = true;
                 }
                 Ok(probe)
             })
@@ -146,13 +168,15 @@ impl ScriptRemote {
     async fn call(&self, what: &str, args: &[&[u8]], parts: &[&str]) -> Result<Vec<String>> {
         let probe = self.probe().await?;
         let p = probe.precision;
-        let text = build(
-            &probe.root,
-            p.attr_format(),
-            p.version_format(),
-            args,
-            parts,
-        );
+        let pystat;
+        let mut all: Vec<&str> = Vec::with_capacity(parts.len() + 1);
+        if let (true, Some(python)) = (probe.stat_via_python, probe.python.as_deref()) {
+            // `python` is one of pyfast::PYTHONS: a fixed word.
+            pystat = format!("__PY={python}\n{PYSTAT}");
+            all.push(&pystat);
+        }
+        all.extend_from_slice(parts);
+        let text = build(&probe.root, p.attr_format(), p.version_format(), args, &all);
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -166,6 +190,18 @@ impl ScriptRemote {
                 r => return r,
             }
         }
+    }
+
+    /// Run the python fast path's `op` ([`pyfast`]), answering its lines; `None` where the
+    /// sandbox has no python (the sh scripts answer then).
+    async fn fast(&self, what: &str, op: &str, args: &[&[u8]]) -> Result<Option<Vec<String>>> {
+        let probe = self.probe().await?;
+        let Some(python) = probe.python.as_deref() else {
+            return Ok(None);
+        };
+        let text = pyfast::program(python, &probe.root, probe.precision, op, args);
+        let out = self.runner.run(&text, &RunControl::default()).await?;
+        parse(&out, what).map(Some)
     }
 
     fn abs(&self, probe: &Probe, path: &RemotePath) -> Vec<u8> {
@@ -194,11 +230,13 @@ impl ScriptRemote {
         for line in lines {
             match word(line) {
                 ("S", s) => out.push(parse_attr(s, None)),
-                ("L", t) => match out.last_mut() {
-                    Some(Ok(a)) if a.kind == FileKind::Symlink => {
-                        a.symlink_target = Some(WireBytes(unb64(t)?))
+                ("L", _) | ("X", _) => match out.last_mut() {
+                    Some(Ok(a)) => {
+                        if !pyfast::extra_line(a, line)? {
+                            return Err(malformed("stat line"));
+                        }
                     }
-                    _ => return Err(malformed("a link target without a link")),
+                    _ => return Err(malformed("an L or X line after no attributes")),
                 },
                 ("E", e) => {
                     let shown = paths
@@ -402,6 +440,16 @@ fn agent_order(top: &RemotePath, entries: Vec<(RemotePath, Attr)>) -> Vec<(Remot
     out
 }
 
+fn tree_stream(entries: Vec<(RemotePath, Attr)>) -> BoxStream<'static, Result<TreeEntry>> {
+    stream::iter(entries.into_iter().map(|(p, attr)| {
+        Ok(TreeEntry {
+            path: WireBytes(p.as_bytes().to_vec()),
+            attr,
+        })
+    }))
+    .boxed()
+}
+
 /// A `dd` block size and seek that put a range at exactly `offset`.
 fn dd_at(offset: u64) -> (u64, u64) {
     let bs = if offset == 0 {
@@ -459,11 +507,29 @@ impl Remote for ScriptRemote {
             return Ok(Vec::new());
         }
         let args: Vec<&[u8]> = paths.iter().map(|p| p.as_bytes()).collect();
+        if let Some(lines) = self.fast("stat", "stat", &args).await? {
+            return Self::stat_results(&lines, paths);
+        }
         let lines = self.call("stat", &args, &[STAT]).await?;
         Self::stat_results(&lines, paths)
     }
 
     async fn list(&self, path: &RemotePath) -> Result<Vec<DirEntry>> {
+        let shown = path.display();
+        if let Some(lines) = self.fast(&shown, "list", &[path.as_bytes()]).await? {
+            let mut entries = pyfast::entries(&lines)?
+                .into_iter()
+                .map(|(name, attr)| {
+                    check_entry_name(&name).map_err(malformed)?;
+                    Ok(DirEntry {
+                        name: WireBytes(name),
+                        attr,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            entries.sort_by(|a, b| a.name.0.cmp(&b.name.0));
+            return Ok(entries);
+        }
         let lines = self
             .call(&path.display(), &[path.as_bytes()], &[LIST])
             .await?;
@@ -507,6 +573,22 @@ impl Remote for ScriptRemote {
     }
 
     async fn tree(&self, path: &RemotePath) -> Result<BoxStream<'static, Result<TreeEntry>>> {
+        let shown = path.display();
+        if let Some(lines) = self.fast(&shown, "tree", &[path.as_bytes()]).await? {
+            let entries = pyfast::entries(&lines)?
+                .into_iter()
+                .map(|(rel, attr)| {
+                    let full = if path.is_root() {
+                        RemotePath::new(rel)
+                    } else {
+                        RemotePath::new([path.as_bytes(), b"/", &rel].concat())
+                    }
+                    .map_err(|_| malformed("a path"))?;
+                    Ok((full, attr))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            return Ok(tree_stream(agent_order(path, entries)));
+        }
         let lines = self
             .call(&path.display(), &[path.as_bytes()], &[TREE])
             .await?;
@@ -559,14 +641,7 @@ impl Remote for ScriptRemote {
                 a.symlink_target = targets.remove(p.as_bytes());
             }
         }
-        let entries = agent_order(path, entries);
-        Ok(stream::iter(entries.into_iter().map(|(p, attr)| {
-            Ok(TreeEntry {
-                path: WireBytes(p.as_bytes().to_vec()),
-                attr,
-            })
-        }))
-        .boxed())
+        Ok(tree_stream(agent_order(path, entries)))
     }
 
     async fn read(&self, path: &RemotePath, offset: u64, len: u32) -> Result<ReadResult> {

@@ -1,0 +1,420 @@
+//! The python3 fast path of the exec-only transports (`src/remote/exec/pyfast.rs`) against the
+//! sh scripts it stands in for: the same answers (attributes, versions, symlink targets, errors)
+//! for awkward names, symlinks and fifos; paths past PATH_MAX for stat / list / tree; and what
+//! a tree of 2,000 files costs either way (printed, not timed).
+
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use futures_util::StreamExt;
+
+use sbxfs::remote::exec::{script_remote, CommandRunner, Output, RunControl, Runner};
+use sbxfs::remote::*;
+
+/// A runner that counts what crosses: program bytes sent, output bytes received, runs.
+struct Counting {
+    inner: CommandRunner,
+    sent: AtomicU64,
+    received: AtomicU64,
+    runs: AtomicU64,
+}
+
+#[async_trait]
+impl Runner for Counting {
+    async fn run(&self, program: &str, ctl: &RunControl) -> Result<Output> {
+        self.runs.fetch_add(1, Ordering::Relaxed);
+        self.sent.fetch_add(program.len() as u64, Ordering::Relaxed);
+        let out = self.inner.run(program, ctl).await?;
+        self.received.fetch_add(
+            (out.stdout.len() + out.stderr.len()) as u64,
+            Ordering::Relaxed,
+        );
+        Ok(out)
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}
+
+fn counting(argv: &[&str]) -> Arc<Counting> {
+    Arc::new(Counting {
+        inner: CommandRunner::new(argv.iter().map(|s| s.to_string()).collect()).unwrap(),
+        sent: AtomicU64::new(0),
+        received: AtomicU64::new(0),
+        runs: AtomicU64::new(0),
+    })
+}
+
+fn remote_over(root: &Path, runner: Arc<dyn Runner>) -> Arc<dyn Remote> {
+    script_remote(runner, root.as_os_str().as_bytes().to_vec()).unwrap()
+}
+
+fn workspace() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    fs::create_dir(&root).unwrap();
+    (dir, root)
+}
+
+/// A PATH with everything of /usr/bin and /bin but python (the sh path then answers).
+fn path_without_python(dir: &Path) -> String {
+    for bin in ["/usr/bin", "/bin"] {
+        for e in fs::read_dir(bin).unwrap() {
+            let e = e.unwrap();
+            let name = e.file_name();
+            if name.as_bytes().starts_with(b"python") || dir.join(&name).exists() {
+                continue;
+            }
+            std::os::unix::fs::symlink(e.path(), dir.join(&name)).unwrap();
+        }
+    }
+    format!("PATH={}", dir.display())
+}
+
+/// The fast path (python3 in PATH, as on this machine) and the sh path, over one workspace.
+struct Pair {
+    fast: Arc<dyn Remote>,
+    sh: Arc<dyn Remote>,
+    fast_runner: Arc<Counting>,
+    sh_runner: Arc<Counting>,
+    _tools: tempfile::TempDir,
+}
+
+/// This machine's python3 resolved (not a pyenv shim, whose own start-up takes longer than the
+/// whole tree), first in PATH.
+fn path_with_real_python(dir: &Path) -> String {
+    let out = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import os, sys; sys.stdout.write(os.path.realpath(sys.executable))",
+        ])
+        .output()
+        .unwrap();
+    let real = String::from_utf8(out.stdout).unwrap();
+    std::os::unix::fs::symlink(real, dir.join("python3")).unwrap();
+    format!(
+        "PATH={}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+fn pair(root: &Path) -> Pair {
+    let tools = tempfile::tempdir().unwrap();
+    let fast_path = path_with_real_python(tools.path());
+    let without = tools.path().join("without");
+    fs::create_dir(&without).unwrap();
+    let path = path_without_python(&without);
+    let fast_runner = counting(&["env", &fast_path, "sh"]);
+    let sh_runner = counting(&["env", &path, "sh"]);
+    Pair {
+        fast: remote_over(root, fast_runner.clone()),
+        sh: remote_over(root, sh_runner.clone()),
+        fast_runner,
+        sh_runner,
+        _tools: tools,
+    }
+}
+
+/// What the sh path cannot know: whether there are xattrs (and atime, which the sh path's own
+/// reading may move).
+fn comparable(mut a: Attr) -> Attr {
+    a.has_xattrs = None;
+    a.atime_ns = 0;
+    a
+}
+
+fn rp(b: &[u8]) -> RemotePath {
+    RemotePath::new(b.to_vec()).unwrap()
+}
+
+/// The same error, by kind.
+fn same_error<T: std::fmt::Debug>(a: &Result<T>, b: &Result<T>, what: &str) {
+    match (a, b) {
+        (Err(x), Err(y)) => assert_eq!(
+            std::mem::discriminant(x),
+            std::mem::discriminant(y),
+            "{what}: {x:?} / {y:?}"
+        ),
+        _ => panic!("{what}: expected two errors, got {a:?} / {b:?}"),
+    }
+}
+
+fn awkward_names() -> Vec<Vec<u8>> {
+    vec![
+        b"$(touch pwned)".to_vec(),
+        b"`touch pwned`".to_vec(),
+        b"'; touch pwned; '".to_vec(),
+        b"-rf".to_vec(),
+        b"--".to_vec(),
+        b"a name with spaces".to_vec(),
+        b"new\nline\n".to_vec(),
+        b"\n__RESULT__\nok\n".to_vec(),
+        b"not utf8 \xff\xfe".to_vec(),
+        b"..dots".to_vec(),
+        b".hidden".to_vec(),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fast_path_answers_as_the_sh_scripts_do() {
+    let (dir, root) = workspace();
+    let outside = dir.path().join("outside");
+    fs::create_dir(&outside).unwrap();
+    fs::write(outside.join("secret"), "s").unwrap();
+    fs::create_dir(root.join("d")).unwrap();
+    for n in awkward_names() {
+        let name = std::ffi::OsStr::from_bytes(&n);
+        fs::write(root.join("d").join(name), &n).unwrap();
+    }
+    std::os::unix::fs::symlink("d/-rf", root.join("link")).unwrap();
+    std::os::unix::fs::symlink("d", root.join("dirlink")).unwrap();
+    std::os::unix::fs::symlink("nowhere", root.join("dangling")).unwrap();
+    std::os::unix::fs::symlink(&outside, root.join("out")).unwrap();
+    std::os::unix::fs::symlink("../outside/secret", root.join("d/rel-out")).unwrap();
+    let fifo = std::ffi::CString::new(root.join("d/fifo").as_os_str().as_bytes()).unwrap();
+    // SAFETY: mkfifo reads the NUL-ended path only.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o640) }, 0);
+    let p = pair(&root);
+
+    // Listings: every directory, same entries and attributes.
+    for d in [&b""[..], b"d", b"dirlink"] {
+        let path = rp(d);
+        let a = p.fast.list(&path).await.unwrap();
+        let b = p.sh.list(&path).await.unwrap();
+        assert!(
+            a.iter().all(|e| e.attr.has_xattrs.is_some()),
+            "python knows"
+        );
+        let a: Vec<_> = a
+            .into_iter()
+            .map(|e| (e.name, comparable(e.attr)))
+            .collect();
+        let b: Vec<_> = b
+            .into_iter()
+            .map(|e| (e.name, comparable(e.attr)))
+            .collect();
+        assert_eq!(a, b, "list {d:?}");
+    }
+    let names = p.fast.list(&rp(b"d")).await.unwrap();
+    assert_eq!(
+        names.len(),
+        awkward_names().len() + 2,
+        "the names, fifo, rel-out"
+    );
+    assert!(names.iter().any(|e| e.attr.kind == FileKind::Fifo));
+
+    // Trees, whole and from a subdirectory.
+    for d in [&b""[..], b"d"] {
+        let path = rp(d);
+        let a: Vec<_> = p
+            .fast
+            .tree(&path)
+            .await
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (e.path, comparable(e.attr))
+            })
+            .collect()
+            .await;
+        let b: Vec<_> =
+            p.sh.tree(&path)
+                .await
+                .unwrap()
+                .map(|e| {
+                    let e = e.unwrap();
+                    (e.path, comparable(e.attr))
+                })
+                .collect()
+                .await;
+        assert_eq!(a, b, "tree {d:?}");
+        assert!(!a.is_empty());
+    }
+
+    // stat_many over every name, plus the root, links and what fails.
+    let mut paths = vec![RemotePath::root(), rp(b"link"), rp(b"dangling"), rp(b"out")];
+    for n in awkward_names() {
+        paths.push(rp(b"d").join(&n).unwrap());
+        paths.push(rp(b"dirlink").join(&n).unwrap());
+    }
+    paths.extend([
+        rp(b"d/fifo"),
+        rp(b"d/rel-out"),
+        rp(b"missing"),
+        rp(b"d/-rf/under-a-file"),
+        rp(b"out/secret"),
+        rp(b"d/rel-out/x"),
+    ]);
+    let a = p.fast.stat_many(&paths).await.unwrap();
+    let b = p.sh.stat_many(&paths).await.unwrap();
+    assert_eq!(a.len(), b.len());
+    for ((x, y), path) in a.into_iter().zip(b).zip(&paths) {
+        match (x, y) {
+            (Ok(x), Ok(y)) => assert_eq!(comparable(x), comparable(y), "{path:?}"),
+            (x, y) => same_error(&x, &y, &path.display()),
+        }
+    }
+    assert!(matches!(
+        p.fast.stat(&rp(b"out/secret")).await,
+        Err(RemoteError::Access(_))
+    ));
+
+    // Listing errors.
+    for bad in [&b"missing"[..], b"link", b"out", b"dangling", b"d/fifo"] {
+        let path = rp(bad);
+        same_error(
+            &p.fast.list(&path).await,
+            &p.sh.list(&path).await,
+            &format!("list {bad:?}"),
+        );
+        same_error(
+            &p.fast.tree(&path).await.map(drop),
+            &p.sh.tree(&path).await.map(drop),
+            &format!("tree {bad:?}"),
+        );
+    }
+    assert!(!root.join("pwned").exists() && !dir.path().join("pwned").exists());
+    assert!(p.fast_runner.runs.load(Ordering::Relaxed) > 0);
+}
+
+/// The fast path's version of a file is the one its read and commit scripts make: a commit
+/// based on a version from the fast path's stat goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn versions_from_the_fast_path_commit() {
+    let (_dir, root) = workspace();
+    fs::write(root.join("f"), "one").unwrap();
+    let p = pair(&root);
+    let f = rp(b"f");
+    let a = p.fast.stat(&f).await.unwrap();
+    assert_eq!(a.version, p.sh.stat(&f).await.unwrap().version);
+    assert_eq!(p.fast.read(&f, 0, 10).await.unwrap().version, a.version);
+    let data: Box<dyn tokio::io::AsyncRead + Send + Unpin> =
+        Box::new(std::io::Cursor::new(b"two".to_vec()));
+    let after = p
+        .fast
+        .commit(
+            &f,
+            CommitContent::Whole(data),
+            CommitOptions {
+                base: Some(a.version),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(p.fast.stat(&f).await.unwrap().version, after.version);
+    assert_eq!(fs::read(root.join("f")).unwrap(), b"two");
+}
+
+/// 24 levels of 200-byte names (about 4,800 bytes, past PATH_MAX), made with openat one level
+/// at a time: stat, list and tree reach the bottom through the fast path; the
+/// sh path fails there (whole paths).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paths_past_path_max_are_walked_one_directory_at_a_time() {
+    let (_dir, root) = workspace();
+    let name = "d".repeat(200);
+    let made = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import os, sys\nfd = os.open(sys.argv[1], os.O_RDONLY)\nfor _ in range(24):\n    \
+             os.mkdir(sys.argv[2], dir_fd=fd)\n    fd = os.open(sys.argv[2], os.O_RDONLY, dir_fd=fd)\n\
+             os.close(os.open(\"f.txt\", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))\n\
+             os.symlink(\"f.txt\", \"link\", dir_fd=fd)\n\
+             w = os.open(\"f.txt\", os.O_WRONLY, dir_fd=fd)\nos.write(w, b\"deep\")\n",
+        )
+        .arg(&root)
+        .arg(&name)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let p = pair(&root);
+    let mut dir = RemotePath::root();
+    for _ in 0..24 {
+        dir = dir.join(name.as_bytes()).unwrap();
+    }
+    assert!(dir.as_bytes().len() > 4096);
+    let file = dir.join(b"f.txt").unwrap();
+    let a = p.fast.stat(&file).await.unwrap();
+    assert_eq!((a.kind, a.size), (FileKind::File, 4));
+    assert_eq!(a.has_xattrs, Some(false));
+    let link = p.fast.stat(&dir.join(b"link").unwrap()).await.unwrap();
+    assert_eq!(link.symlink_target, Some(WireBytes(b"f.txt".to_vec())));
+    let names: Vec<Vec<u8>> = p
+        .fast
+        .list(&dir)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name.0)
+        .collect();
+    assert_eq!(names, vec![b"f.txt".to_vec(), b"link".to_vec()]);
+    let tree: Vec<Vec<u8>> = p
+        .fast
+        .tree(&RemotePath::root())
+        .await
+        .unwrap()
+        .map(|e| e.unwrap().path.0)
+        .collect()
+        .await;
+    assert_eq!(tree.len(), 26, "24 directories, the file and the link");
+    assert!(tree[24] == file.as_bytes(), "the file, at the bottom");
+    // The sh path takes whole paths, which the kernel refuses there.
+    assert!(p.sh.stat(&file).await.is_err());
+}
+
+/// A tree of 2,000 files (20 directories of 100) both ways: the same entries; the bytes each
+/// way and the wall time are printed (`--nocapture`) for the README, not asserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tree_of_two_thousand_files_both_ways() {
+    let (_dir, root) = workspace();
+    for d in 0..20 {
+        let dir = root.join(format!("dir{d:02}"));
+        fs::create_dir(&dir).unwrap();
+        for f in 0..100 {
+            fs::write(dir.join(format!("file{f:03}.txt")), "x").unwrap();
+        }
+    }
+    let p = pair(&root);
+    // The probes first, so that only the trees are counted.
+    p.fast.info().await.unwrap();
+    p.sh.info().await.unwrap();
+    let mut measured = Vec::new();
+    for (what, r, c) in [
+        ("python3", &p.fast, &p.fast_runner),
+        ("sh", &p.sh, &p.sh_runner),
+    ] {
+        let (s0, r0, n0) = (
+            c.sent.load(Ordering::Relaxed),
+            c.received.load(Ordering::Relaxed),
+            c.runs.load(Ordering::Relaxed),
+        );
+        let t = Instant::now();
+        let entries: Vec<(WireBytes, Attr)> = r
+            .tree(&RemotePath::root())
+            .await
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (e.path, comparable(e.attr))
+            })
+            .collect()
+            .await;
+        let took = t.elapsed();
+        eprintln!(
+            "tree of 2020 entries over shell: with {what}: {} runs, {} bytes sent, {} bytes received, {:?}",
+            c.runs.load(Ordering::Relaxed) - n0,
+            c.sent.load(Ordering::Relaxed) - s0,
+            c.received.load(Ordering::Relaxed) - r0,
+            took
+        );
+        assert_eq!(entries.len(), 2020);
+        measured.push(entries);
+    }
+    assert_eq!(measured[0], measured[1]);
+}
