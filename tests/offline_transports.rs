@@ -151,6 +151,27 @@ fn offline_scenario(root: &Path, mount: &MountProcess, outage: &mut dyn Outage) 
         "one\ntwo\n"
     );
 
+    // `ctl status` says so, and keeps saying so while it is away (no probe may pass for an
+    // answer without reaching the sandbox).
+    let reachable = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_sbxfs"))
+            .args(["ctl", "--mount", mount.dir.to_str().unwrap(), "status", "--json"])
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("ctl status: {e}: {out:?}"));
+        v["reachable"].as_bool().unwrap_or_else(|| panic!("{v}"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while reachable() {
+        assert!(Instant::now() < deadline, "{}", ctx("status never said unreachable"));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for _ in 0..15 {
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!reachable(), "{}", ctx("status said reachable again"));
+    }
+
     outage.restore();
     wait_for(
         &root.join("dir/new.txt"),

@@ -477,6 +477,11 @@ fn touch_time(ns: i64) -> String {
 #[async_trait]
 impl Remote for ScriptRemote {
     async fn info(&self) -> Result<RemoteInfo> {
+        // The probe is learned once; a later `info` is the mount's "does it answer?" and must
+        // reach the sandbox, or a dead link would look alive.
+        if self.probe.get().is_some() {
+            self.statfs().await?;
+        }
         let probe = self.probe().await?;
         Ok(RemoteInfo {
             protocol: wire::PROTOCOL_VERSION,
