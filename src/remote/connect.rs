@@ -150,6 +150,7 @@ pub async fn connect_reporting(
         RemoteError::Invalid(m) => ConnectError::Usage(m),
         other => ConnectError::Remote(other),
     })?;
+    check_options_apply(scheme, opts).map_err(ConnectError::Usage)?;
     let mut c = match scheme {
         Scheme::Http => connect_http(url, opts, waiting).await?,
         Scheme::Ssh => super::ssh::connect(url, opts).await?,
@@ -160,6 +161,32 @@ pub async fn connect_reporting(
     let call = opts.call_timeout.unwrap_or(super::deadline::CALL);
     c.remote = Arc::new(Deadlines::with_call_deadline(Retrying::new(c.remote), call));
     Ok(c)
+}
+
+/// An option meant for another transport is a mistake worth saying (`--exec` with `shell:`
+/// would otherwise be silently ignored and the mount would reach somewhere else than meant).
+fn check_options_apply(scheme: Scheme, opts: &ConnectOptions) -> std::result::Result<(), String> {
+    let misplaced = |flag: &str, for_what: &str| {
+        format!(
+            "{flag} is only for {for_what} URLs (this one is {})",
+            format!("{scheme:?}").to_lowercase()
+        )
+    };
+    if opts.exec.is_some() && scheme != Scheme::Exec {
+        return Err(misplaced("--exec", "exec:"));
+    }
+    if (opts.ssh_command.is_some() || opts.ssh_config.is_some()) && scheme != Scheme::Ssh {
+        return Err(misplaced("-F / -o ssh_command", "ssh://"));
+    }
+    if (opts.ca_file.is_some() || opts.header_file.is_some())
+        && !matches!(scheme, Scheme::Http | Scheme::AgentScope)
+    {
+        return Err(misplaced(
+            "--ca-file / --header-file",
+            "http(s):// and agentscope+http(s)://",
+        ));
+    }
+    Ok(())
 }
 
 /// Our agent over http or https: `--ca-file` and `--header-file` loaded, the first contact
@@ -196,6 +223,39 @@ async fn connect_http(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn an_option_for_another_transport_is_a_usage_error() {
+        let cases: [(&str, ConnectOptions); 3] = [
+            (
+                "shell:/tmp",
+                ConnectOptions {
+                    exec: Some("sh".into()),
+                    ..Default::default()
+                },
+            ),
+            (
+                "exec:/tmp",
+                ConnectOptions {
+                    exec: Some("sh".into()),
+                    ssh_config: Some("/dev/null".into()),
+                    ..Default::default()
+                },
+            ),
+            (
+                "ssh://h/tmp",
+                ConnectOptions {
+                    ca_file: Some("/dev/null".into()),
+                    ..Default::default()
+                },
+            ),
+        ];
+        for (url, opts) in cases {
+            let e = connect_reporting(url, &opts, |_| {}).await.err().unwrap();
+            assert_eq!(e.exit_code(), EXIT_USAGE, "{url}: {e}");
+            assert!(e.to_string().contains("is only for"), "{url}: {e}");
+        }
+    }
 
     #[tokio::test]
     async fn an_unknown_scheme_is_a_usage_error_naming_the_forms() {
