@@ -155,7 +155,13 @@ fn offline_scenario(root: &Path, mount: &MountProcess, outage: &mut dyn Outage) 
     // answer without reaching the sandbox).
     let reachable = || {
         let out = Command::new(env!("CARGO_BIN_EXE_sbxfs"))
-            .args(["ctl", "--mount", mount.dir.to_str().unwrap(), "status", "--json"])
+            .args([
+                "ctl",
+                "--mount",
+                mount.dir.to_str().unwrap(),
+                "status",
+                "--json",
+            ])
             .output()
             .unwrap();
         let v: serde_json::Value = serde_json::from_slice(&out.stdout)
@@ -164,7 +170,11 @@ fn offline_scenario(root: &Path, mount: &MountProcess, outage: &mut dyn Outage) 
     };
     let deadline = Instant::now() + Duration::from_secs(20);
     while reachable() {
-        assert!(Instant::now() < deadline, "{}", ctx("status never said unreachable"));
+        assert!(
+            Instant::now() < deadline,
+            "{}",
+            ctx("status never said unreachable")
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     for _ in 0..15 {

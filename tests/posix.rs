@@ -476,6 +476,78 @@ fn a_killed_daemon_leaves_its_edits_for_the_next_mount_to_push() {
     }
 }
 
+/// An edit left by a killed daemon that the sandbox now refuses for good (its directory was
+/// removed meanwhile) is not kept for ever, unseen: its bytes are saved under the staging
+/// directory's `unpushed/`, at its sandbox path.
+#[test]
+fn an_edit_left_by_a_killed_daemon_that_cannot_land_is_saved_as_a_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    fs::create_dir_all(root.join("sub")).unwrap();
+    let cache = dir.path().join("cache");
+    let mut agent = AgentProcess::start(&root);
+    let addr = agent.addr;
+    let url = agent.url.clone();
+    let token = agent.token.clone();
+    let mut mount = MountProcess::start_url_cache(&url, &token, &[], Some(&cache));
+    assert!(fs::read_dir(mount.dir.join("sub"))
+        .unwrap()
+        .next()
+        .is_none());
+    agent.kill();
+    {
+        let mut f = fs::File::create(mount.dir.join("sub/new.txt")).unwrap();
+        f.write_all(b"made while away").unwrap();
+        let _ = f.sync_all();
+    }
+    let child = mount.child.as_mut().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(mount);
+    // Meanwhile the sandbox loses the directory.
+    fs::remove_dir(root.join("sub")).unwrap();
+    let _agent = AgentProcess::start_on(&root, addr);
+    let mount = MountProcess::start_url_cache(&url, &token, &[], Some(&cache));
+    // Every file under the cache, by path (the staging directory is one per sandbox).
+    let files = || {
+        let mut out = Vec::new();
+        let mut todo = vec![cache.clone()];
+        while let Some(d) = todo.pop() {
+            for e in fs::read_dir(&d).into_iter().flatten().flatten() {
+                if e.file_type().unwrap().is_dir() {
+                    todo.push(e.path());
+                } else {
+                    out.push(e.path());
+                }
+            }
+        }
+        out
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let copy = loop {
+        if let Some(c) = files()
+            .into_iter()
+            .find(|p| p.ends_with("unpushed/sub/new.txt"))
+        {
+            break c;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no copy saved; log: {}",
+            mount.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(fs::read_to_string(&copy).unwrap(), "made while away");
+    assert!(!root.join("sub").exists());
+    // The journal is gone: nothing is left staged for a next mount to try again.
+    let journals: Vec<_> = files()
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|x| x == "meta"))
+        .collect();
+    assert!(journals.is_empty(), "{journals:?}");
+}
+
 #[test]
 fn two_conflict_copies_in_one_second_never_overwrite_each_other() {
     let s = setup();

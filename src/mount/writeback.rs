@@ -915,6 +915,27 @@ impl FsCore {
                         j.remove();
                     }
                 }
+                Err(e) if !unreachable(&e) && s.complete() => {
+                    // Refused for good (its directory is gone, no permission, too large): a
+                    // journal kept for ever would be retried by no one and shown nowhere. The
+                    // bytes go where a stop while unreachable puts them, and the log says where.
+                    let saved = s.read_local(0, s.len).and_then(|data| {
+                        write_unique(&self.cfg.staging_dir.join("unpushed"), &path, &data)
+                    });
+                    match saved {
+                        Ok(copy) => {
+                            tracing::error!(file = %path.display(), saved_as = %copy.display(),
+                                "an unpushed edit from an earlier mount cannot be pushed ({e}); saved a copy");
+                            if let Some(j) = s.journal.take() {
+                                j.remove();
+                            }
+                        }
+                        Err(io) => {
+                            left += 1;
+                            tracing::error!(file = %path.display(), "unpushed edit from an earlier mount still not pushed (kept): {e}; no copy either: {io}");
+                        }
+                    }
+                }
                 Err(e) => {
                     left += 1;
                     tracing::error!(file = %path.display(), "unpushed edit from an earlier mount still not pushed (kept): {e}");
