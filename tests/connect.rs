@@ -71,6 +71,19 @@ fn https_without_the_ca_is_one_tls_line_and_exit_6() {
 }
 
 #[test]
+fn plain_http_to_a_tls_agent_says_use_https_and_exits_6() {
+    let Some(ca) = TestCa::new() else { return };
+    let ws = tempfile::tempdir().unwrap();
+    let agent = tls_agent(&ca, &["IP:127.0.0.1"], ws.path());
+    let plain = agent.url.replace("https://", "http://");
+    assert_one_line(
+        mount_fails(&plain, &[]),
+        6,
+        "the server answered in TLS, not plain http: use https://",
+    );
+}
+
+#[test]
 fn a_certificate_for_another_host_is_named_as_such() {
     let Some(ca) = TestCa::new() else { return };
     let ws = tempfile::tempdir().unwrap();

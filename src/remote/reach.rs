@@ -182,6 +182,13 @@ pub fn classify(url: &str, e: &reqwest::Error, waited: Duration) -> ReachError {
             tls(UNTRUSTED.into())
         }
         None if https && e.is_connect() => handshake(chain.last().map_or("", String::as_str)),
+        // A TLS server answers a plain request with a handshake record, which hyper reads as
+        // a bad HTTP version.
+        None if !https && chain.iter().any(|m| m.contains("invalid HTTP version")) => tls(
+            "the server answered in TLS, not plain http: use https:// (with --ca-file if its \
+             certificate is not from a public CA)"
+                .into(),
+        ),
         None => ReachError::Other {
             url: url_s,
             why: describe(e),
