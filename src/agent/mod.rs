@@ -416,18 +416,19 @@ pub async fn serve(cfg: AgentConfig) -> anyhow::Result<()> {
         })?;
     // Signals are caught before the ready line: a SIGTERM right after it stops the agent cleanly.
     let shutdown = shutdown_signal()?;
+    let shown = match (&cfg.tls, addr.to_string()) {
+        (Some(_), a) if a.starts_with("http://") => a.replacen("http://", "https://", 1),
+        (_, a) => a,
+    };
     tracing::info!(
-        %addr,
+        addr = %shown,
         root = %ws.root_path().display(),
         landlock = cfg.confinement.as_str(),
         "agent ready"
     );
     println!(
         "sbxfs agent listening on {} root={}",
-        match (&cfg.tls, addr.to_string()) {
-            (Some(_), a) if a.starts_with("http://") => a.replacen("http://", "https://", 1),
-            (_, a) => a,
-        },
+        shown,
         ws.root_path().display()
     );
     use std::io::Write;
