@@ -66,6 +66,16 @@ async fn sequential_ranges_over_ssh_scripts_come_back_whole() {
 /// A cold `cat` of 16 MiB through a mount over `?agent=no`: equal bytes; the time printed.
 #[test]
 fn a_cold_cat_through_a_scripts_mount_reads_the_file() {
+    cold_cat(None);
+}
+
+/// The same behind the project's delaying proxy (5 ms each way, as the distance benchmark).
+#[test]
+fn a_cold_cat_through_a_scripts_mount_5ms_away_reads_the_file() {
+    cold_cat(Some(std::time::Duration::from_millis(5)));
+}
+
+fn cold_cat(delay: Option<std::time::Duration>) {
     if !std::path::Path::new("/usr/sbin/sshd").exists()
         || !std::path::Path::new("/dev/fuse").exists()
     {
@@ -75,14 +85,33 @@ fn a_cold_cat_through_a_scripts_mount_reads_the_file() {
     let size: usize = 16 * 1024 * 1024;
     let data: Vec<u8> = (0..size).map(|i| (i * 7 + i / 4093) as u8).collect();
     std::fs::write(sb.root.join("big.bin"), &data).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let _proxy = delay.map(|d| {
+        let sshd = sb.sshd.as_ref().unwrap();
+        let p = rt
+            .block_on(sbxfs::proxy::Proxy::start(
+                "127.0.0.1:0".parse().unwrap(),
+                ([127, 0, 0, 1], sshd.port).into(),
+                d,
+            ))
+            .unwrap();
+        common::sshbox::write_config(&sb.config, p.addr.port(), &sshd.key);
+        p
+    });
     let config = sb.config.display().to_string();
     let m = common::MountProcess::start_url(&sb.url("?agent=no"), "unused", &["-F", &config]);
     let start = Instant::now();
     let back = std::fs::read(m.dir.join("big.bin")).unwrap();
     let secs = start.elapsed().as_secs_f64();
+    let moved = _proxy.as_ref().map(|p| p.counters.total());
     assert!(back == data, "the bytes read differ from the file");
+    println!("bytes through the proxy (mount included): {moved:?}");
     println!(
-        "cold cat of 16 MiB: {secs:.2} s, {:.1} MB/s",
+        "cold cat of 16 MiB ({delay:?} each way): {secs:.2} s, {:.1} MB/s",
         size as f64 / secs / 1e6
     );
 }
