@@ -1181,27 +1181,6 @@ pub async fn absolute(remote: &ScriptRemote, path: &RemotePath) -> Result<Vec<u8
     Ok(remote.abs(probe, path))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn dd_lands_ranges_exactly() {
-        assert_eq!(dd_at(0), (MAX_DD_BLOCK, 0));
-        assert_eq!(dd_at(4096), (4096, 1));
-        assert_eq!(dd_at(3), (1, 3));
-        assert_eq!(dd_at(1 << 20), (MAX_DD_BLOCK, 16));
-        let (bs, seek) = dd_at(12_288);
-        assert_eq!(bs * seek, 12_288);
-    }
-
-    #[test]
-    fn touch_times_keep_nanoseconds() {
-        assert_eq!(touch_time(1_500_000_000), "1.500000000");
-        assert_eq!(touch_time(-1_500_000_000), "-1.500000000");
-    }
-}
-
 /// `scripts/read.sh`'s answer: the range with the version it was read at, `None` when the
 /// file changed during the read (the stat lines before and after differ).
 fn parse_raw_read(out: &super::Output, shown: &str, len: u32) -> Result<Option<ReadResult>> {
@@ -1258,4 +1237,25 @@ fn parse_raw_read(out: &super::Output, shown: &str, len: u32) -> Result<Option<R
         data: Bytes::copy_from_slice(data),
         version: attr.version,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dd_lands_ranges_exactly() {
+        assert_eq!(dd_at(0), (MAX_DD_BLOCK, 0));
+        assert_eq!(dd_at(4096), (4096, 1));
+        assert_eq!(dd_at(3), (1, 3));
+        assert_eq!(dd_at(1 << 20), (MAX_DD_BLOCK, 16));
+        let (bs, seek) = dd_at(12_288);
+        assert_eq!(bs * seek, 12_288);
+    }
+
+    #[test]
+    fn touch_times_keep_nanoseconds() {
+        assert_eq!(touch_time(1_500_000_000), "1.500000000");
+        assert_eq!(touch_time(-1_500_000_000), "-1.500000000");
+    }
 }
