@@ -559,3 +559,182 @@ async fn without_rg_a_literal_downloads_only_the_files_that_hold_it() {
         "literal {literal_bytes} vs regex {regex_bytes}"
     );
 }
+
+/// `sbxfs grep -l` (and `-c`, `--files`) prints: the CLI always asks for printed output. With
+/// rg in the sandbox those run there, one program, and print exactly the agent's bytes;
+/// printed lines and `--files-without-match` are still searched here, equal too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn printed_file_lists_and_counts_run_in_the_sandbox_as_the_agent_prints() {
+    use sbxfs::search::print::{PrintKind, PrintOptions};
+    let Some(sb) = sandboxes() else { return };
+    let r = &sb.root;
+    fs::create_dir_all(r.join("sub/deeper")).unwrap();
+    fs::write(r.join(".ignore"), "skipped/\n").unwrap();
+    fs::create_dir(r.join("skipped")).unwrap();
+    fs::write(r.join("skipped/x.txt"), "needle here\n").unwrap();
+    fs::write(r.join("sub/.gitignore"), "*.gen\n").unwrap();
+    fs::write(r.join("sub/a.gen"), "needle generated\n").unwrap();
+    fs::write(r.join(".hidden"), "needle needle hidden\n").unwrap();
+    fs::write(
+        r.join("sub/deeper/b.txt"),
+        "one\nNeedle two\nthree needle needle\nfour\r\nneedle at the end",
+    )
+    .unwrap();
+    fs::write(r.join("-dash file"), "needle-ish words\nneedles\n").unwrap();
+    fs::write(r.join("name\nwith newline"), "a needle\n").unwrap();
+    fs::write(r.join("bin.dat"), b"needle\0needle\n").unwrap();
+    fs::write(r.join("none.txt"), "nothing\n").unwrap();
+    let filler = "nothing to see on this line at all\n".repeat(30_000);
+    fs::write(r.join("big.txt"), &filler).unwrap();
+    let agent = AgentProcess::start(r);
+    let a = agent.client();
+    let with = remote_over(sb.with_rg.clone(), r);
+    assert!(with.info().await.unwrap().capabilities.server_search);
+    let print = |kind: PrintKind, f: &dyn Fn(&mut PrintOptions)| {
+        let mut p = PrintOptions {
+            kind,
+            shown_root: WireBytes(b"the/root".to_vec()),
+            ..Default::default()
+        };
+        f(&mut p);
+        Some(p)
+    };
+    let base = GrepOptions {
+        pattern: "needle".into(),
+        ..Default::default()
+    };
+    let all = sbxfs::search::walk::WalkOptions {
+        no_ignore: true,
+        hidden: true,
+        ..Default::default()
+    };
+    let variants: Vec<(&str, GrepOptions, bool)> = vec![
+        (
+            "-l",
+            GrepOptions {
+                print: print(PrintKind::FilesWithMatches, &|_| {}),
+                ..base.clone()
+            },
+            true,
+        ),
+        (
+            "-l, no shown root, coloured",
+            GrepOptions {
+                print: print(PrintKind::FilesWithMatches, &|p| {
+                    p.shown_root = WireBytes(Vec::new());
+                    p.color = true;
+                }),
+                ..base.clone()
+            },
+            true,
+        ),
+        (
+            "-l -uu -i with context",
+            GrepOptions {
+                print: print(PrintKind::FilesWithMatches, &|_| {}),
+                case_insensitive: true,
+                before_context: 2,
+                walk: all.clone(),
+                ..base.clone()
+            },
+            true,
+        ),
+        (
+            "-l --glob",
+            GrepOptions {
+                print: print(PrintKind::FilesWithMatches, &|_| {}),
+                walk: sbxfs::search::walk::WalkOptions {
+                    globs: vec!["*.txt".into()],
+                    hidden: true,
+                    ..Default::default()
+                },
+                ..base.clone()
+            },
+            true,
+        ),
+        (
+            "-l -v",
+            GrepOptions {
+                print: print(PrintKind::FilesWithMatches, &|_| {}),
+                invert: true,
+                ..base.clone()
+            },
+            true,
+        ),
+        (
+            "-c",
+            GrepOptions {
+                print: print(PrintKind::Count, &|_| {}),
+                walk: all.clone(),
+                ..base.clone()
+            },
+            true,
+        ),
+        (
+            "-c -o --text",
+            GrepOptions {
+                print: print(PrintKind::Count, &|p| p.only_matching = true),
+                binary: true,
+                walk: all.clone(),
+                ..base.clone()
+            },
+            true,
+        ),
+        (
+            "--files-without-match",
+            GrepOptions {
+                print: print(PrintKind::FilesWithoutMatch, &|_| {}),
+                walk: all.clone(),
+                ..base.clone()
+            },
+            false,
+        ),
+        (
+            "--files",
+            GrepOptions {
+                print: print(PrintKind::Files, &|_| {}),
+                ..base.clone()
+            },
+            true,
+        ),
+        (
+            "lines search here",
+            GrepOptions {
+                print: print(PrintKind::Lines, &|p| p.line_number = true),
+                ..base.clone()
+            },
+            false,
+        ),
+    ];
+    for (name, opts, remote) in variants {
+        for path in [
+            RemotePath::root(),
+            RemotePath::new(b"sub".to_vec()).unwrap(),
+        ] {
+            let want = grep_all(&a, &path, opts.clone()).await;
+            assert!(want.is_ok(), "{name}: {want:?}");
+            assert!(
+                want.as_ref()
+                    .unwrap()
+                    .iter()
+                    .any(|e| matches!(e, GrepEvent::Printed(_))),
+                "{name}: the agent printed nothing"
+            );
+            let (runs, bytes) = (
+                sb.with_rg.runs.load(Ordering::Relaxed),
+                sb.with_rg.bytes.load(Ordering::Relaxed),
+            );
+            assert_eq!(
+                grep_all(&*with, &path, opts.clone()).await,
+                want,
+                "{name} in {path:?}: with rg"
+            );
+            let one = sb.with_rg.runs.load(Ordering::Relaxed) - runs == 1;
+            assert_eq!(one, remote, "{name}: ran rg in the sandbox?");
+            let moved = sb.with_rg.bytes.load(Ordering::Relaxed) - bytes;
+            if remote {
+                assert!(moved < filler.len() as u64 / 10, "{name}: {moved} bytes");
+            }
+        }
+    }
+}

@@ -18,6 +18,7 @@ use super::remote::{Probe, ScriptRemote};
 use super::rgjson::{self, Answer};
 use super::{RunControl, Runner};
 use crate::search::grep::GrepOptions;
+use crate::search::print::PrintKind;
 
 const GREP_RG: &str = include_str!("scripts/grep_rg.sh");
 
@@ -268,6 +269,7 @@ pub async fn grep_in_sandbox(
     opts: &GrepOptions,
 ) -> Result<Option<Vec<GrepEvent>>> {
     // The agent's caps, so both answer the same.
+    let given_caps = opts.max_results.is_some() || opts.max_bytes.is_some();
     let mut opts = opts.clone();
     opts.max_results = Some(
         opts.max_results
@@ -282,7 +284,34 @@ pub async fn grep_in_sandbox(
     if !probe.tools.iter().any(|t| t == "rg") {
         return Ok(None);
     }
-    let plan = match rgjson::plan(&opts) {
+    // Printed output: rg finds the matching lines, and `-l`, `-c` and `--files` are printed
+    // here from them ([`printed_from`]).
+    // Lines need the files' other lines (numbers, context separators): searched here.
+    let printing = opts.print.as_ref().map(|p| p.kind);
+    // `--files-without-match` names a binary file rg quit at its first NUL without a line.
+    if matches!(
+        printing,
+        Some(PrintKind::Lines | PrintKind::FilesWithoutMatch)
+    ) {
+        tracing::debug!("grep searches here: printed lines or files without a match");
+        return Ok(None);
+    }
+    // Caps of the caller's: where a capped printed search stops follows the real walk.
+    if printing.is_some() && given_caps {
+        tracing::debug!("grep searches here: printed output with caps");
+        return Ok(None);
+    }
+    let mut rg_opts = opts.clone();
+    if printing.is_some() {
+        rg_opts.print = None;
+        rg_opts.before_context = 0;
+        rg_opts.after_context = 0;
+        // A file's name is printed or not on its first matching line: one is enough.
+        if printing != Some(PrintKind::Count) {
+            rg_opts.max_results = Some(1);
+        }
+    }
+    let plan = match rgjson::plan(&rg_opts) {
         Ok(plan) => plan,
         Err(why) => {
             tracing::debug!("grep searches here: {why}");
@@ -328,8 +357,84 @@ pub async fn grep_in_sandbox(
             tracing::debug!("grep searches here: {why}");
             Ok(None)
         }
+        Answer::Run(run) if printing.is_some() => printed_from(path, opts, run).await,
         Answer::Run(run) => rgjson::assemble(&opts, &matcher, run).map(Some),
     }
+}
+
+/// A summary kind of printed output from rg's matching lines: each searched file stands in a
+/// [`MemoryRemote`] holding only its matching lines, and the core searches and prints that
+/// as the agent prints the real file. Which lines match, their count and which files have
+/// any are the real file's, and that is all `-l`, `-c` and `--files` print. The walk there takes every stand-in (rg's listing already applied
+/// hidden, ignore files, globs and sizes). `None` (search here) when rg's output was cut
+/// or the answer reached its caps.
+async fn printed_from(
+    path: &RemotePath,
+    mut opts: GrepOptions,
+    run: rgjson::RgRun,
+) -> Result<Option<Vec<GrepEvent>>> {
+    if !run.complete {
+        tracing::debug!("grep searches here: rg's output was cut");
+        return Ok(None);
+    }
+    let m = MemoryRemote::new();
+    let sb = m.sandbox();
+    let fail = |e: RemoteError| RemoteError::Io(path.display(), e.to_string());
+    if !path.is_root() {
+        sb.mkdir_all(path.as_bytes()).map_err(fail)?;
+    }
+    let mut lines: std::collections::HashMap<Vec<u8>, Vec<rgjson::RgLine>> =
+        run.reported.into_iter().map(|(p, l, _)| (p, l)).collect();
+    for file in &run.files {
+        let mut full = path.as_bytes().to_vec();
+        if !full.is_empty() {
+            full.push(b'/');
+        }
+        full.extend_from_slice(file);
+        let full = RemotePath::new(full)?;
+        if let Some((parent, _)) = full.split_last() {
+            if !parent.is_root() {
+                sb.mkdir_all(parent.as_bytes()).map_err(fail)?;
+            }
+        }
+        let mut data = Vec::new();
+        for l in lines.remove(file).unwrap_or_default() {
+            if l.is_match {
+                data.extend_from_slice(&l.bytes);
+                data.push(b'\n');
+            }
+        }
+        sb.write(full.as_bytes(), &data).map_err(fail)?;
+    }
+    if let Some(p) = lines.keys().next() {
+        return Err(RemoteError::Transport(format!(
+            "{}: the sandbox changed during the search (rg reported a file its listing lacks)",
+            String::from_utf8_lossy(p)
+        )));
+    }
+    let w = &mut opts.walk;
+    w.hidden = true;
+    w.no_ignore = true;
+    w.globs.clear();
+    w.max_filesize = None;
+    use futures_util::StreamExt;
+    let events: Vec<Result<GrepEvent>> = m.grep(path, opts).await?.collect().await;
+    let events = events.into_iter().collect::<Result<Vec<_>>>()?;
+    // A search stopped by its caps: where it stops and what it counts by then follow the
+    // agent's walk over the real files, not the stand-ins.
+    if events.iter().any(|e| {
+        matches!(
+            e,
+            GrepEvent::Summary {
+                truncated: true,
+                ..
+            }
+        )
+    }) {
+        tracing::debug!("grep searches here: the printed answer reached its caps");
+        return Ok(None);
+    }
+    Ok(Some(events))
 }
 
 /// `scripts/scan.sh`'s output: `OK START END TOTAL_LINES TOTAL_BYTES FIRST_LINE_BYTES` and

@@ -313,33 +313,40 @@ impl ScriptRemote {
         }))
     }
 
-    /// One range of at most [`MAX_READ`] bytes, in one program.
+    /// One range of at most [`MAX_READ`] bytes, in one program: its bytes cross as they are
+    /// (no base64: a third fewer bytes and no encoding on either side), between the stat line
+    /// before and the one after, which must be equal (else it is read again).
     async fn read_chunk(&self, path: &RemotePath, offset: u64, len: u32) -> Result<ReadResult> {
         let (o, l) = (offset.to_string(), len.to_string());
-        let lines = self
-            .call(
-                &path.display(),
-                &[path.as_bytes(), o.as_bytes(), l.as_bytes()],
-                &[READ],
-            )
-            .await?;
-        match lines.as_slice() {
-            [s, d] => {
-                let (("S", s), ("D", d)) = (word(s), word(d)) else {
-                    return Err(malformed("read"));
-                };
-                let attr = parse_attr(s, None)?;
-                let data = unb64(d)?;
-                if data.len() > len as usize {
-                    return Err(malformed("more bytes than asked"));
-                }
-                Ok(ReadResult {
-                    data: Bytes::from(data),
-                    version: attr.version,
-                })
-            }
-            _ => Err(malformed("read")),
+        let probe = self.probe().await?;
+        let p = probe.precision;
+        let pystat;
+        let mut all: Vec<&str> = Vec::with_capacity(2);
+        if let (true, Some(python)) = (probe.stat_via_python, probe.python.as_deref()) {
+            // `python` is one of pyfast::PYTHONS: a fixed word.
+            pystat = format!("__PY={python}\n{PYSTAT}");
+            all.push(&pystat);
         }
+        all.push(READ);
+        let args: [&[u8]; 3] = [path.as_bytes(), o.as_bytes(), l.as_bytes()];
+        let text = build(
+            &probe.root,
+            p.attr_format(),
+            p.version_format(),
+            &args,
+            &all,
+        );
+        let shown = path.display();
+        for _ in 0..ATTEMPTS {
+            let out = self.runner.run(&text, &RunControl::default()).await?;
+            match parse_raw_read(&out, &shown, len)? {
+                Some(r) => return Ok(r),
+                None => continue,
+            }
+        }
+        Err(RemoteError::Transport(format!(
+            "{shown}: changed while read"
+        )))
     }
 
     async fn namespace(&self, what: &RemotePath, args: &[&[u8]]) -> Result<Vec<String>> {
@@ -1177,6 +1184,64 @@ fn check_xattr_name(name: &[u8]) -> Result<()> {
 pub async fn absolute(remote: &ScriptRemote, path: &RemotePath) -> Result<Vec<u8>> {
     let probe = remote.probe().await?;
     Ok(remote.abs(probe, path))
+}
+
+/// `scripts/read.sh`'s answer: the range with the version it was read at, `None` when the
+/// file changed during the read (the stat lines before and after differ).
+fn parse_raw_read(out: &super::Output, shown: &str, len: u32) -> Result<Option<ReadResult>> {
+    const MARKER: &[u8] = b"\n__RESULT__\n";
+    if out.stdout_cut > 0 {
+        return Err(RemoteError::TooLarge(format!(
+            "{shown}: the answer passed {} bytes",
+            super::OUTPUT_CAP
+        )));
+    }
+    let mut all = Vec::with_capacity(out.stdout.len() + 1);
+    all.push(b'\n');
+    all.extend_from_slice(&out.stdout);
+    // The first marker is the program's: the file's bytes (which may hold one) come after it.
+    let body = memchr::memmem::find(&all, MARKER).map(|at| &all[at + MARKER.len()..]);
+    let Some(body) = body.and_then(|b| b.strip_prefix(b"ok\n")) else {
+        // An error, or no answer: the strict parser says which.
+        super::program::parse(out, shown)?;
+        return Err(malformed("read"));
+    };
+    let nl = memchr::memchr(b'\n', body).ok_or_else(|| malformed("read: no stat line"))?;
+    let before = std::str::from_utf8(&body[..nl])
+        .ok()
+        .and_then(|l| l.strip_prefix("S "))
+        .ok_or_else(|| malformed("read: no stat line"))?;
+    let rest = body[nl + 1..]
+        .strip_suffix(b"\n")
+        .ok_or_else(|| malformed("read: no end line"))?;
+    let end = memchr::memrchr(b'\n', rest).ok_or_else(|| malformed("read: no end line"))?;
+    let (data, last) = (&rest[..end], &rest[end + 1..]);
+    let last = std::str::from_utf8(last)
+        .ok()
+        .and_then(|l| l.strip_prefix("E "))
+        .ok_or_else(|| malformed("read: no end line"))?;
+    let (rc, after) = last
+        .split_once(' ')
+        .ok_or_else(|| malformed("read: end line"))?;
+    let rc: u32 = rc.parse().map_err(|_| malformed("read: tail's status"))?;
+    // 0, or a signal (tail stopped by the pipe once `head` had its bytes).
+    if rc != 0 && rc < 128 {
+        return Err(RemoteError::Io(
+            shown.to_string(),
+            "Input/output error".into(),
+        ));
+    }
+    if data.len() > len as usize {
+        return Err(malformed("more bytes than asked"));
+    }
+    if after != before {
+        return Ok(None);
+    }
+    let attr = parse_attr(before, None)?;
+    Ok(Some(ReadResult {
+        data: Bytes::copy_from_slice(data),
+        version: attr.version,
+    }))
 }
 
 #[cfg(test)]
