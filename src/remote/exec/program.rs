@@ -61,15 +61,29 @@ pub fn build(root: &[u8], sf: &str, vf: &str, args: &[&[u8]], parts: &[&str]) ->
         p.push_str(&format!(" \"$__a{i}\""));
     }
     p.push('\n');
-    p.push_str(LIB);
+    p.push_str(&strip_comments(LIB));
     for part in parts {
-        p.push_str(part);
-        if !part.ends_with('\n') {
+        p.push_str(&strip_comments(part));
+        if !p.ends_with('\n') {
             p.push('\n');
         }
     }
     p.push_str("} </dev/null\n");
     p
+}
+
+/// `text` without its whole-line comments (a line whose first non-blank byte is `#`): they
+/// would cross the link with every call. Only for the scripts' own text — `sh`, awk and
+/// python, where such a line is a comment wherever it stands (the scripts hold no
+/// here-document; base64 and fixed words hold no `#`).
+pub fn strip_comments(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        if !line.trim_start().starts_with('#') {
+            out.push_str(line);
+        }
+    }
+    out
 }
 
 /// A here-document that holds `data` in base64 (76-column lines, which can never be the

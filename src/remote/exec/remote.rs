@@ -656,6 +656,92 @@ impl Remote for ScriptRemote {
         Ok(tree_stream(agent_order(path, entries)))
     }
 
+    /// Where python runs: one call for the whole subtree (`fast.py`'s `listings`, walked and
+    /// capped in the sandbox exactly as [`listings::Walk`] does), instead of one `list` call
+    /// per directory — a cold `find` of 30 directories is 1 round trip, not 31.
+    async fn tree_listings(
+        &self,
+        path: &RemotePath,
+        max_entries: usize,
+    ) -> Result<BoxStream<'static, Result<listings::TreeListing>>> {
+        let max = max_entries.min(listings::MAX_TREE_ENTRIES).to_string();
+        let shown = path.display();
+        let Some(lines) = self
+            .fast(&shown, "listings", &[path.as_bytes(), max.as_bytes()])
+            .await?
+        else {
+            return listings::by_list(self, path, max_entries).await;
+        };
+        let mut given: std::collections::HashMap<Vec<u8>, Vec<DirEntry>> =
+            std::collections::HashMap::new();
+        let mut at = 0;
+        while at < lines.len() {
+            let ("D", d) = word(&lines[at]) else {
+                return Err(malformed("a listing without its directory"));
+            };
+            let rel = unb64(d)?;
+            let end = lines[at + 1..]
+                .iter()
+                .position(|l| l.starts_with("D "))
+                .map_or(lines.len(), |n| at + 1 + n);
+            let mut entries = pyfast::entries(&lines[at + 1..end])?
+                .into_iter()
+                .map(|(name, attr)| {
+                    check_entry_name(&name).map_err(malformed)?;
+                    Ok(DirEntry {
+                        name: WireBytes(name),
+                        attr,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            entries.sort_by(|a, b| a.name.0.cmp(&b.name.0));
+            let full = if rel.is_empty() {
+                path.clone()
+            } else if path.is_root() {
+                RemotePath::new(rel).map_err(|_| malformed("a path"))?
+            } else {
+                RemotePath::new([path.as_bytes(), b"/", &rel].concat())
+                    .map_err(|_| malformed("a path"))?
+            };
+            if given.insert(full.as_bytes().to_vec(), entries).is_some() {
+                return Err(malformed("a directory listed twice"));
+            }
+            at = end;
+        }
+        // The same walk over what came: a directory the sandbox did not list (beyond the cap,
+        // or not enterable) is answered as not descended.
+        let mut walk = listings::Walk::new(path, max_entries);
+        let mut out = Vec::new();
+        while let Some(dir) = walk.next_dir().cloned() {
+            match given.remove(dir.as_bytes()) {
+                Some(entries) => {
+                    if !walk.listed(&entries)? {
+                        break;
+                    }
+                    out.push(Ok(listings::TreeListing {
+                        path: dir,
+                        entries: Some(entries),
+                    }));
+                }
+                None if dir == *path => return Err(malformed("no listing of the asked directory")),
+                None => {
+                    walk.skipped();
+                    out.push(Ok(listings::TreeListing {
+                        path: dir,
+                        entries: None,
+                    }));
+                }
+            }
+        }
+        out.extend(walk.rest().into_iter().map(|path| {
+            Ok(listings::TreeListing {
+                path,
+                entries: None,
+            })
+        }));
+        Ok(stream::iter(out).boxed())
+    }
+
     async fn read(&self, path: &RemotePath, offset: u64, len: u32) -> Result<ReadResult> {
         if len > wire::MAX_READ_BYTES {
             return Err(RemoteError::TooLarge(format!(

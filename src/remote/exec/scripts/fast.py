@@ -217,6 +217,57 @@ def tree(out, rel):
         stack.append((child, p, entries(out, child, p)))
 
 
+def open_below(top, rel):
+    """The directory `rel` (components below the descriptor `top`), opened one component at a
+    time without following a symlink; None when it cannot be entered."""
+    fd = os.dup(top)
+    try:
+        for c in rel.split(b"/"):
+            if c:
+                nfd = os.open(c, os.O_RDONLY | DIR | os.O_NOFOLLOW, dir_fd=fd)
+                os.close(fd)
+                fd = nfd
+        return fd
+    except OSError:
+        os.close(fd)
+        return None
+
+
+def listings(out, rel, budget):
+    # Breadth first as src/remote/listings.rs walks: `D path` then the listing's groups; the
+    # first listing is whole, each next one only while the entries after the first fit
+    # `budget`. What cannot be entered is left out (the asker answers it as not descended).
+    top = open_listed(rel)
+    try:
+        queue = [b""]
+        first = True
+        while queue:
+            d = queue.pop(0)
+            fd = os.dup(top) if first else open_below(top, d)
+            if fd is None:
+                continue
+            group = []
+            try:
+                subs = entries(group, fd, b"")
+            except OSError:
+                if first:
+                    raise
+                continue
+            finally:
+                os.close(fd)
+            n = sum(1 for g in group if g.startswith("N "))
+            if not first:
+                if n > budget:
+                    break
+                budget -= n
+            first = False
+            out.append("D " + b64(d))
+            out.extend(group)
+            queue.extend((d + b"/" + c) if d else c for c in sorted(subs))
+    finally:
+        os.close(top)
+
+
 def main():
     global ROOT, PREC, OP
     items = list(ITEMS)
@@ -238,6 +289,8 @@ def main():
             list_dir(out, args[0])
         elif OP == "tree":
             tree(out, args[0])
+        elif OP == "listings":
+            listings(out, args[0], int(args[1]))
         else:
             raise Fail("EINVAL", "unknown operation")
     except Fail as f:
