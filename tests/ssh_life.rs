@@ -325,13 +325,35 @@ fn a_sigkilled_mount_daemon_leaves_no_ssh_behind() {
     }
     let b = SshBox::start();
     fs::write(b.root.join("a.txt"), "a\n").unwrap();
-    for suffix in ["", "?agent=no"] {
+    // The private directory of the daemon killed last: the next mount removes it.
+    let mut left_by_killed: Option<std::path::PathBuf> = None;
+    for suffix in ["", "?agent=no", ""] {
         let mut m = mount(&b, suffix);
         assert_eq!(fs::read_to_string(m.dir.join("a.txt")).unwrap(), "a\n");
         assert!(
             !processes_naming(&b.config).is_empty(),
             "{suffix}: the mount's ssh master runs"
         );
+        if let Some(dir) = left_by_killed.take() {
+            assert!(!dir.exists(), "{} is left", dir.display());
+        }
+        let pid = m.child.as_ref().unwrap().id().to_string();
+        let own: Vec<_> = fs::read_dir(std::env::temp_dir())
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("sbxfs-ssh-"))
+                    && fs::read_to_string(p.join("owner.pid")).is_ok_and(|o| o.trim() == pid)
+            })
+            .collect();
+        assert_eq!(
+            own.len(),
+            1,
+            "{suffix}: one private dir names the daemon: {own:?}"
+        );
+        left_by_killed = own.into_iter().next();
         let mut daemon = m.child.take().unwrap();
         daemon.kill().unwrap();
         daemon.wait().unwrap();

@@ -26,6 +26,39 @@ const FORCED: [&str; 4] = [
     "-oConnectTimeout=30",
 ];
 
+/// The private directories' name prefix, in the temp dir.
+const DIR_PREFIX: &str = "sbxfs-ssh-";
+/// The file in a private directory naming the process it belongs to.
+const OWNER_FILE: &str = "owner.pid";
+
+/// Remove the private directories of our own daemons that died without cleaning up (`kill
+/// -9`): each names its owner; one whose owner is gone is removed. Others are left alone.
+fn sweep_dead_dirs(tmp: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let me = rustix::process::getuid().as_raw();
+    for e in std::fs::read_dir(tmp).into_iter().flatten().flatten() {
+        if !e.file_name().to_string_lossy().starts_with(DIR_PREFIX) {
+            continue;
+        }
+        let path = e.path();
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        if !meta.is_dir() || meta.uid() != me {
+            continue;
+        }
+        let Some(pid) = std::fs::read_to_string(path.join(OWNER_FILE))
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(&path);
+        }
+    }
+}
+
 /// The running master; stopped (by pid) on drop.
 pub struct Master {
     /// The user's ssh command with its options, `-F`, `-p`, `-l` and [`FORCED`].
@@ -79,8 +112,9 @@ impl Master {
     /// Start the master and wait until its socket answers (authenticated), or fail with ssh's
     /// own words and what to do.
     pub fn start(base: Vec<String>, host: &str) -> Result<Master> {
+        sweep_dead_dirs(&std::env::temp_dir());
         let dir = tempfile::Builder::new()
-            .prefix("sbxfs-ssh-")
+            .prefix(DIR_PREFIX)
             .tempdir()
             .map_err(|e| RemoteError::Transport(format!("private directory: {e}")))?;
         // Private: it holds the control socket (anyone who can reach it runs commands as us).
@@ -89,6 +123,9 @@ impl Master {
             std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))
                 .map_err(|e| RemoteError::Transport(format!("private directory: {e}")))?;
         }
+        // Whose it is: a daemon killed outright cannot remove it; the next one does.
+        std::fs::write(dir.path().join(OWNER_FILE), std::process::id().to_string())
+            .map_err(|e| RemoteError::Transport(format!("private directory: {e}")))?;
         let control = dir.path().join("master");
         let log = dir.path().join("master.log");
         let log_file = std::fs::File::create(&log)
