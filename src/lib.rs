@@ -15,11 +15,13 @@
 //!   [`remote::listings`]: a subtree's listings breadth first under a cap (what every backend
 //!   answers for `tree_listings`); [`remote::treepack`]: the agent's packed, compressed
 //!   encoding of them. [`remote::ssh`]: `ssh://`, over the user's OpenSSH (one ControlMaster): a
-//!   self-deployed agent on a Unix socket reached through an ssh forwarding, else the exec-only
-//!   scripts.
+//!   self-deployed agent on a Unix socket reached through an ssh forwarding (made again after
+//!   a drop, `remote::ssh::relink`), else the exec-only scripts.
 //!   [`remote::exec`]: sandboxes reached only through a shell (`shell:`, `exec:`): every
 //!   operation a static POSIX `sh` program with base64 arguments over a [`remote::exec::Runner`]
-//!   ([`remote::exec::remote::ScriptRemote`]); grep/glob/fuzzy matched here over what it lists.
+//!   ([`remote::exec::remote::ScriptRemote`]); with python3 there, metadata by one python
+//!   program ([`remote::exec::pyfast`]); grep by `rg --json` in the sandbox where it is
+//!   ([`remote::exec::rgjson`]), else matched here; glob/fuzzy matched here over what it lists.
 //!   [`remote::exec::supervise`]: every exec-only program runs in its own process group under a
 //!   supervising `sh` (cancel, timeout or a dropped run stops the whole group; secrets reach it
 //!   through a 0600 file in a private in-memory job directory, never an argv).
