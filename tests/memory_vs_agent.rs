@@ -235,9 +235,14 @@ proptest! {
     fn memory_answers_like_the_agent(steps in proptest::collection::vec(step(), 1..25)) {
         thread_local! {
             static AGENT: std::cell::RefCell<Option<Agent>> = const { std::cell::RefCell::new(None) };
+            // One runtime for every case, as the agent's client lives across cases: its pooled
+            // connections' tasks run on the runtime that made them, and one dropped with its
+            // case leaves the pool handing out dead connections ("connection closed before
+            // message completed").
+            static RT: tokio::runtime::Runtime =
+                tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         }
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        AGENT.with(|cell| {
+        RT.with(|rt| AGENT.with(|cell| {
             let mut cell = cell.borrow_mut();
             let agent = cell.get_or_insert_with(|| {
                 let dir = tempfile::tempdir().unwrap();
@@ -259,6 +264,6 @@ proptest! {
                 }
                 Ok(())
             })
-        })?;
+        }))?;
     }
 }

@@ -461,6 +461,9 @@ pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Connected> {
     let builder = setup.apply(
         reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
+            // uvicorn closes a keep-alive connection after 5 s idle: drop ours first, so no
+            // request goes out on one it is closing.
+            .pool_idle_timeout(Duration::from_secs(3))
             .redirect(reqwest::redirect::Policy::none()),
     );
     let http = builder

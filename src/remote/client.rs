@@ -48,6 +48,11 @@ pub struct AgentClient {
     token: String,
 }
 
+/// A pooled connection is dropped well before the agent closes an idle one
+/// (`agent::server::IDLE_TIMEOUT`, 60 s): reusing one the agent is closing fails a request
+/// that cannot always be retried (a commit).
+const POOL_IDLE: Duration = Duration::from_secs(30);
+
 impl AgentClient {
     /// `base` is the agent's URL, e.g. `http://127.0.0.1:7070`.
     pub fn new(base: &str, token: &str) -> Result<Self> {
@@ -65,6 +70,7 @@ impl AgentClient {
         let builder = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .pool_max_idle_per_host(64)
+            .pool_idle_timeout(POOL_IDLE)
             .tcp_nodelay(true)
             .tcp_keepalive(Duration::from_secs(30))
             // An agent never redirects; one that does is not followed elsewhere (to a service
@@ -89,6 +95,7 @@ impl AgentClient {
             .unix_socket(socket)
             .connect_timeout(CONNECT_TIMEOUT)
             .pool_max_idle_per_host(64)
+            .pool_idle_timeout(POOL_IDLE)
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| RemoteError::Transport(e.to_string()))?;
