@@ -632,19 +632,10 @@ fn search_with(
     relative: String,
     search: impl FnOnce(&mut FileSink<'_>) -> Result<(), std::io::Error>,
 ) -> FileResult {
-    let mut sink = FileSink {
-        path: relative,
-        matcher,
-        opts,
-        ring: VecDeque::new(),
-        pending: VecDeque::new(),
-        done: Vec::new(),
-        bytes: 0,
-    };
+    let mut sink = FileSink::new(relative, matcher, opts);
     let result = search(&mut sink);
-    sink.done.extend(sink.pending.drain(..));
     FileResult {
-        matches: sink.done,
+        matches: sink.into_matches(),
         searched: true,
         error: result.err().map(|e| e.to_string()),
         ..Default::default()
@@ -784,7 +775,7 @@ fn match_bytes(m: &GrepMatch) -> u64 {
 
 /// One worker's view of one file: collects its matches with their context. A file stops once it
 /// holds more than the caps allow, so one huge file cannot fill memory; the emitter decides.
-struct FileSink<'s> {
+pub(crate) struct FileSink<'s> {
     path: String,
     matcher: &'s RegexMatcher,
     opts: &'s GrepOptions,
@@ -796,7 +787,36 @@ struct FileSink<'s> {
     bytes: u64,
 }
 
-impl FileSink<'_> {
+impl<'s> FileSink<'s> {
+    pub(crate) fn new(path: String, matcher: &'s RegexMatcher, opts: &'s GrepOptions) -> Self {
+        FileSink {
+            path,
+            matcher,
+            opts,
+            ring: VecDeque::new(),
+            pending: VecDeque::new(),
+            done: Vec::new(),
+            bytes: 0,
+        }
+    }
+
+    /// Feed one line found elsewhere (another searcher's report, as the exec transport's
+    /// `rg --json`): a match or a context line. Answers whether the file may go on.
+    pub(crate) fn feed(&mut self, line_no: u64, line: &[u8], is_match: bool) -> bool {
+        if is_match {
+            self.on_match_line(line_no, line)
+        } else {
+            self.saw_line(line_no, line);
+            !self.over_caps()
+        }
+    }
+
+    /// The file's matches, those still collecting after-context included.
+    pub(crate) fn into_matches(mut self) -> Vec<GrepMatch> {
+        self.done.extend(self.pending.drain(..));
+        self.done
+    }
+
     /// Record a line the searcher emitted (match or context): it is after-context for pending
     /// matches and a candidate before-context for the next one.
     fn saw_line(&mut self, line_no: u64, text: &[u8]) {

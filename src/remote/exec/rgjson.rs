@@ -26,16 +26,13 @@
 //! files that came whole and a summary that says `truncated` with an error naming the cut,
 //! never a silently shorter answer.
 
-use std::collections::VecDeque;
-
 use base64::Engine;
-use grep_matcher::Matcher;
 use grep_regex::RegexMatcher;
 use serde::Deserialize;
 
 use super::program::malformed;
 use crate::remote::{GrepEvent, RemoteError, Result};
-use crate::search::grep::{GrepMatch, GrepOptions, GrepSummary};
+use crate::search::grep::{FileSink, GrepMatch, GrepOptions, GrepSummary};
 
 /// Oldest rg taken at all: `--no-require-git` came with 11.
 pub const MIN_RG_MAJOR: u32 = 11;
@@ -369,109 +366,13 @@ fn file_matches(
     path: String,
     lines: Vec<RgLine>,
 ) -> Vec<GrepMatch> {
-    let mut s = FileState {
-        path,
-        matcher,
-        opts,
-        ring: VecDeque::new(),
-        pending: VecDeque::new(),
-        done: Vec::new(),
-        bytes: 0,
-    };
+    let mut s = FileSink::new(path, matcher, opts);
     for l in lines {
-        let go = if l.is_match {
-            s.on_match_line(l.number, &l.bytes)
-        } else {
-            s.saw_line(l.number, &l.bytes);
-            !s.over_caps()
-        };
-        if !go {
+        if !s.feed(l.number, &l.bytes, l.is_match) {
             break;
         }
     }
-    let pending: Vec<GrepMatch> = s.pending.drain(..).collect();
-    s.done.extend(pending);
-    s.done
-}
-
-/// The core's per-file sink, fed by rg's lines instead of the searcher.
-struct FileState<'s> {
-    path: String,
-    matcher: &'s RegexMatcher,
-    opts: &'s GrepOptions,
-    ring: VecDeque<(u64, Vec<u8>)>,
-    pending: VecDeque<GrepMatch>,
-    done: Vec<GrepMatch>,
-    bytes: u64,
-}
-
-impl FileState<'_> {
-    fn saw_line(&mut self, line_no: u64, text: &[u8]) {
-        let after = self.opts.after_context as u64;
-        for m in self.pending.iter_mut() {
-            if line_no > m.line && line_no <= m.line + after {
-                m.after.push(lossy(text));
-                self.bytes += text.len() as u64;
-            }
-        }
-        while let Some(m) = self.pending.front() {
-            if m.line + after > line_no {
-                break;
-            }
-            let m = self.pending.pop_front().expect("front exists");
-            self.done.push(m);
-        }
-        let before = self.opts.before_context;
-        if before > 0 {
-            if self.ring.len() == before {
-                self.ring.pop_front();
-            }
-            self.ring.push_back((line_no, text.to_vec()));
-        }
-    }
-
-    fn over_caps(&self) -> bool {
-        let held = (self.done.len() + self.pending.len()) as u64;
-        self.opts.max_results.is_some_and(|max| held > max)
-            || self.opts.max_bytes.is_some_and(|max| self.bytes > max)
-    }
-
-    fn on_match_line(&mut self, line_no: u64, line: &[u8]) -> bool {
-        let min_line = line_no.saturating_sub(self.opts.before_context as u64);
-        let before: Vec<String> = self
-            .ring
-            .iter()
-            .filter(|(n, _)| *n >= min_line && *n < line_no)
-            .map(|(_, t)| lossy(t))
-            .collect();
-        let mut submatches = Vec::new();
-        let _ = self.matcher.find_iter(line, |m| {
-            submatches.push([m.start() as u64, m.end() as u64]);
-            true
-        });
-        let column = submatches.first().map_or(1, |s| s[0] + 1);
-        let text_base64 = std::str::from_utf8(line)
-            .is_err()
-            .then(|| base64::engine::general_purpose::STANDARD.encode(line));
-        self.bytes += line.len() as u64 + before.iter().map(|t| t.len() as u64).sum::<u64>();
-        let m = GrepMatch {
-            path: self.path.clone(),
-            line: line_no,
-            column,
-            text: lossy(line),
-            text_base64,
-            submatches,
-            before,
-            after: Vec::new(),
-        };
-        self.saw_line(line_no, line);
-        self.pending.push_back(m);
-        if self.opts.after_context == 0 {
-            let pending: Vec<GrepMatch> = self.pending.drain(..).collect();
-            self.done.extend(pending);
-        }
-        !self.over_caps()
-    }
+    s.into_matches()
 }
 
 /// The core's emitter: files in walk order, the global caps, the summary.
@@ -507,10 +408,6 @@ impl Emitter<'_> {
             self.events.push(GrepEvent::Match(m));
         }
     }
-}
-
-fn lossy(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
 }
 
 #[cfg(test)]
