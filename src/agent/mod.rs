@@ -751,9 +751,7 @@ async fn commit(
             if matches!(e.0, RemoteError::Conflict { .. }) {
                 app.stats.conflicts.fetch_add(1, Ordering::Relaxed);
             }
-            // Read the body before answering: a client still sending would otherwise see its
-            // connection reset instead of this answer (and take a conflict for a network error).
-            while let Some(Ok(_)) = stream.next().await {}
+            drain_body(&mut stream).await;
             return Err(e);
         }
     };
@@ -762,8 +760,17 @@ async fn commit(
         .try_clone()
         .map_err(|e| RemoteError::from_io(&e, &path.display()))?;
     let written = match header {
-        Some((header, rest)) => write_patch(temp, header, rest, stream, &path).await?,
-        None => write_whole(temp, stream, &path).await?,
+        Some((header, rest)) => write_patch(temp, header, rest, &mut stream, &path).await,
+        None => write_whole(temp, &mut stream, &path).await,
+    };
+    let written = match written {
+        Ok(w) => w,
+        Err(e) => {
+            // A full disk (or any failure while writing) is answered as itself, not as a
+            // connection reset the client would call "did not answer".
+            drain_body(&mut stream).await;
+            return Err(e);
+        }
     };
     app.stats
         .bytes_committed
@@ -787,10 +794,29 @@ fn count_commit<T>(app: &App, result: &ApiResult<T>) {
 
 type BodyStream = axum::body::BodyDataStream;
 
+/// Longest a refused commit's body is read (and dropped) before its answer goes out.
+const DRAIN_FOR: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Read the rest of a refused commit's body before answering: a client still sending would
+/// otherwise see its connection reset instead of the answer (and take a conflict or a full
+/// disk for a network error). Bounded by the commit size cap and [`DRAIN_FOR`].
+async fn drain_body(stream: &mut BodyStream) {
+    let mut read = 0u64;
+    let drain = async {
+        while let Some(Ok(chunk)) = stream.next().await {
+            read += chunk.len() as u64;
+            if read > MAX_COMMIT_BYTES {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DRAIN_FOR, drain).await;
+}
+
 /// Stream a whole-file body into the temp file.
 async fn write_whole(
     temp: std::fs::File,
-    mut stream: BodyStream,
+    stream: &mut BodyStream,
     path: &RemotePath,
 ) -> ApiResult<u64> {
     let mut out = tokio::fs::File::from_std(temp);
@@ -844,7 +870,7 @@ async fn write_patch(
     temp: std::fs::File,
     header: PatchHeader,
     mut buf: Vec<u8>,
-    mut stream: BodyStream,
+    stream: &mut BodyStream,
     path: &RemotePath,
 ) -> ApiResult<u64> {
     use std::os::unix::fs::FileExt;

@@ -142,6 +142,10 @@ pub(super) struct MountArgs {
 pub(super) struct UmountArgs {
     /// Where the sbxfs mount is.
     mountpoint: PathBuf,
+    /// Unmount even when some writes could not be pushed (they stay in the daemon's staging
+    /// directory, and the next mount of the sandbox pushes them); the exit code still says so.
+    #[arg(long)]
+    force: bool,
 }
 
 #[derive(Args, Debug)]
@@ -366,12 +370,38 @@ pub(super) fn run_umount(a: UmountArgs) -> i32 {
         }
         Some(_) => {}
     }
+    // Push first, through the daemon: a write the sandbox refuses (a full disk) is named
+    // here, and the mount stays so nothing is lost, unless --force.
+    let unpushed = flush_before_unmount(&at);
+    if !unpushed.is_empty() {
+        for line in &unpushed {
+            eprintln!("sbxfs umount: not pushed: {line}");
+        }
+        if !a.force {
+            eprintln!(
+                "sbxfs umount: {shown} stays mounted: {} file(s) could not be pushed to the sandbox; \
+                 fix the cause and run it again, or use --force to unmount anyway (the files are \
+                 kept locally and the next mount pushes them)",
+                unpushed.len()
+            );
+            return ERROR;
+        }
+    }
+    let failed = !unpushed.is_empty();
     // The daemon sees its session end, pushes what is staged, and exits.
     match std::process::Command::new("fusermount3")
         .arg("-u")
         .arg(&at)
         .status()
     {
+        Ok(s) if s.success() && failed => {
+            eprintln!(
+                "sbxfs umount: unmounted {shown}; {} file(s) not pushed are kept in the daemon's \
+                 staging directory (its log names it) for the next mount",
+                unpushed.len()
+            );
+            ERROR
+        }
         Ok(s) if s.success() => 0,
         Ok(_) => {
             eprintln!("sbxfs umount: fusermount3 could not unmount {shown}");
@@ -383,6 +413,42 @@ pub(super) fn run_umount(a: UmountArgs) -> i32 {
         }
     }
 }
+/// Ask the mount's daemon to push everything now; answers one line per file it could not
+/// push (`PATH: cause`). A daemon that does not answer is left to push as it unmounts.
+fn flush_before_unmount(at: &std::path::Path) -> Vec<String> {
+    let Some(info) = crate::control::client::mount_info(at) else {
+        return Vec::new();
+    };
+    let route = crate::control::client::Route {
+        socket: PathBuf::from(&info.socket),
+        path: Vec::new(),
+        info,
+        on: None,
+    };
+    match super::ask(&route, crate::control::Request::Flush) {
+        Ok(v) if v["flushed"] == false => v["failures"]
+            .as_array()
+            .map(|fs| {
+                fs.iter()
+                    .map(|f| {
+                        // The error names the file already ("PATH: cause").
+                        let (path, error) = (
+                            f["path"].as_str().unwrap_or("?"),
+                            f["error"].as_str().unwrap_or("?"),
+                        );
+                        if error.starts_with(path) {
+                            error.to_string()
+                        } else {
+                            format!("{path}: {error}")
+                        }
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    }
+}
+
 /// A mountpoint as the mount table names it: absolute, with symlinks in its parents resolved.
 /// The mountpoint itself is never stat'ed (a dead FUSE mount answers ENOTCONN).
 fn mount_table_path(p: &std::path::Path) -> PathBuf {

@@ -352,6 +352,9 @@ impl FsCore {
         if let Some(s) = self.staged_of(node) {
             s.overlay(&mut attr);
         }
+        if let Some(n) = self.inodes.get(node) {
+            attr.ino = n.st_ino;
+        }
         if let (Some(t), Ok(path)) = (&attr.symlink_target, self.path_of(node)) {
             attr.size = self.shown_target(&path, &t.0).len() as u64;
         }
@@ -676,11 +679,11 @@ impl FsCore {
             .links
             .first()
             .and_then(|(p, _)| self.inodes.get(*p))
-            .map_or(self.node(node)?.attr.ino, |p| p.attr.ino);
+            .map_or(self.node(node)?.st_ino, |p| p.st_ino);
         let mut out = vec![
             DirEntryOut {
                 name: b".".to_vec(),
-                ino: self.node(node)?.attr.ino,
+                ino: self.node(node)?.st_ino,
                 kind: FileKind::Dir,
             },
             DirEntryOut {
@@ -689,9 +692,15 @@ impl FsCore {
                 kind: FileKind::Dir,
             },
         ];
+        // A name the mount has a node for shows that node's `st_ino` (kept across our saves).
         out.extend(listing.iter().map(|(name, a)| DirEntryOut {
             name: name.clone(),
-            ino: a.ino,
+            ino: self
+                .inodes
+                .child(node, name)
+                .and_then(|id| self.inodes.get(id))
+                .filter(|n| RemoteId::of(a) == n.remote)
+                .map_or(a.ino, |n| n.st_ino),
             kind: a.kind,
         }));
         self.add_new_files(node, &mut out);
@@ -1241,6 +1250,13 @@ impl FsCore {
 
     pub async fn rmdir(&self, parent: NodeId, name: &[u8]) -> Result<()> {
         let path = self.path_of(parent)?.join(name)?;
+        // A file made in it here and not pushed yet (its push may wait for a RELEASE the
+        // kernel sends after `close` returned): the sandbox would call it empty.
+        if let Some(dir) = self.inodes.child(parent, name) {
+            if self.has_unpushed_child(dir) {
+                return Err(RemoteError::NotEmpty(path.display()));
+            }
+        }
         self.pushq.wait_all().await;
         self.bump();
         let r = self.note(self.remote.rmdir(&path).await);
@@ -1266,6 +1282,10 @@ impl FsCore {
             RenameMode::Replace => self.inodes.child(new_parent, new_name),
             _ => None,
         };
+        // Over a directory holding a file not pushed yet: not empty, as rmdir says.
+        if replaced.is_some_and(|r| self.has_unpushed_child(r)) {
+            return Err(RemoteError::NotEmpty(to.display()));
+        }
         if let Some(n) = self.inodes.child(parent, name) {
             let (from, to) = ((parent, name), (new_parent, new_name));
             if self.rename_new(from, to, mode, n).await? {
@@ -1349,6 +1369,15 @@ impl FsCore {
         Ok(())
     }
 
+    /// `dir` holds a file created here that the sandbox does not have yet.
+    fn has_unpushed_child(&self, dir: NodeId) -> bool {
+        self.newfiles.all().into_iter().any(|id| {
+            self.inodes
+                .get(id)
+                .is_some_and(|n| n.links.iter().any(|(p, _)| *p == dir))
+        })
+    }
+
     /// Entries for the files created in `dir` and not yet pushed (the sandbox's listing
     /// lacks them).
     fn add_new_files(&self, dir: NodeId, out: &mut Vec<DirEntryOut>) {
@@ -1360,7 +1389,7 @@ impl FsCore {
                 if *p == dir && !out.iter().any(|e| &e.name == name) {
                     out.push(DirEntryOut {
                         name: name.clone(),
-                        ino: n.attr.ino,
+                        ino: n.st_ino,
                         kind: n.attr.kind,
                     });
                 }

@@ -13,7 +13,8 @@
 //!   handle) still holds it. It keeps serving its handles from local state and is dropped when
 //!   the kernel forgets it and no handle is open.
 //! - Our own saves give the file a new sandbox inode (the atomic rename): [`InodeTable::rebind`]
-//!   moves the node to it, keeping the node id the kernel knows.
+//!   moves the node to it, keeping the node id the kernel knows and the `st_ino` it showed
+//!   ([`Node::st_ino`]), so a program holding the file never sees it "moved".
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -49,6 +50,11 @@ const MAX_DEPTH: usize = 8192;
 #[derive(Clone, Debug)]
 pub struct Node {
     pub remote: RemoteId,
+    /// The inode number `stat` shows: the sandbox's when the node was first seen (a placeholder
+    /// for a file made here), kept across the mount's own saves, whose atomic rename gives
+    /// the sandbox file a new inode: SQLite, `tail -F` and editors take a changed `st_ino`
+    /// for a file replaced by another program.
+    pub st_ino: u64,
     /// Names of this node: `(parent, name)`. Empty for an orphan.
     pub links: Vec<(NodeId, Vec<u8>)>,
     pub attr: Attr,
@@ -178,6 +184,7 @@ impl InodeTable {
             ROOT,
             Node {
                 remote: RemoteId::of(&root),
+                st_ino: root.ino,
                 links: Vec::new(),
                 attr: root,
                 fetched: Instant::now(),
@@ -239,6 +246,7 @@ impl InodeTable {
                             id,
                             Node {
                                 remote: rid,
+                                st_ino: attr.ino,
                                 links: Vec::new(),
                                 attr: attr.clone(),
                                 fetched: Instant::now(),

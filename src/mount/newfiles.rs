@@ -74,9 +74,13 @@ impl NewFiles {
             .remove(&(parent, name.to_vec()));
     }
 
-    /// An inode number for a file not yet pushed (shown until the sandbox gives it one).
+    /// An inode number for a file not yet pushed: its `st_ino` for the life of its node (see
+    /// [`super::inode::Node::st_ino`]). Counted down from 2^32 - 1, so a 32-bit program's
+    /// `stat` never fails with EOVERFLOW, in a range real inode tables rarely reach.
     pub fn next_ino(&self) -> u64 {
-        u64::MAX - 1 - self.next_ino.fetch_add(1, Ordering::Relaxed)
+        const TOP: u64 = u32::MAX as u64 - 1;
+        const SPAN: u64 = 1 << 28;
+        TOP - self.next_ino.fetch_add(1, Ordering::Relaxed) % SPAN
     }
 
     pub fn add(&self, node: NodeId) {

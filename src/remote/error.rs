@@ -53,8 +53,14 @@ pub enum RemoteError {
     Transport(String),
     #[error("timed out: {0}")]
     TimedOut(String),
-    #[error("no space left: {0}")]
+    #[error("{0}: no space left on device")]
     NoSpace(String),
+    /// The sandbox's filesystem is mounted read-only (`EROFS`).
+    #[error("{0}: read-only file system")]
+    ReadOnly(String),
+    /// The sandbox user's disk quota is used up (`EDQUOT`).
+    #[error("{0}: disk quota exceeded")]
+    Quota(String),
     #[error("{0}")]
     Query(SearchError),
     #[error("{0}: i/o error: {1}")]
@@ -88,6 +94,8 @@ impl RemoteError {
             RemoteError::Transport(_) => libc::EIO,
             RemoteError::TimedOut(_) => libc::EIO,
             RemoteError::NoSpace(_) => libc::ENOSPC,
+            RemoteError::ReadOnly(_) => libc::EROFS,
+            RemoteError::Quota(_) => libc::EDQUOT,
             RemoteError::Query(e) => match e {
                 SearchError::NotFound(_) => libc::ENOENT,
                 SearchError::IsADirectory(_) => libc::EISDIR,
@@ -121,6 +129,8 @@ impl RemoteError {
             RemoteError::Transport(_) => "transport",
             RemoteError::TimedOut(_) => "ETIMEDOUT",
             RemoteError::NoSpace(_) => "ENOSPC",
+            RemoteError::ReadOnly(_) => "EROFS",
+            RemoteError::Quota(_) => "EDQUOT",
             RemoteError::Query(e) => e.token(),
             RemoteError::Io(..) => "EIO",
         }
@@ -140,7 +150,9 @@ impl RemoteError {
             libc::EXDEV => RemoteError::CrossDevice(p),
             libc::ENAMETOOLONG => RemoteError::NameTooLong(p),
             libc::EINVAL => RemoteError::Invalid(p),
-            libc::ENOSPC | libc::EDQUOT => RemoteError::NoSpace(p),
+            libc::ENOSPC => RemoteError::NoSpace(p),
+            libc::EDQUOT => RemoteError::Quota(p),
+            libc::EROFS => RemoteError::ReadOnly(p),
             libc::EOPNOTSUPP => RemoteError::Unsupported(p),
             libc::ELOOP => RemoteError::Invalid(format!("{p}: too many levels of symbolic links")),
             libc::EFBIG => RemoteError::FileTooBig(p),
@@ -182,6 +194,8 @@ impl RemoteError {
             "ESTALE" => RemoteError::Stale(m),
             "EOPNOTSUPP" => RemoteError::Unsupported(m),
             "ENOSPC" => RemoteError::NoSpace(m),
+            "EROFS" => RemoteError::ReadOnly(m),
+            "EDQUOT" => RemoteError::Quota(m),
             "ETIMEDOUT" => RemoteError::TimedOut(m),
             "conflict" => RemoteError::Conflict {
                 path: m,
@@ -201,5 +215,101 @@ impl RemoteError {
 impl From<SearchError> for RemoteError {
     fn from(e: SearchError) -> Self {
         RemoteError::Query(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One of each variant (the match makes a new variant a compile error here).
+    fn every_variant() -> Vec<RemoteError> {
+        let m = || "p".to_string();
+        let all = vec![
+            RemoteError::NotFound(m()),
+            RemoteError::Exists(m()),
+            RemoteError::NotDir(m()),
+            RemoteError::IsDir(m()),
+            RemoteError::NotEmpty(m()),
+            RemoteError::Access(m()),
+            RemoteError::Perm(m()),
+            RemoteError::CrossDevice(m()),
+            RemoteError::NameTooLong(m()),
+            RemoteError::Invalid(m()),
+            RemoteError::TooLarge(m()),
+            RemoteError::FileTooBig(m()),
+            RemoteError::Stale(m()),
+            RemoteError::NoAttr(m()),
+            RemoteError::Unsupported(m()),
+            RemoteError::Conflict {
+                path: m(),
+                base: "b".into(),
+                current: "c".into(),
+            },
+            RemoteError::Unauthorized(m()),
+            RemoteError::Transport(m()),
+            RemoteError::TimedOut(m()),
+            RemoteError::NoSpace(m()),
+            RemoteError::ReadOnly(m()),
+            RemoteError::Quota(m()),
+            RemoteError::Query(SearchError::NotFound(m())),
+            RemoteError::Io(String::new(), m()),
+        ];
+        for e in &all {
+            match e {
+                RemoteError::NotFound(_)
+                | RemoteError::Exists(_)
+                | RemoteError::NotDir(_)
+                | RemoteError::IsDir(_)
+                | RemoteError::NotEmpty(_)
+                | RemoteError::Access(_)
+                | RemoteError::Perm(_)
+                | RemoteError::CrossDevice(_)
+                | RemoteError::NameTooLong(_)
+                | RemoteError::Invalid(_)
+                | RemoteError::TooLarge(_)
+                | RemoteError::FileTooBig(_)
+                | RemoteError::Stale(_)
+                | RemoteError::NoAttr(_)
+                | RemoteError::Unsupported(_)
+                | RemoteError::Conflict { .. }
+                | RemoteError::Unauthorized(_)
+                | RemoteError::Transport(_)
+                | RemoteError::TimedOut(_)
+                | RemoteError::NoSpace(_)
+                | RemoteError::ReadOnly(_)
+                | RemoteError::Quota(_)
+                | RemoteError::Query(_)
+                | RemoteError::Io(..) => {}
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn every_variant_survives_the_wire_with_its_errno() {
+        for e in every_variant() {
+            // "Did not answer" is this side's finding, never the sandbox's word: an agent
+            // that says it is an error of its own (EIO), not a dead link to retry.
+            if matches!(e, RemoteError::Transport(_)) {
+                let back = RemoteError::from_wire(e.token(), "p", None, None, None);
+                assert_eq!(back.errno(), libc::EIO);
+                assert!(!matches!(back, RemoteError::Transport(_)));
+                continue;
+            }
+            let back = RemoteError::from_wire(e.token(), "p", None, Some("b"), Some("c"));
+            assert_eq!(back.token(), e.token(), "{e:?}");
+            assert_eq!(back.errno(), e.errno(), "{e:?}");
+        }
+    }
+
+    #[test]
+    fn a_full_disk_a_quota_and_a_read_only_sandbox_keep_their_errno() {
+        for errno in [libc::ENOSPC, libc::EDQUOT, libc::EROFS, libc::EACCES] {
+            let e = RemoteError::from_errno(errno, "f");
+            assert_eq!(e.errno(), errno, "{e}");
+            let back = RemoteError::from_wire(e.token(), "f", None, None, None);
+            assert_eq!(back.errno(), errno, "{back}");
+        }
     }
 }

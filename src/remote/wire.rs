@@ -168,7 +168,9 @@ impl ErrorBody {
             | RemoteError::Unauthorized(m)
             | RemoteError::Transport(m)
             | RemoteError::TimedOut(m)
-            | RemoteError::NoSpace(m) => m.clone(),
+            | RemoteError::NoSpace(m)
+            | RemoteError::ReadOnly(m)
+            | RemoteError::Quota(m) => m.clone(),
             RemoteError::Query(q) => q.detail(),
             other => other.to_string(),
         };
@@ -204,7 +206,11 @@ pub fn status_for(e: &RemoteError) -> u16 {
         RemoteError::Stale(_) => 409,
         RemoteError::FileTooBig(_) => 400,
         RemoteError::Unsupported(_) => 501,
-        RemoteError::Transport(_) | RemoteError::Io(..) | RemoteError::NoSpace(_) => 500,
+        RemoteError::Transport(_)
+        | RemoteError::Io(..)
+        | RemoteError::NoSpace(_)
+        | RemoteError::ReadOnly(_)
+        | RemoteError::Quota(_) => 500,
         RemoteError::TimedOut(_) => 504,
         RemoteError::NotDir(_)
         | RemoteError::IsDir(_)

@@ -187,27 +187,62 @@ fn errno_of_name(name: &str) -> Option<i32> {
 /// the last ": " is the strerror, whatever the path holds). glibc's and musl's texts.
 pub fn errno_of_message(message: &str) -> Option<i32> {
     let tail = message.rsplit(": ").next().unwrap_or(message).trim();
-    let extra: &[(&str, i32)] = &[
-        ("No such attribute", libc::ENODATA),
-        // dash's "cannot create X: Directory nonexistent".
-        ("Directory nonexistent", libc::ENOENT),
-        ("Not supported", libc::EOPNOTSUPP),
-        ("Operation not supported", libc::EOPNOTSUPP),
-        ("Invalid cross-device link", libc::EXDEV),
-        ("Cross-device link", libc::EXDEV),
-        ("Filename too long", libc::ENAMETOOLONG),
-        ("File name too long", libc::ENAMETOOLONG),
-        ("Read-only file system", libc::EROFS),
-    ];
-    if let Some((_, e)) = extra.iter().find(|(t, _)| *t == tail) {
+    if let Some(e) = errno_of_text(tail) {
+        return Some(e);
+    }
+    // A tool that says more after the cause (`base64: write error: No space left on device`
+    // and then `base64: write error`, the lines joined): the first part that begins with a
+    // cause's text names it.
+    message
+        .split(": ")
+        .skip(1)
+        .find_map(|part| errno_of_text_prefix(part.trim()))
+}
+
+/// Causes the C library's `strerror` does not name as tools print them.
+const EXTRA_CAUSES: &[(&str, i32)] = &[
+    ("No such attribute", libc::ENODATA),
+    // dash's "cannot create X: Directory nonexistent".
+    ("Directory nonexistent", libc::ENOENT),
+    ("Not supported", libc::EOPNOTSUPP),
+    ("Operation not supported", libc::EOPNOTSUPP),
+    ("Invalid cross-device link", libc::EXDEV),
+    ("Cross-device link", libc::EXDEV),
+    ("Filename too long", libc::ENAMETOOLONG),
+    ("File name too long", libc::ENAMETOOLONG),
+    ("Read-only file system", libc::EROFS),
+];
+
+fn strerror(e: i32) -> String {
+    let s = std::io::Error::from_raw_os_error(e).to_string();
+    s.split(" (os error").next().unwrap_or("").to_string()
+}
+
+/// The errno whose text `part` begins with, followed by nothing or a space.
+fn errno_of_text_prefix(part: &str) -> Option<i32> {
+    let starts = |t: &str| {
+        part.strip_prefix(t)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with(' '))
+    };
+    if let Some((_, e)) = EXTRA_CAUSES.iter().find(|(t, _)| starts(t)) {
+        return Some(*e);
+    }
+    (1..134).find(|&e| {
+        let s = strerror(e);
+        !s.is_empty() && starts(&s)
+    })
+}
+
+/// The errno whose text is exactly `tail`.
+fn errno_of_text(tail: &str) -> Option<i32> {
+    if let Some((_, e)) = EXTRA_CAUSES.iter().find(|(t, _)| *t == tail) {
         return Some(*e);
     }
     if tail.contains("to a subdirectory of itself") {
         return Some(libc::EINVAL);
     }
     (1..134).find(|&e| {
-        let s = std::io::Error::from_raw_os_error(e).to_string();
-        let s = s.split(" (os error").next().unwrap_or("");
+        let s = strerror(e);
         !s.is_empty() && s == tail
     })
 }
@@ -260,6 +295,21 @@ mod tests {
             "x",
         );
         assert!(matches!(e, Err(RemoteError::NotEmpty(_))));
+    }
+
+    #[test]
+    fn a_cause_followed_by_more_words_still_names_the_errno() {
+        // What `base64 -d >FILE` says on a full disk, its two lines joined by the script.
+        let m = "/w/.t.tmp: base64: write error: No space left on device base64: write error";
+        assert_eq!(errno_of_message(m), Some(libc::ENOSPC));
+        let e = parse(&out(format!("__RESULT__\nerr SYS {m}\n").as_bytes()), "f");
+        assert!(matches!(e, Err(RemoteError::NoSpace(_))), "{e:?}");
+        let m = "cat: write error: Disk quota exceeded";
+        assert_eq!(errno_of_message(m), Some(libc::EDQUOT));
+        let m = "dd: failed to open 'x': Read-only file system";
+        assert_eq!(errno_of_message(m), Some(libc::EROFS));
+        // A word that merely starts like a cause is not one.
+        assert_eq!(errno_of_message("tool: write error: No spaces here"), None);
     }
 
     #[test]
