@@ -140,6 +140,14 @@ pub(super) fn now_ns() -> i64 {
         .map_or(0, |d| d.as_nanos() as i64)
 }
 
+/// A lookup, stat or listing that has waited this long for the sandbox asks whether it
+/// answers at all ([`FsCore::or_offline`]): a hung sandbox is noticed in about a second, not
+/// at the call's 10 s deadline.
+const STALL: Duration = Duration::from_millis(500);
+/// How long that question waits. An `info` answer is one small round trip, so a sandbox
+/// that gives none in this time is taken as gone until the retry loop's probe says otherwise.
+const STALL_PROBE: Duration = Duration::from_secs(1);
+
 /// The sandbox did not answer (as opposed to answering no).
 pub(super) fn unreachable(e: &RemoteError) -> bool {
     matches!(e, RemoteError::Transport(_) | RemoteError::TimedOut(_))
@@ -247,6 +255,40 @@ impl FsCore {
         ok
     }
 
+    /// A remote call that has an answer from what the mount knows if the sandbox gives none
+    /// (a lookup, stat, or listing). Past [`STALL`] the sandbox is asked whether it answers at
+    /// all; if it does not within [`STALL_PROBE`], the call is given up as unreachable (the
+    /// caller serves what it knows) and the mount is offline until a probe says otherwise.
+    pub(super) async fn or_offline<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        tokio::pin!(call);
+        tokio::select! {
+            r = &mut call => return r,
+            _ = tokio::time::sleep(STALL) => {}
+        }
+        let probe = tokio::time::timeout(STALL_PROBE, self.remote.info());
+        tokio::select! {
+            r = &mut call => r,
+            p = probe => match p {
+                Ok(Ok(_)) => call.await,
+                Ok(Err(e)) if !unreachable(&e) => call.await,
+                _ => {
+                    let e = RemoteError::Transport(format!(
+                        "no answer within {} ms, nor to a probe",
+                        (STALL + STALL_PROBE).as_millis()
+                    ));
+                    if self.is_reachable() {
+                        tracing::warn!("the sandbox does not answer: serving what the mount knows until it does");
+                    }
+                    self.reachable.store(false, Ordering::Relaxed);
+                    Err(e)
+                }
+            },
+        }
+    }
+
     pub(super) fn kernel(&self) -> Option<Arc<dyn KernelCache>> {
         self.kernel.lock().expect("kernel lock").clone()
     }
@@ -319,6 +361,21 @@ impl FsCore {
         }
     }
 
+    /// The sandbox changed something in `dir` (the change feed says so): its listing and
+    /// attributes are no longer trusted, but the listing is kept for a sandbox that stops
+    /// answering before it is fetched again.
+    pub(super) fn dir_stale(&self, dir: NodeId) {
+        self.bump();
+        self.meta.expire(dir);
+        if let Some(p) = self.inodes.path_of(dir) {
+            self.prefetched.forget_under(&p);
+        }
+        self.inodes.update(dir, |n| n.fetched = stale_instant());
+        if let Some(k) = self.kernel() {
+            k.invalidate_attr(dir);
+        }
+    }
+
     /// `name` was made (or pushed) in `dir` through the mount: its listing takes it in place
     /// instead of being fetched again; the directory's own attributes (mtime, nlink) are stale.
     pub(super) fn entry_made(&self, dir: NodeId, name: &[u8], attr: Attr) {
@@ -334,12 +391,12 @@ impl FsCore {
     async fn stable_stat(&self, path: &RemotePath) -> Result<Attr> {
         for _ in 0..4 {
             let before = self.epoch.load(Ordering::SeqCst);
-            let a = self.note(self.remote.stat(path).await)?;
+            let a = self.note(self.or_offline(self.remote.stat(path)).await)?;
             if self.epoch.load(Ordering::SeqCst) == before {
                 return Ok(a);
             }
         }
-        self.note(self.remote.stat(path).await)
+        self.note(self.or_offline(self.remote.stat(path)).await)
     }
 
     pub(super) fn staged_of(&self, node: NodeId) -> Option<Arc<StagedEntry>> {
@@ -641,7 +698,7 @@ impl FsCore {
             Some(Err(e)) => return Err(e),
         }
         let before = self.epoch.load(Ordering::SeqCst);
-        match self.note(self.remote.list(&path).await) {
+        match self.note(self.or_offline(self.remote.list(&path)).await) {
             Ok(fetched) => {
                 let entries: Vec<(Vec<u8>, Attr)> =
                     fetched.into_iter().map(|e| (e.name.0, e.attr)).collect();

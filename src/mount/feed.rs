@@ -377,10 +377,10 @@ fn touched(
         core.prefetched.forget(&parent_path);
         if let Some(parent) = core.inodes.resolve(&parent_path) {
             if namespace {
-                core.dir_changed(parent);
+                core.dir_stale(parent);
             } else if node.is_none() {
                 core.bump();
-                core.meta.invalidate(parent);
+                core.meta.expire(parent);
             }
         }
     }
@@ -501,9 +501,9 @@ fn settle(
             core.inodes.update(node, |x| x.fetched = stale_instant());
         }
     }
-    core.meta.invalidate(node);
+    core.meta.expire(node);
     for (parent, _) in &n.links {
-        core.meta.invalidate(*parent);
+        core.meta.expire(*parent);
     }
     let Some(k) = core.kernel() else {
         return true;

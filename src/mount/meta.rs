@@ -117,6 +117,17 @@ impl MetaCache {
         }
     }
 
+    /// The listing is no longer trusted, but kept to be served while the sandbox does not
+    /// answer (as one past its TTL is).
+    pub fn expire(&self, dir: NodeId) {
+        let long_ago = Instant::now()
+            .checked_sub(Duration::from_secs(86_400 * 365))
+            .unwrap_or_else(Instant::now);
+        if let Some(x) = self.listings.lock().expect("listings lock").get_mut(&dir) {
+            x.fetched = x.fetched.min(long_ago);
+        }
+    }
+
     pub fn invalidate(&self, dir: NodeId) {
         self.listings.lock().expect("listings lock").pop(&dir);
     }

@@ -134,7 +134,10 @@ impl FsCore {
         self.prefetched.mark_looked(dir);
         let before = self.epoch();
         let fetched = Instant::now();
-        let collected = match self.note(self.remote.tree_listings(path, self.cfg.tree_max).await) {
+        let collected = match self.note(
+            self.or_offline(self.remote.tree_listings(path, self.cfg.tree_max))
+                .await,
+        ) {
             Ok(stream) => self.collect(path, stream).await,
             Err(e) => Err(e),
         };
