@@ -387,6 +387,24 @@ impl FsCore {
         }
     }
 
+    /// The sandbox's attributes of a node, applied to it unless the mount changed the node
+    /// while the answer was on its way (then the node's own, newer, attributes).
+    async fn stat_node(&self, node: NodeId, path: &RemotePath) -> Result<Attr> {
+        let asked = self.epoch();
+        let a = self.note(self.or_offline(self.remote.stat(path)).await)?;
+        if self.inodes.rebind_answer(node, &a, asked) {
+            return Ok(a);
+        }
+        Ok(self.node(node)?.attr)
+    }
+
+    /// The mount itself changed the node: it now has `attr`, and answers asked for before
+    /// are older than that.
+    pub(super) fn own_change(&self, node: NodeId, attr: &Attr) {
+        self.bump();
+        self.inodes.rebind_own(node, attr, self.epoch());
+    }
+
     /// A remote stat that no local change raced: retried while the epoch moves under it.
     async fn stable_stat(&self, path: &RemotePath) -> Result<Attr> {
         for _ in 0..4 {
@@ -436,6 +454,7 @@ impl FsCore {
     }
 
     pub async fn lookup(&self, parent: NodeId, name: &[u8]) -> Result<NodeAttr> {
+        let asked = self.epoch();
         let dir = self.path_of(parent)?;
         let path = dir.join(name)?;
         if let Some(id) = self
@@ -486,7 +505,7 @@ impl FsCore {
                 }
             },
         };
-        let node = self.remember_entry(parent, name, attr);
+        let node = self.remember_entry(parent, name, attr, asked);
         let attr = self.with_staged(node, self.node(node)?.attr);
         Ok(NodeAttr { node, attr })
     }
@@ -502,14 +521,14 @@ impl FsCore {
 
     /// Record what a lookup found; a node with staged writes keeps its own identity (our
     /// push, not the sandbox's listing, moves it to a new inode).
-    fn remember_entry(&self, parent: NodeId, name: &[u8], attr: Attr) -> NodeId {
+    fn remember_entry(&self, parent: NodeId, name: &[u8], attr: Attr, asked: u64) -> NodeId {
         if let Some(id) = self.inodes.child(parent, name) {
             if self.staged_of(id).is_some() {
                 self.inodes.update(id, |n| n.lookups += 1);
                 return id;
             }
         }
-        self.inodes.remember(parent, name, attr, true)
+        self.inodes.remember(parent, name, attr, true, Some(asked))
     }
 
     /// Attributes of `name` in `parent`, for a permission check: not a lookup (the kernel's
@@ -538,11 +557,8 @@ impl FsCore {
             _ if staged => n.attr,
             None => n.attr,
             Some(_) if self.fresh(n.fetched) || self.offline() => n.attr,
-            Some(path) => match self.stable_stat(&path).await {
-                Ok(a) => {
-                    self.inodes.rebind(node, &a);
-                    a
-                }
+            Some(path) => match self.stat_node(node, &path).await {
+                Ok(a) => a,
                 Err(e) if unreachable(&e) => n.attr,
                 Err(e) => return Err(e),
             },
@@ -578,6 +594,11 @@ impl FsCore {
             if let Ok(h) = self.handles.file(fh) {
                 h.wrote.store(true, Ordering::Relaxed);
             }
+        }
+        if (atime_ns.is_some() || mtime_ns.is_some()) && current.kind == FileKind::Dir {
+            // `tar -x` and `rsync -a` set a directory's times after filling it: the pushes of
+            // its files land first, or they would move its mtime to the push time.
+            self.push_children(node).await;
         }
         let unopened = self.inodes.get(node).is_some_and(|n| n.open == 0);
         if unopened {
@@ -661,7 +682,7 @@ impl FsCore {
                     s.sync(&g);
                 }
             }
-            self.inodes.rebind(node, &a);
+            self.own_change(node, &a);
             self.handles.follow(node, &a);
             if size.is_some() {
                 if let Some(k) = self.kernel() {
@@ -776,11 +797,8 @@ impl FsCore {
             self.node(node)?.attr
         } else {
             let path = self.path_of(node)?;
-            match self.stable_stat(&path).await {
-                Ok(a) => {
-                    self.inodes.rebind(node, &a);
-                    a
-                }
+            match self.stat_node(node, &path).await {
+                Ok(a) => a,
                 // The sandbox is unreachable: an open still works from what we knew — cached
                 // pages can be read, and an edit can be staged now and pushed (against that
                 // version) when the sandbox is back.
@@ -1118,7 +1136,8 @@ impl FsCore {
             Err(e) => return Err(e),
         };
         self.dir_changed(parent);
-        let node = self.inodes.remember(parent, name, attr.clone(), true);
+        let node = self.inodes.remember(parent, name, attr.clone(), true, None);
+        self.own_change(node, &attr);
         let (fh, _) = self.open(node, true, truncate).await?;
         let attr = self.with_staged(node, self.node(node)?.attr);
         Ok((NodeAttr { node, attr }, fh))
@@ -1148,7 +1167,7 @@ impl FsCore {
             has_xattrs: Some(false),
         };
         self.bump();
-        let node = self.inodes.remember(parent, name, attr, true);
+        let node = self.inodes.remember(parent, name, attr, true, None);
         self.stage_new(node)?;
         self.newfiles.add(node);
         self.entry_made(parent, name, self.node(node)?.attr);
@@ -1166,7 +1185,8 @@ impl FsCore {
         self.bump();
         let attr = self.note(self.remote.create(&path, mode & 0o7777).await)?;
         self.dir_changed(parent);
-        let node = self.inodes.remember(parent, name, attr.clone(), true);
+        let node = self.inodes.remember(parent, name, attr.clone(), true, None);
+        self.own_change(node, &attr);
         Ok(NodeAttr { node, attr })
     }
 
@@ -1182,7 +1202,8 @@ impl FsCore {
         self.bump();
         let attr = self.note(self.remote.mkdir(&path, mode & 0o7777).await)?;
         self.entry_made(parent, name, attr.clone());
-        let node = self.inodes.remember(parent, name, attr.clone(), true);
+        let node = self.inodes.remember(parent, name, attr.clone(), true, None);
+        self.own_change(node, &attr);
         // Made just now, by us: empty (names looked up in it are absent without asking).
         self.meta.put(node, Default::default());
         Ok(NodeAttr { node, attr })
@@ -1200,7 +1221,8 @@ impl FsCore {
         self.bump();
         let attr = self.note(self.remote.mknod(&path, kind, mode & 0o7777, rdev).await)?;
         self.dir_changed(parent);
-        let node = self.inodes.remember(parent, name, attr.clone(), true);
+        let node = self.inodes.remember(parent, name, attr.clone(), true, None);
+        self.own_change(node, &attr);
         Ok(NodeAttr { node, attr })
     }
 
@@ -1209,7 +1231,8 @@ impl FsCore {
         self.bump();
         let attr = self.note(self.remote.symlink(&path, target).await)?;
         self.dir_changed(parent);
-        let node = self.inodes.remember(parent, name, attr.clone(), true);
+        let node = self.inodes.remember(parent, name, attr.clone(), true, None);
+        self.own_change(node, &attr);
         let attr = self.with_staged(node, attr);
         Ok(NodeAttr { node, attr })
     }
@@ -1426,13 +1449,28 @@ impl FsCore {
         Ok(())
     }
 
-    /// `dir` holds a file created here that the sandbox does not have yet.
-    fn has_unpushed_child(&self, dir: NodeId) -> bool {
-        self.newfiles.all().into_iter().any(|id| {
+    /// Land every push that would change `dir`: queued ones, and files made in it here whose
+    /// push waits for a close still to come (a failure stays kept and reported as usual).
+    async fn push_children(&self, dir: NodeId) {
+        self.pushq.wait_all().await;
+        for id in self.unpushed_children(dir) {
+            let _ = self.push(id).await;
+        }
+    }
+
+    /// The files created here in `dir` that the sandbox does not have yet.
+    fn unpushed_children(&self, dir: NodeId) -> Vec<NodeId> {
+        let mut kids = self.newfiles.all();
+        kids.retain(|id| {
             self.inodes
-                .get(id)
+                .get(*id)
                 .is_some_and(|n| n.links.iter().any(|(p, _)| *p == dir))
-        })
+        });
+        kids
+    }
+
+    fn has_unpushed_child(&self, dir: NodeId) -> bool {
+        !self.unpushed_children(dir).is_empty()
     }
 
     /// Entries for the files created in `dir` and not yet pushed (the sandbox's listing
@@ -1580,7 +1618,7 @@ impl FsCore {
         }
         let path = self.path_of(node)?;
         let a = self.note(self.remote.fallocate(&path, offset, len, keep_size).await)?;
-        self.inodes.rebind(node, &a);
+        self.own_change(node, &a);
         self.handles.follow(node, &a);
         Ok(())
     }
@@ -1617,7 +1655,7 @@ impl FsCore {
                 .map_err(|e| local_io(&e))?;
             s.sync(&g);
         }
-        self.inodes.rebind(dst.node, &attr);
+        self.own_change(dst.node, &attr);
         self.handles.follow(dst.node, &attr);
         if let Some(k) = self.kernel() {
             k.invalidate_data(dst.node);

@@ -446,7 +446,7 @@ async fn check_nodes(
                     continue;
                 }
                 answer => {
-                    if settle(core, *node, path, answer, raced) {
+                    if settle(core, *node, path, answer, raced, before) {
                         changed += 1;
                     }
                 }
@@ -469,6 +469,7 @@ fn settle(
     path: &RemotePath,
     answer: crate::remote::Result<Attr>,
     raced: bool,
+    asked: u64,
 ) -> bool {
     let Some(n) = core.inodes.get(node) else {
         return false;
@@ -493,8 +494,9 @@ fn settle(
         Ok(a) if !raced && !name_went => {
             // Changed in place (the same file): open handles read its new bytes, as on a
             // local disk, not pages of the old version (read ahead before the change).
-            core.inodes.rebind(node, &a);
-            core.handles.follow(node, &a);
+            if core.inodes.rebind_answer(node, &a, asked) {
+                core.handles.follow(node, &a);
+            }
         }
         // Asked again on next use.
         _ => {

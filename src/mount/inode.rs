@@ -55,6 +55,10 @@ pub struct Node {
     /// the sandbox file a new inode: SQLite, `tail -F` and editors take a changed `st_ino`
     /// for a file replaced by another program.
     pub st_ino: u64,
+    /// The mount's epoch at its last own change of this node (a push, a setattr's answer):
+    /// an answer asked for before that is older than what the mount knows, and is not
+    /// applied ([`InodeTable::rebind_answer`], [`InodeTable::remember`]).
+    pub own_change: u64,
     /// Names of this node: `(parent, name)`. Empty for an orphan.
     pub links: Vec<(NodeId, Vec<u8>)>,
     pub attr: Attr,
@@ -185,6 +189,7 @@ impl InodeTable {
             Node {
                 remote: RemoteId::of(&root),
                 st_ino: root.ino,
+                own_change: 0,
                 links: Vec::new(),
                 attr: root,
                 fetched: Instant::now(),
@@ -225,10 +230,29 @@ impl InodeTable {
     /// kernel lookup if `lookup`. The node already at that name is kept if it is the same
     /// sandbox file; a file with several links joins the node of its other names; anything
     /// else is a new node (the name's previous node loses that name).
-    pub fn remember(&self, parent: NodeId, name: &[u8], attr: Attr, lookup: bool) -> NodeId {
+    ///
+    /// `asked`: the epoch at which the answer was asked for. If the node at that name changed
+    /// through the mount since (its push landed while the answer was on its way), the answer
+    /// is older than what the mount knows: the node stays as it is.
+    pub fn remember(
+        &self,
+        parent: NodeId,
+        name: &[u8],
+        attr: Attr,
+        lookup: bool,
+        asked: Option<u64>,
+    ) -> NodeId {
         let mut t = self.lock();
         let rid = RemoteId::of(&attr);
         let at_name = t.children.get(&parent).and_then(|c| c.get(name)).copied();
+        if let (Some(id), Some(asked)) = (at_name, asked) {
+            if let Some(n) = t.nodes.get_mut(&id).filter(|n| n.own_change > asked) {
+                if lookup {
+                    n.lookups += 1;
+                }
+                return id;
+            }
+        }
         let id = match at_name {
             Some(id) if t.nodes.get(&id).is_some_and(|n| n.remote == rid) => id,
             _ => {
@@ -247,6 +271,7 @@ impl InodeTable {
                             Node {
                                 remote: rid,
                                 st_ino: attr.ino,
+                                own_change: 0,
                                 links: Vec::new(),
                                 attr: attr.clone(),
                                 fetched: Instant::now(),
@@ -283,9 +308,29 @@ impl InodeTable {
         id
     }
 
-    /// The node now stands for another sandbox file (our save replaced it by rename).
-    pub fn rebind(&self, id: NodeId, attr: &Attr) {
+    /// The mount's own change gave the node these attributes (our save replaced the file by
+    /// rename: another sandbox file now), at `epoch`.
+    pub fn rebind_own(&self, id: NodeId, attr: &Attr, epoch: u64) {
         let mut t = self.lock();
+        if let Some(n) = t.nodes.get_mut(&id) {
+            n.own_change = n.own_change.max(epoch);
+        }
+        Self::rebind_locked(&mut t, id, attr);
+    }
+
+    /// The sandbox's answer, asked for at epoch `asked`, about the node: applied unless the
+    /// mount changed the node since (then it is older than what the mount knows). Answers
+    /// whether it was applied.
+    pub fn rebind_answer(&self, id: NodeId, attr: &Attr, asked: u64) -> bool {
+        let mut t = self.lock();
+        if t.nodes.get(&id).is_none_or(|n| n.own_change > asked) {
+            return false;
+        }
+        Self::rebind_locked(&mut t, id, attr);
+        true
+    }
+
+    fn rebind_locked(t: &mut Table, id: NodeId, attr: &Attr) {
         let rid = RemoteId::of(attr);
         let Some(old) = t.nodes.get(&id).map(|n| n.remote) else {
             return;
@@ -468,8 +513,8 @@ mod tests {
     #[test]
     fn paths_follow_directory_renames() {
         let t = table();
-        let d = t.remember(ROOT, b"d", attr(10, FileKind::Dir, 2), true);
-        let f = t.remember(d, b"f", attr(11, FileKind::File, 1), true);
+        let d = t.remember(ROOT, b"d", attr(10, FileKind::Dir, 2), true, None);
+        let f = t.remember(d, b"f", attr(11, FileKind::File, 1), true, None);
         assert_eq!(t.path_of(f).unwrap().as_bytes(), b"d/f");
         t.rename(ROOT, b"d", ROOT, b"e");
         assert_eq!(t.path_of(f).unwrap().as_bytes(), b"e/f");
@@ -482,19 +527,19 @@ mod tests {
     #[test]
     fn node_ids_are_never_reused_and_differ_from_inode_numbers() {
         let t = table();
-        let a = t.remember(ROOT, b"a", attr(5, FileKind::File, 1), true);
+        let a = t.remember(ROOT, b"a", attr(5, FileKind::File, 1), true, None);
         t.unlink(ROOT, b"a");
         t.forget(a, 1);
         assert!(t.get(a).is_none());
         // The sandbox reuses inode 5 for another file: a new node.
-        let b = t.remember(ROOT, b"b", attr(5, FileKind::File, 1), true);
+        let b = t.remember(ROOT, b"b", attr(5, FileKind::File, 1), true, None);
         assert_ne!(a, b);
     }
 
     #[test]
     fn an_unlinked_open_node_stays_until_closed_and_forgotten() {
         let t = table();
-        let a = t.remember(ROOT, b"a", attr(5, FileKind::File, 1), true);
+        let a = t.remember(ROOT, b"a", attr(5, FileKind::File, 1), true, None);
         t.opened(a, 1);
         assert_eq!(t.unlink(ROOT, b"a"), Some(a));
         assert!(t.path_of(a).is_none(), "an orphan has no path");
@@ -504,14 +549,14 @@ mod tests {
         t.opened(a, -1);
         assert!(t.get(a).is_none());
         // A new file at the old name is a different node.
-        let b = t.remember(ROOT, b"a", attr(6, FileKind::File, 1), true);
+        let b = t.remember(ROOT, b"a", attr(6, FileKind::File, 1), true, None);
         assert_ne!(a, b);
     }
 
     #[test]
     fn a_pinned_node_outlives_forget_until_unpinned() {
         let t = table();
-        let a = t.remember(ROOT, b"a", attr(5, FileKind::File, 1), true);
+        let a = t.remember(ROOT, b"a", attr(5, FileKind::File, 1), true, None);
         t.pin(a, true);
         t.forget(a, 1);
         assert_eq!(t.path_of(a).unwrap().as_bytes(), b"a");
@@ -522,8 +567,8 @@ mod tests {
     #[test]
     fn hard_links_are_names_of_one_node() {
         let t = table();
-        let a = t.remember(ROOT, b"a", attr(5, FileKind::File, 2), true);
-        let b = t.remember(ROOT, b"b", attr(5, FileKind::File, 2), true);
+        let a = t.remember(ROOT, b"a", attr(5, FileKind::File, 2), true, None);
+        let b = t.remember(ROOT, b"b", attr(5, FileKind::File, 2), true, None);
         assert_eq!(a, b);
         t.unlink(ROOT, b"a");
         assert_eq!(t.path_of(a).unwrap().as_bytes(), b"b");
@@ -532,8 +577,8 @@ mod tests {
     #[test]
     fn a_replaced_name_gets_a_new_node_and_the_old_one_is_orphaned() {
         let t = table();
-        let a = t.remember(ROOT, b"a", attr(5, FileKind::File, 1), true);
-        let b = t.remember(ROOT, b"a", attr(9, FileKind::File, 1), true);
+        let a = t.remember(ROOT, b"a", attr(5, FileKind::File, 1), true, None);
+        let b = t.remember(ROOT, b"a", attr(9, FileKind::File, 1), true, None);
         assert_ne!(a, b);
         assert!(t.path_of(a).is_none());
         assert_eq!(t.child(ROOT, b"a"), Some(b));
@@ -542,8 +587,8 @@ mod tests {
     #[test]
     fn rename_over_answers_the_replaced_node_and_exchange_swaps() {
         let t = table();
-        let a = t.remember(ROOT, b"a", attr(5, FileKind::File, 1), true);
-        let b = t.remember(ROOT, b"b", attr(6, FileKind::File, 1), true);
+        let a = t.remember(ROOT, b"a", attr(5, FileKind::File, 1), true, None);
+        let b = t.remember(ROOT, b"b", attr(6, FileKind::File, 1), true, None);
         t.exchange(ROOT, b"a", ROOT, b"b");
         assert_eq!(t.path_of(a).unwrap().as_bytes(), b"b");
         assert_eq!(t.path_of(b).unwrap().as_bytes(), b"a");
@@ -555,10 +600,34 @@ mod tests {
     #[test]
     fn rebind_keeps_the_node_id_for_a_new_sandbox_inode() {
         let t = table();
-        let a = t.remember(ROOT, b"a", attr(5, FileKind::File, 1), true);
-        t.rebind(a, &attr(50, FileKind::File, 1));
+        let a = t.remember(ROOT, b"a", attr(5, FileKind::File, 1), true, None);
+        t.rebind_own(a, &attr(50, FileKind::File, 1), 1);
         assert_eq!(t.get(a).unwrap().attr.ino, 50);
         // A lookup of the same name with the new inode finds the same node.
-        assert_eq!(t.remember(ROOT, b"a", attr(50, FileKind::File, 1), true), a);
+        assert_eq!(t.remember(ROOT, b"a", attr(50, FileKind::File, 1), true, None), a);
+        // What `stat` shows stays what it was (SQLite takes a new st_ino for a moved file).
+        assert_eq!(t.get(a).unwrap().st_ino, 5);
+    }
+
+    #[test]
+    fn an_answer_asked_before_the_mounts_own_change_does_not_undo_it() {
+        let t = table();
+        let a = t.remember(ROOT, b"a", attr(5, FileKind::File, 1), true, None);
+        // A stat is asked at epoch 3; meanwhile our push lands (epoch 4, inode 50); then
+        // the stat's answer arrives, still showing inode 5.
+        t.rebind_own(a, &attr(50, FileKind::File, 1), 4);
+        assert!(!t.rebind_answer(a, &attr(5, FileKind::File, 1), 3));
+        assert_eq!(t.get(a).unwrap().attr.ino, 50);
+        // A lookup's answer from before the push neither replaces the node nor orphans it.
+        assert_eq!(
+            t.remember(ROOT, b"a", attr(5, FileKind::File, 1), true, Some(3)),
+            a
+        );
+        assert_eq!(t.path_of(a).unwrap().as_bytes(), b"a");
+        // Asked after the push, the sandbox's word counts: a file replaced there is a new node.
+        assert!(t.rebind_answer(a, &attr(50, FileKind::File, 1), 4));
+        let b = t.remember(ROOT, b"a", attr(77, FileKind::File, 1), true, Some(5));
+        assert_ne!(b, a);
+        assert!(t.path_of(a).is_none());
     }
 }

@@ -552,7 +552,7 @@ impl FsCore {
                 self.failures.clear(node);
                 // The atomic rename gave the file a new sandbox inode: this node now stands
                 // for it. What the kernel cached was written piecemeal: never a version.
-                self.inodes.rebind(node, &attr);
+                self.own_change(node, &attr);
                 self.newfiles.remove(node);
                 self.handles.follow(node, &attr);
                 self.inodes.update(node, |x| x.kernel_version = None);
@@ -580,7 +580,7 @@ impl FsCore {
                             Ok(a) => {
                                 s.rebase_remote(a.version.clone(), a.size)
                                     .map_err(|e| local_io(&e))?;
-                                self.inodes.rebind(node, &a);
+                                self.own_change(node, &a);
                                 self.handles.follow(node, &a);
                             }
                             Err(_) => {
