@@ -207,16 +207,31 @@ fn sizes_and_parent_attributes_agree_with_local_state_at_once() {
 }
 
 #[test]
-fn st_ino_is_the_sandboxs_even_after_saves() {
+fn st_ino_is_the_sandboxs_and_stays_across_the_mounts_own_saves() {
     let s = setup();
     let (m, r) = (&s.mount.dir, &s.root);
+    fs::write(r.join("f"), "made in the sandbox").unwrap();
+    let first = fs::metadata(r.join("f")).unwrap().ino();
+    assert_eq!(fs::metadata(m.join("f")).unwrap().ino(), first);
+    let held = fs::File::open(m.join("f")).unwrap();
     for round in 0..5 {
+        // Each save is an atomic rename in the sandbox (a new inode there), but the file is
+        // the same to programs here: SQLite, `tail -F` and editors compare st_ino.
         fs::write(m.join("f"), format!("round {round}")).unwrap();
-        let inside = fs::metadata(r.join("f")).unwrap().ino();
+        assert_ne!(fs::metadata(r.join("f")).unwrap().ino(), first);
         // A fresh stat through the mount (after the attribute TTL) shows the same number.
         std::thread::sleep(Duration::from_millis(1100));
-        assert_eq!(fs::metadata(m.join("f")).unwrap().ino(), inside);
+        assert_eq!(fs::metadata(m.join("f")).unwrap().ino(), first);
+        assert_eq!(held.metadata().unwrap().ino(), first);
     }
+    drop(held);
+    // Replaced by another program in the sandbox: another file, with the sandbox's number.
+    fs::write(r.join("g"), "replacement").unwrap();
+    let replaced = fs::metadata(r.join("g")).unwrap().ino();
+    fs::rename(r.join("g"), r.join("f")).unwrap();
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(fs::metadata(m.join("f")).unwrap().ino(), replaced);
+    assert_eq!(fs::read_to_string(m.join("f")).unwrap(), "replacement");
 }
 
 #[test]

@@ -323,8 +323,12 @@ impl InodeTable {
     /// whether it was applied.
     pub fn rebind_answer(&self, id: NodeId, attr: &Attr, asked: u64) -> bool {
         let mut t = self.lock();
-        if t.nodes.get(&id).is_none_or(|n| n.own_change > asked) {
+        let Some(n) = t.nodes.get_mut(&id).filter(|n| n.own_change <= asked) else {
             return false;
+        };
+        if n.remote != RemoteId::of(attr) {
+            // Another file at its name, put there by someone else: its number, not ours.
+            n.st_ino = attr.ino;
         }
         Self::rebind_locked(&mut t, id, attr);
         true

@@ -671,3 +671,50 @@ impl Drop for MountProcess {
         }
     }
 }
+
+/// Wait until `cond` holds, checking every 50 ms, for at most `deadline`; panics naming
+/// `what` if it never does. The one way tests wait for something to happen.
+pub fn eventually(what: &str, deadline: std::time::Duration, mut cond: impl FnMut() -> bool) {
+    let until = std::time::Instant::now() + deadline;
+    loop {
+        if cond() {
+            return;
+        }
+        if std::time::Instant::now() > until {
+            panic!("{what}: not within {deadline:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Two processes spinning on the CPU (one per core of the CI machine), as on a busy laptop:
+/// the real-tool tests run beside them, because most races only show under load. Stopped by
+/// pid on drop.
+pub struct CpuHogs {
+    children: Vec<std::process::Child>,
+}
+
+impl CpuHogs {
+    pub fn start() -> CpuHogs {
+        let children = (0..2)
+            .map(|_| {
+                Command::new("sh")
+                    .arg("-c")
+                    .arg("while :; do :; done")
+                    .stdin(std::process::Stdio::null())
+                    .spawn()
+                    .expect("start a CPU hog")
+            })
+            .collect();
+        CpuHogs { children }
+    }
+}
+
+impl Drop for CpuHogs {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
