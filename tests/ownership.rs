@@ -10,7 +10,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{run, sbxfs_bin, setpriv_as_root, MountProcess};
+use common::{run, sbxfs_bin, setpriv_as_root, AgentProcess, MountProcess};
 
 /// The sandbox's user: a uid with no account here, as in a container.
 const SANDBOX_UID: u32 = 4242;
@@ -612,4 +612,61 @@ fn a_users_own_mount_acts_as_the_sandbox_user_and_git_still_refuses_the_reposito
     assert!(!marker.exists(), "the sandbox ran a command on the laptop");
     drop(m);
     assert_eq!(fs::read_to_string(ws.join("theirs.txt")).unwrap(), "new\n");
+}
+
+#[test]
+fn a_file_another_local_user_makes_is_its_own_where_the_agent_is_root() {
+    let Some(setpriv) = setpriv_as_root() else {
+        return;
+    };
+    let (_base, ws) = workspace();
+    fs::create_dir(ws.join("shared")).unwrap();
+    set_mode(&ws.join("shared"), 0o1777);
+    fs::create_dir(ws.join("team")).unwrap();
+    std::os::unix::fs::chown(ws.join("team"), None, Some(SHARED_GID)).unwrap();
+    set_mode(&ws.join("team"), 0o2777);
+    let agent = AgentProcess::start(&ws);
+    let m = MountProcess::start(&agent, &["-o", "allow_other"]);
+    fs::set_permissions(m.dir.parent().unwrap(), fs::Permissions::from_mode(0o755)).unwrap();
+    // What the POSIX suites do as a second user: make files, then use them as their owner.
+    let (code, err) = as_other(
+        &setpriv,
+        &[],
+        &m.dir,
+        "set -e; cd shared; echo hi > f; chmod 600 f; truncate -s 1 f; mv f g; \
+         mkdir d; chmod 700 d; ln -s g l; touch -d 2020-01-01 g; : > e; chmod 640 e; \
+         cd ../team; : > t; mkdir td",
+    );
+    assert_eq!(code, 0, "{err}; log: {}", m.log_text());
+    let (code, _, err) = run(Command::new(sbxfs_bin())
+        .args(["ctl", "--mount"])
+        .arg(&m.dir)
+        .arg("flush"));
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+    let inside = |p: &str| fs::symlink_metadata(ws.join(p)).unwrap();
+    for p in ["shared/g", "shared/d", "shared/l", "shared/e"] {
+        assert_eq!(
+            (inside(p).uid(), inside(p).gid()),
+            (OTHER_UID, OTHER_UID),
+            "{p}"
+        );
+    }
+    assert_eq!(inside("shared/g").mode() & 0o7777, 0o600);
+    assert_eq!(inside("shared/g").len(), 1);
+    assert_eq!(inside("shared/e").mode() & 0o7777, 0o640);
+    assert_eq!(fs::read_to_string(ws.join("shared/g")).unwrap(), "h");
+    // In a set-group-ID directory the group is the directory's, as on ext4.
+    assert_eq!(inside("team/t").gid(), SHARED_GID);
+    assert_eq!(inside("team/td").gid(), SHARED_GID);
+    // The mount shows the same owners.
+    let shown = fs::metadata(m.dir.join("shared/g")).unwrap();
+    assert_eq!((shown.uid(), shown.gid()), (OTHER_UID, OTHER_UID));
+    // The mounting user's own files stay the sandbox user's.
+    fs::write(m.dir.join("shared/mine"), "x").unwrap();
+    let (code, _, _) = run(Command::new(sbxfs_bin())
+        .args(["ctl", "--mount"])
+        .arg(&m.dir)
+        .arg("flush"));
+    assert_eq!(code, 0);
+    assert_eq!(inside("shared/mine").uid(), 0);
 }

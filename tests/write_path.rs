@@ -111,7 +111,12 @@ fn rmdir_of_a_directory_holding_an_unpushed_file_is_enotempty(t: Transport, roun
     assert!(s.flush(), "{}", s.mount.log_text());
     for i in 1..=rounds {
         let x = s.root.join(format!("d{i}/x"));
-        assert!(x.is_file(), "{} lost; log: {}", x.display(), s.mount.log_text());
+        assert!(
+            x.is_file(),
+            "{} lost; log: {}",
+            x.display(),
+            s.mount.log_text()
+        );
     }
     assert!(s.conflict_copies().is_empty());
 }
@@ -127,10 +132,7 @@ fn rmdir_is_enotempty_while_a_new_file_waits_for_its_push_shell() {
 }
 
 fn sqlite(db: &Path, sql: &str) -> (i32, String, String) {
-    let (code, out, err) = run(Command::new("sqlite3")
-        .arg("-bail")
-        .arg(db)
-        .arg(sql));
+    let (code, out, err) = run(Command::new("sqlite3").arg("-bail").arg(db).arg(sql));
     (
         code,
         String::from_utf8_lossy(&out).into_owned(),
@@ -175,13 +177,20 @@ fn sqlite_in_its_default_journal_mode_from_two_processes(t: Transport, rows: usi
         );
     }
     let (code, out, err) = sqlite(&db, "select count(*) from t;");
-    assert_eq!((code, out.trim()), (0, (2 * rows).to_string().as_str()), "{err}");
+    assert_eq!(
+        (code, out.trim()),
+        (0, (2 * rows).to_string().as_str()),
+        "{err}"
+    );
     assert!(s.flush(), "{}", s.mount.log_text());
     // The sandbox's copy is whole and consistent.
     let inside = s.root.join("app.db");
     let (code, out, err) = sqlite(&inside, "pragma integrity_check; select count(*) from t;");
     assert_eq!(code, 0, "{err}");
-    assert_eq!(out.split_whitespace().collect::<Vec<_>>(), ["ok", &(2 * rows).to_string()]);
+    assert_eq!(
+        out.split_whitespace().collect::<Vec<_>>(),
+        ["ok", &(2 * rows).to_string()]
+    );
     assert!(!s.root.join("app.db-journal").exists());
     assert!(s.conflict_copies().is_empty());
 }
@@ -251,14 +260,18 @@ fn tar_and_rsync_keep_directory_times(t: Transport) {
     let tar = src.path().join("tree.tar");
     let (code, _, err) = bash(s.mnt(), &format!("tar xf {}", tar.display()));
     assert_eq!(code, 0, "{err}");
-    let (code, _, err) = bash(
-        s.mnt(),
-        &format!("rsync -a {}/ synced/", top.display()),
-    );
+    let (code, _, err) = bash(s.mnt(), &format!("rsync -a {}/ synced/", top.display()));
     assert_eq!(code, 0, "{err}");
     assert!(s.flush(), "{}", s.mount.log_text());
     let want = fs::metadata(&top).unwrap().mtime();
-    for d in ["top", "top/a", "top/a/b", "synced", "synced/a", "synced/a/b"] {
+    for d in [
+        "top",
+        "top/a",
+        "top/a/b",
+        "synced",
+        "synced/a",
+        "synced/a/b",
+    ] {
         let inside = fs::metadata(s.root.join(d)).unwrap().mtime();
         assert_eq!(inside, want, "{d}: the archive's time, not the push time");
         let shown = fs::metadata(s.mnt().join(d)).unwrap().mtime();
@@ -295,10 +308,7 @@ fn git_clone_with_history_lands_whole(t: Transport, commits: usize) {
     let _load = CpuHogs::start();
     let s = Sandbox::new(t);
     let origin = src.path().join("r");
-    let (code, _, err) = bash(
-        s.mnt(),
-        &format!("git clone -q {} clone", origin.display()),
-    );
+    let (code, _, err) = bash(s.mnt(), &format!("git clone -q {} clone", origin.display()));
     assert_eq!(code, 0, "{err}; log: {}", s.mount.log_text());
     let clone = s.mnt().join("clone");
     let (code, out, err) = bash(&clone, "git status --porcelain");
@@ -393,7 +403,10 @@ fn a_full_sandbox_disk_is_enospc_and_umount_says_what_stayed(t: Transport) {
     let (code, _, err) = run(Command::new(sbxfs_bin()).arg("umount").arg(s.mnt()));
     let err = String::from_utf8_lossy(&err);
     assert_ne!(code, 0, "{err}");
-    assert!(err.contains("big.bin") && err.contains("no space left"), "{err}");
+    assert!(
+        err.contains("big.bin") && err.contains("no space left"),
+        "{err}"
+    );
     assert!(err.contains("stays mounted"), "{err}");
     assert_eq!(fs::metadata(&big).unwrap().len(), 12 << 20);
     // One line per cause in the log: no "did not answer", no flapping.
@@ -446,8 +459,11 @@ fn a_hung_sandbox_still_takes_new_files_in_a_listed_directory() {
     // Long enough for the mount to stop trusting its feed.
     std::thread::sleep(Duration::from_secs(3));
     let started = std::time::Instant::now();
-    fs::write(s.mnt().join("src/new.rs"), "// written while the sandbox hung\n")
-        .expect("a new file in a listed directory is staged while the sandbox hangs");
+    fs::write(
+        s.mnt().join("src/new.rs"),
+        "// written while the sandbox hung\n",
+    )
+    .expect("a new file in a listed directory is staged while the sandbox hangs");
     let names: Vec<_> = fs::read_dir(s.mnt().join("src"))
         .unwrap()
         .map(|e| e.unwrap().file_name())
@@ -460,8 +476,14 @@ fn a_hung_sandbox_still_takes_new_files_in_a_listed_directory() {
         started.elapsed()
     );
     drop(resume);
-    eventually("the staged file reaches the sandbox", Duration::from_secs(30), || {
-        fs::read_to_string(s.root.join("src/new.rs")).ok().as_deref()
-            == Some("// written while the sandbox hung\n")
-    });
+    eventually(
+        "the staged file reaches the sandbox",
+        Duration::from_secs(30),
+        || {
+            fs::read_to_string(s.root.join("src/new.rs"))
+                .ok()
+                .as_deref()
+                == Some("// written while the sandbox hung\n")
+        },
+    );
 }

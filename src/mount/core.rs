@@ -646,6 +646,12 @@ impl FsCore {
                 if let Some(m) = mode {
                     attr.mode = m;
                 }
+                if let Some(u) = uid {
+                    attr.uid = u;
+                }
+                if let Some(g) = gid {
+                    attr.gid = g;
+                }
                 if let Some(a) = atime_ns {
                     attr.atime_ns = a;
                 }
@@ -771,15 +777,17 @@ impl FsCore {
             },
         ];
         // A name the mount has a node for shows that node's `st_ino` (kept across our saves).
-        out.extend(listing.iter().map(|(name, a)| DirEntryOut {
-            name: name.clone(),
-            ino: self
-                .inodes
-                .child(node, name)
-                .and_then(|id| self.inodes.get(id))
-                .filter(|n| RemoteId::of(a) == n.remote)
-                .map_or(a.ino, |n| n.st_ino),
-            kind: a.kind,
+        out.extend(listing.iter().map(|(name, a)| {
+            DirEntryOut {
+                name: name.clone(),
+                ino: self
+                    .inodes
+                    .child(node, name)
+                    .and_then(|id| self.inodes.get(id))
+                    .filter(|n| RemoteId::of(a) == n.remote)
+                    .map_or(a.ino, |n| n.st_ino),
+                kind: a.kind,
+            }
         }));
         self.add_new_files(node, &mut out);
         let out = Arc::new(out);
@@ -1188,6 +1196,32 @@ impl FsCore {
         let node = self.inodes.remember(parent, name, attr.clone(), true, None);
         self.own_change(node, &attr);
         Ok(NodeAttr { node, attr })
+    }
+
+    /// A file just made here goes to `owner` (uid, gid in the sandbox's numbers), if given:
+    /// [`super::gate::Gate::new_owner`]. For a file not pushed yet the chown is applied
+    /// after its push.
+    pub async fn give_to(&self, made: NodeAttr, owner: Option<(u32, u32)>) -> Result<NodeAttr> {
+        match owner {
+            Some((uid, gid)) if (uid, gid) != (made.attr.uid, made.attr.gid) => {
+                self.setattr(
+                    made.node,
+                    None,
+                    None,
+                    (Some(uid), Some(gid)),
+                    None,
+                    None,
+                    None,
+                )
+                .await
+            }
+            _ => Ok(made),
+        }
+    }
+
+    /// Whether the mount knows a file by this name (a create that may open it).
+    pub fn child_exists(&self, parent: NodeId, name: &[u8]) -> bool {
+        self.inodes.child(parent, name).is_some()
     }
 
     /// Have the kernel fetch a node's attributes again.

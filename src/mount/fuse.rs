@@ -437,8 +437,11 @@ impl Filesystem for SbxFs {
         let caller = self.caller(req);
         self.spawn("mkdir", parent.0, move |core, s| async move {
             let r = async {
-                s.gate(&core, &caller).add(NodeId(parent.0)).await?;
-                core.mkdir(NodeId(parent.0), &name, mode & !umask).await
+                let gate = s.gate(&core, &caller);
+                gate.add(NodeId(parent.0)).await?;
+                let owner = gate.new_owner(NodeId(parent.0)).await;
+                let made = core.mkdir(NodeId(parent.0), &name, mode & !umask).await?;
+                core.give_to(made, owner).await
             }
             .await;
             reply_entry(reply, &s, "mkdir", r)
@@ -466,10 +469,12 @@ impl Filesystem for SbxFs {
         let perm = mode & !umask & 0o7777;
         let caller = self.caller(req);
         self.spawn("mknod", parent.0, move |core, s| async move {
-            if let Err(e) = s.gate(&core, &caller).add(NodeId(parent.0)).await {
+            let gate = s.gate(&core, &caller);
+            if let Err(e) = gate.add(NodeId(parent.0)).await {
                 reply.error(fail("mknod", &e));
                 return;
             }
+            let owner = gate.new_owner(NodeId(parent.0)).await;
             let r = match kind {
                 Some(k) => {
                     core.mknod(NodeId(parent.0), &name, k, perm, u64::from(rdev))
@@ -477,6 +482,10 @@ impl Filesystem for SbxFs {
                 }
                 // A regular file made by mknod: created, not opened.
                 None => core.make_file(NodeId(parent.0), &name, perm).await,
+            };
+            let r = match r {
+                Ok(made) => core.give_to(made, owner).await,
+                Err(e) => Err(e),
             };
             reply_entry(reply, &s, "mknod", r)
         });
@@ -527,8 +536,11 @@ impl Filesystem for SbxFs {
         let caller = self.caller(req);
         self.spawn("symlink", parent.0, move |core, s| async move {
             let r = async {
-                s.gate(&core, &caller).add(NodeId(parent.0)).await?;
-                core.symlink(NodeId(parent.0), &name, &target).await
+                let gate = s.gate(&core, &caller);
+                gate.add(NodeId(parent.0)).await?;
+                let owner = gate.new_owner(NodeId(parent.0)).await;
+                let made = core.symlink(NodeId(parent.0), &name, &target).await?;
+                core.give_to(made, owner).await
             }
             .await;
             reply_entry(reply, &s, "symlink", r)
@@ -947,11 +959,23 @@ impl Filesystem for SbxFs {
         let caller = self.caller(req);
         self.spawn("create", parent.0, move |core, s| async move {
             let r = async {
-                s.gate(&core, &caller)
-                    .create(NodeId(parent.0), &name, exclusive, flags)
+                let gate = s.gate(&core, &caller);
+                gate.create(NodeId(parent.0), &name, exclusive, flags)
                     .await?;
-                core.create(NodeId(parent.0), &name, mode & !umask, exclusive, truncate)
-                    .await
+                let existed = core.child_exists(NodeId(parent.0), &name);
+                let owner = gate.new_owner(NodeId(parent.0)).await;
+                let (made, fh) = core
+                    .create(NodeId(parent.0), &name, mode & !umask, exclusive, truncate)
+                    .await?;
+                // An existing file opened with O_CREAT keeps its owner.
+                let owner = owner.filter(|_| !existed);
+                match core.give_to(made, owner).await {
+                    Ok(made) => Ok((made, fh)),
+                    Err(e) => {
+                        let _ = core.release(fh).await;
+                        Err(e)
+                    }
+                }
             }
             .await;
             match r {

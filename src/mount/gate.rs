@@ -208,6 +208,28 @@ impl Gate<'_> {
         }
     }
 
+    /// Who owns a file that the caller makes in `dir`, in the sandbox's numbers, when that is
+    /// not the sandbox's user: another local user (`allow_other`) owns what it makes, with its
+    /// group (the directory's in a set-group-ID directory), as on a local disk, so it may
+    /// chmod, truncate and rename its own files. Only where the sandbox's user may give files
+    /// away (root); otherwise `None` and the sandbox's user owns it, as before.
+    pub async fn new_owner(&self, dir: NodeId) -> Option<(u32, u32)> {
+        let Caller::Checked { who, raw: false } = self.caller else {
+            return None;
+        };
+        if self.owners.sandbox.uid != 0 {
+            return None;
+        }
+        let parent = self.core.getattr(dir).await.ok()?.attr;
+        let (uid, gid) = self.owners.to_sandbox(Some(who.uid), Some(who.gid));
+        let gid = if parent.mode & libc::S_ISGID != 0 {
+            parent.gid
+        } else {
+            gid?
+        };
+        Some((uid?, gid))
+    }
+
     /// `open(2)` with `O_CREAT` of `name` in `dir`: adding the name, or, when it is already
     /// there (and not `O_EXCL`), opening that file with `flags`.
     pub async fn create(

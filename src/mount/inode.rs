@@ -608,7 +608,10 @@ mod tests {
         t.rebind_own(a, &attr(50, FileKind::File, 1), 1);
         assert_eq!(t.get(a).unwrap().attr.ino, 50);
         // A lookup of the same name with the new inode finds the same node.
-        assert_eq!(t.remember(ROOT, b"a", attr(50, FileKind::File, 1), true, None), a);
+        assert_eq!(
+            t.remember(ROOT, b"a", attr(50, FileKind::File, 1), true, None),
+            a
+        );
         // What `stat` shows stays what it was (SQLite takes a new st_ino for a moved file).
         assert_eq!(t.get(a).unwrap().st_ino, 5);
     }
