@@ -81,6 +81,13 @@
 //! writes a temp file beside the target, fsyncs it, checks the base version once more and
 //! renames it over the target (a file with several hard links is written in place). Readers in the sandbox see the old or the new file, never a mix; a stale base is a
 //! conflict that changes nothing, and the mount saves the user's version as a conflict copy.
+//! The mount knows its own changes: a push's answer rebinds the node at a new epoch
+//! ([`mount::inode::InodeTable::rebind_own`]), and any stat, lookup or feed answer asked for
+//! before that epoch is older than what the mount knows and is not applied, so the mount's own
+//! save never comes back as "replaced in the sandbox". The node keeps the `st_ino` it showed.
+//! A directory holding a file not pushed yet is not empty to `rmdir`; setting a directory's
+//! times first lands the pushes of what was made in it. A failed push keeps its cause
+//! (`ENOSPC`, `EROFS`, …) for the writer's `fsync`/`close`, `ctl status` and `sbxfs umount`.
 //!
 //! # The path of a query
 //! `sbxfs grep PATTERN` standing in a mount asks the directory for its mount ([`control`]'s
