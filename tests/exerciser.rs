@@ -109,9 +109,45 @@ fn exercise(mount: &Path, root: &Path, seed: u64, ops: usize) {
                     "mmap write (empty)".to_string()
                 }
             }
-            70..=79 => {
+            70..=76 => {
                 file.sync_all().unwrap();
                 "fsync".to_string()
+            }
+            77..=84 if !shadow.is_empty() => {
+                // copy_file_range within the file (done by the sandbox), not overlapping.
+                let src = rng.below(shadow.len() as u64);
+                let len = (1 + rng.below(20_000)).min(shadow.len() as u64 - src);
+                let dst = rng.below(MAX_LEN);
+                if dst + len > src && dst < src + len {
+                    "copy_file_range (overlap, skipped)".to_string()
+                } else {
+                    let (mut off_in, mut off_out) = (src as i64, dst as i64);
+                    // SAFETY: one valid descriptor, offsets passed by pointer to locals.
+                    let n = unsafe {
+                        libc::copy_file_range(
+                            file.as_raw_fd(),
+                            &mut off_in,
+                            file.as_raw_fd(),
+                            &mut off_out,
+                            len as usize,
+                            0,
+                        )
+                    };
+                    assert!(
+                        n >= 0,
+                        "seed {seed} op {i} copy_file_range {src}+{len} -> {dst}: {}; last ops {:?}",
+                        std::io::Error::last_os_error(),
+                        &log[log.len().saturating_sub(8)..]
+                    );
+                    let n = n as usize;
+                    let chunk = shadow[src as usize..src as usize + n].to_vec();
+                    let end = dst as usize + n;
+                    if shadow.len() < end {
+                        shadow.resize(end, 0);
+                    }
+                    shadow[dst as usize..end].copy_from_slice(&chunk);
+                    format!("copy_file_range {src}+{n} -> {dst}")
+                }
             }
             _ => {
                 let sync = rng.below(2) == 0;
@@ -208,4 +244,12 @@ fn random_io_with_mmap_truncates_and_reopens_matches_a_shadow_copy() {
 #[test]
 fn the_same_with_no_attribute_cache() {
     with_mount(&["--attr-ttl-ms", "0"], &[4, 5], 1000);
+}
+
+#[test]
+fn the_same_while_the_cpus_are_busy() {
+    // The truncate → fsync → close → open races showed only under load.
+    let _load = CpuHogs::start();
+    with_mount(&[], &[6, 7], 1200);
+    with_mount(&["-o", "default_permissions"], &[8], 1200);
 }

@@ -1443,6 +1443,17 @@ impl FsCore {
             }
             _ => {
                 if let Some(r) = self.inodes.rename(parent, name, new_parent, new_name) {
+                    // The replaced file lost a name: its other names show one link fewer
+                    // and a new ctime, as an unlink would leave them.
+                    if Some(r) != self.inodes.child(new_parent, new_name) {
+                        self.inodes.update(r, |x| {
+                            x.attr.nlink = x.attr.nlink.saturating_sub(1);
+                            x.attr.ctime_ns = now_ns();
+                        });
+                        if let Some(k) = self.kernel() {
+                            k.invalidate_attr(r);
+                        }
+                    }
                     self.removed(r);
                 }
                 self.inodes
