@@ -69,6 +69,15 @@ enum Step {
     LoseNextCommitAnswer,
     /// The kernel forgets every node it looked up (memory pressure, `drop_caches`).
     ForgetAll,
+    /// A `stat` of the file is answered late, after the mount's own save of it landed: the
+    /// answer (the sandbox's file before the save) crosses the push on its way.
+    StatCrossesOwnSave {
+        name: usize,
+        len: u16,
+        byte: u8,
+    },
+    /// `mkdir d; : > d/x; rmdir d`: a new file whose push may still be queued.
+    RmdirOverUnpushedFile,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -92,6 +101,9 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::FailNextCommit),
         1 => Just(Step::LoseNextCommitAnswer),
         1 => Just(Step::ForgetAll),
+        1 => (name.clone(), 1u16..5000, any::<u8>())
+            .prop_map(|(name, len, byte)| Step::StatCrossesOwnSave { name, len, byte }),
+        1 => Just(Step::RmdirOverUnpushedFile),
     ]
 }
 
@@ -359,6 +371,55 @@ async fn apply(step: &Step, m: &mut Model, r: &mut Real) {
             m.next += 1;
             m.files.insert(m.next, data);
             m.names.insert(name, m.next);
+        }
+        Step::StatCrossesOwnSave { name, len, byte } => {
+            let Some(&file) = m.names.get(&name) else {
+                return;
+            };
+            let open = m.handles.values().any(|(h, _)| *h == file);
+            let linked = m.names.values().filter(|x| **x == file).count() > 1;
+            if open || linked {
+                return;
+            }
+            let node = r.node(name).await.expect("lookup");
+            r.faults
+                .answer_late(RemoteOp::Stat, Duration::from_millis(40), 1);
+            let core = r.core.clone();
+            let stat = tokio::spawn(async move { core.getattr(node).await });
+            // Let the stat read the sandbox before the save lands.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let data = vec![byte; len as usize];
+            let (fh, _) = r.core.open(node, true, true).await.expect("open to save");
+            r.core.write(fh, 0, &data).await.expect("write");
+            let _ = r.core.flush(fh).await;
+            let _ = r.core.release(fh).await;
+            let _ = r.core.flush_all().await;
+            let _ = stat.await.expect("stat task");
+            r.faults.clear(RemoteOp::Stat);
+            *m.files.get_mut(&file).unwrap() = data;
+        }
+        Step::RmdirOverUnpushedFile => {
+            if r.core.mkdir(ROOT, b"d", 0o755).await.is_err() {
+                return;
+            }
+            let d = r.core.lookup(ROOT, b"d").await.expect("lookup d").node;
+            let (_, fh) = r
+                .core
+                .create(d, b"x", 0o644, true, false)
+                .await
+                .expect("create d/x");
+            // close() returns after FLUSH; RELEASE (which pushes a file that wrote nothing)
+            // may come after the next call.
+            let _ = r.core.flush(fh).await;
+            let got = r.core.rmdir(ROOT, b"d").await;
+            assert_eq!(
+                errno(&got),
+                libc::ENOTEMPTY,
+                "rmdir of a directory holding x"
+            );
+            let _ = r.core.release(fh).await;
+            r.core.unlink(d, b"x").await.expect("unlink d/x");
+            r.core.rmdir(ROOT, b"d").await.expect("rmdir d, empty now");
         }
         Step::FailNextCommit => {
             r.faults

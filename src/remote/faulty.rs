@@ -115,6 +115,10 @@ pub enum Fault {
     /// The inner remote does the operation, but its answer is lost: the caller gets a
     /// `Transport` error (a request that reached the sandbox, a connection that did not last).
     LoseAnswer,
+    /// The inner remote does the operation at once, and its answer arrives this much later
+    /// (what the sandbox said then, not what it holds when the caller reads it: a reply that
+    /// crossed a change on its way). Streams are answered at once.
+    Late(Duration),
 }
 
 /// A fault and how many more calls it applies to (`None`: every call until cleared).
@@ -226,6 +230,11 @@ impl FaultControl {
         self.inject(op, Fault::LoseAnswer, Some(1));
     }
 
+    /// The next `n` calls of `op` are done at once and answered `late`.
+    pub fn answer_late(&self, op: Op, late: Duration, n: usize) {
+        self.inject(op, Fault::Late(late), Some(n));
+    }
+
     /// Wait `latency` before every call of `op` (zero removes it).
     pub fn set_latency(&self, op: Op, latency: Duration) {
         let mut plan = self.plan();
@@ -332,6 +341,7 @@ impl FaultControl {
             }
             Some(Fault::Cut { after }) => Ok(After::Cut(after)),
             Some(Fault::LoseAnswer) => Ok(After::Lose),
+            Some(Fault::Late(d)) => Ok(After::Late(d)),
         }
     }
 
@@ -369,6 +379,7 @@ enum After {
     Answer,
     Cut(usize),
     Lose,
+    Late(Duration),
 }
 
 fn lost(op: Op) -> RemoteError {
@@ -380,9 +391,13 @@ fn cut(op: Op, after: usize) -> RemoteError {
 }
 
 impl After {
-    fn answer<T>(self, op: Op, r: Result<T>) -> Result<T> {
+    async fn answer<T>(self, op: Op, r: Result<T>) -> Result<T> {
         match self {
             After::Answer => r,
+            After::Late(d) => {
+                tokio::time::sleep(d).await;
+                r
+            }
             After::Cut(_) | After::Lose => r.and(Err(lost(op))),
         }
     }
@@ -393,7 +408,7 @@ impl After {
         r: Result<BoxStream<'static, Result<T>>>,
     ) -> Result<BoxStream<'static, Result<T>>> {
         match self {
-            After::Answer => r,
+            After::Answer | After::Late(_) => r,
             After::Lose => r.and(Err(lost(op))),
             After::Cut(after) => {
                 let s = r?;
@@ -446,22 +461,24 @@ impl AsyncRead for CutReader {
 impl<R: Remote> Remote for FaultyRemote<R> {
     async fn info(&self) -> Result<RemoteInfo> {
         let after = self.control.begin(Op::Info).await?;
-        after.answer(Op::Info, self.inner.info().await)
+        after.answer(Op::Info, self.inner.info().await).await
     }
 
     async fn stat(&self, path: &RemotePath) -> Result<Attr> {
         let after = self.control.begin(Op::Stat).await?;
-        after.answer(Op::Stat, self.inner.stat(path).await)
+        after.answer(Op::Stat, self.inner.stat(path).await).await
     }
 
     async fn stat_many(&self, paths: &[RemotePath]) -> Result<Vec<Result<Attr>>> {
         let after = self.control.begin(Op::StatMany).await?;
-        after.answer(Op::StatMany, self.inner.stat_many(paths).await)
+        after
+            .answer(Op::StatMany, self.inner.stat_many(paths).await)
+            .await
     }
 
     async fn list(&self, path: &RemotePath) -> Result<Vec<DirEntry>> {
         let after = self.control.begin(Op::List).await?;
-        after.answer(Op::List, self.inner.list(path).await)
+        after.answer(Op::List, self.inner.list(path).await).await
     }
 
     async fn tree(&self, path: &RemotePath) -> Result<BoxStream<'static, Result<TreeEntry>>> {
@@ -481,7 +498,9 @@ impl<R: Remote> Remote for FaultyRemote<R> {
 
     async fn read(&self, path: &RemotePath, offset: u64, len: u32) -> Result<ReadResult> {
         let after = self.control.begin(Op::Read).await?;
-        after.answer(Op::Read, self.inner.read(path, offset, len).await)
+        after
+            .answer(Op::Read, self.inner.read(path, offset, len).await)
+            .await
     }
 
     async fn commit(
@@ -509,19 +528,25 @@ impl<R: Remote> Remote for FaultyRemote<R> {
             }
             (After::Cut(n), CommitContent::Patch { .. }) => Err(cut(Op::Commit, n)),
             (after, content) => {
-                after.answer(Op::Commit, self.inner.commit(path, content, opts).await)
+                after
+                    .answer(Op::Commit, self.inner.commit(path, content, opts).await)
+                    .await
             }
         }
     }
 
     async fn create(&self, path: &RemotePath, mode: u32) -> Result<Attr> {
         let after = self.control.begin(Op::Create).await?;
-        after.answer(Op::Create, self.inner.create(path, mode).await)
+        after
+            .answer(Op::Create, self.inner.create(path, mode).await)
+            .await
     }
 
     async fn mkdir(&self, path: &RemotePath, mode: u32) -> Result<Attr> {
         let after = self.control.begin(Op::Mkdir).await?;
-        after.answer(Op::Mkdir, self.inner.mkdir(path, mode).await)
+        after
+            .answer(Op::Mkdir, self.inner.mkdir(path, mode).await)
+            .await
     }
 
     async fn mknod(
@@ -532,57 +557,75 @@ impl<R: Remote> Remote for FaultyRemote<R> {
         rdev: u64,
     ) -> Result<Attr> {
         let after = self.control.begin(Op::Mknod).await?;
-        after.answer(Op::Mknod, self.inner.mknod(path, kind, mode, rdev).await)
+        after
+            .answer(Op::Mknod, self.inner.mknod(path, kind, mode, rdev).await)
+            .await
     }
 
     async fn unlink(&self, path: &RemotePath) -> Result<()> {
         let after = self.control.begin(Op::Unlink).await?;
-        after.answer(Op::Unlink, self.inner.unlink(path).await)
+        after
+            .answer(Op::Unlink, self.inner.unlink(path).await)
+            .await
     }
 
     async fn rmdir(&self, path: &RemotePath) -> Result<()> {
         let after = self.control.begin(Op::Rmdir).await?;
-        after.answer(Op::Rmdir, self.inner.rmdir(path).await)
+        after.answer(Op::Rmdir, self.inner.rmdir(path).await).await
     }
 
     async fn rename(&self, from: &RemotePath, to: &RemotePath, mode: RenameMode) -> Result<()> {
         let after = self.control.begin(Op::Rename).await?;
-        after.answer(Op::Rename, self.inner.rename(from, to, mode).await)
+        after
+            .answer(Op::Rename, self.inner.rename(from, to, mode).await)
+            .await
     }
 
     async fn link(&self, existing: &RemotePath, new: &RemotePath) -> Result<Attr> {
         let after = self.control.begin(Op::Link).await?;
-        after.answer(Op::Link, self.inner.link(existing, new).await)
+        after
+            .answer(Op::Link, self.inner.link(existing, new).await)
+            .await
     }
 
     async fn symlink(&self, path: &RemotePath, target: &[u8]) -> Result<Attr> {
         let after = self.control.begin(Op::Symlink).await?;
-        after.answer(Op::Symlink, self.inner.symlink(path, target).await)
+        after
+            .answer(Op::Symlink, self.inner.symlink(path, target).await)
+            .await
     }
 
     async fn readlink(&self, path: &RemotePath) -> Result<Vec<u8>> {
         let after = self.control.begin(Op::Readlink).await?;
-        after.answer(Op::Readlink, self.inner.readlink(path).await)
+        after
+            .answer(Op::Readlink, self.inner.readlink(path).await)
+            .await
     }
 
     async fn setattr(&self, path: &RemotePath, attr: SetAttr) -> Result<Attr> {
         let after = self.control.begin(Op::Setattr).await?;
-        after.answer(Op::Setattr, self.inner.setattr(path, attr).await)
+        after
+            .answer(Op::Setattr, self.inner.setattr(path, attr).await)
+            .await
     }
 
     async fn statfs(&self) -> Result<StatFs> {
         let after = self.control.begin(Op::Statfs).await?;
-        after.answer(Op::Statfs, self.inner.statfs().await)
+        after.answer(Op::Statfs, self.inner.statfs().await).await
     }
 
     async fn getxattr(&self, path: &RemotePath, name: &[u8]) -> Result<Vec<u8>> {
         let after = self.control.begin(Op::Getxattr).await?;
-        after.answer(Op::Getxattr, self.inner.getxattr(path, name).await)
+        after
+            .answer(Op::Getxattr, self.inner.getxattr(path, name).await)
+            .await
     }
 
     async fn listxattr(&self, path: &RemotePath) -> Result<Vec<Vec<u8>>> {
         let after = self.control.begin(Op::Listxattr).await?;
-        after.answer(Op::Listxattr, self.inner.listxattr(path).await)
+        after
+            .answer(Op::Listxattr, self.inner.listxattr(path).await)
+            .await
     }
 
     async fn setxattr(
@@ -593,15 +636,19 @@ impl<R: Remote> Remote for FaultyRemote<R> {
         flags: XattrFlags,
     ) -> Result<()> {
         let after = self.control.begin(Op::Setxattr).await?;
-        after.answer(
-            Op::Setxattr,
-            self.inner.setxattr(path, name, value, flags).await,
-        )
+        after
+            .answer(
+                Op::Setxattr,
+                self.inner.setxattr(path, name, value, flags).await,
+            )
+            .await
     }
 
     async fn removexattr(&self, path: &RemotePath, name: &[u8]) -> Result<()> {
         let after = self.control.begin(Op::Removexattr).await?;
-        after.answer(Op::Removexattr, self.inner.removexattr(path, name).await)
+        after
+            .answer(Op::Removexattr, self.inner.removexattr(path, name).await)
+            .await
     }
 
     async fn fallocate(
@@ -612,10 +659,12 @@ impl<R: Remote> Remote for FaultyRemote<R> {
         keep_size: bool,
     ) -> Result<Attr> {
         let after = self.control.begin(Op::Fallocate).await?;
-        after.answer(
-            Op::Fallocate,
-            self.inner.fallocate(path, offset, len, keep_size).await,
-        )
+        after
+            .answer(
+                Op::Fallocate,
+                self.inner.fallocate(path, offset, len, keep_size).await,
+            )
+            .await
     }
 
     async fn copy_range(
@@ -628,17 +677,21 @@ impl<R: Remote> Remote for FaultyRemote<R> {
         dst_base: Option<Version>,
     ) -> Result<(u64, Attr)> {
         let after = self.control.begin(Op::CopyRange).await?;
-        after.answer(
-            Op::CopyRange,
-            self.inner
-                .copy_range(src, src_offset, dst, dst_offset, len, dst_base)
-                .await,
-        )
+        after
+            .answer(
+                Op::CopyRange,
+                self.inner
+                    .copy_range(src, src_offset, dst, dst_offset, len, dst_base)
+                    .await,
+            )
+            .await
     }
 
     async fn scan(&self, path: &RemotePath, req: ScanRequest) -> Result<ScanResult> {
         let after = self.control.begin(Op::Scan).await?;
-        after.answer(Op::Scan, self.inner.scan(path, req).await)
+        after
+            .answer(Op::Scan, self.inner.scan(path, req).await)
+            .await
     }
 
     async fn grep(
@@ -652,12 +705,16 @@ impl<R: Remote> Remote for FaultyRemote<R> {
 
     async fn glob(&self, path: &RemotePath, pattern: &str) -> Result<Vec<String>> {
         let after = self.control.begin(Op::Glob).await?;
-        after.answer(Op::Glob, self.inner.glob(path, pattern).await)
+        after
+            .answer(Op::Glob, self.inner.glob(path, pattern).await)
+            .await
     }
 
     async fn fuzzy(&self, path: &RemotePath, req: FuzzyRequest) -> Result<Vec<FuzzyMatch>> {
         let after = self.control.begin(Op::Fuzzy).await?;
-        after.answer(Op::Fuzzy, self.inner.fuzzy(path, req).await)
+        after
+            .answer(Op::Fuzzy, self.inner.fuzzy(path, req).await)
+            .await
     }
 
     async fn edit(
@@ -668,7 +725,9 @@ impl<R: Remote> Remote for FaultyRemote<R> {
         replace_all: bool,
     ) -> Result<usize> {
         let after = self.control.begin(Op::Edit).await?;
-        after.answer(Op::Edit, self.inner.edit(path, old, new, replace_all).await)
+        after
+            .answer(Op::Edit, self.inner.edit(path, old, new, replace_all).await)
+            .await
     }
 
     async fn watch(&self, since: Option<u64>) -> Result<BoxStream<'static, Result<ChangeEvent>>> {
