@@ -486,7 +486,8 @@ fn ctl_status_answers_at_once_while_the_sandbox_hangs() {
     let seen_down = loop {
         let (code, v, took) = status_via(&socket);
         assert_eq!(code, Some(0), "{v}");
-        assert!(took < Duration::from_secs(2), "status waited {took:?}");
+        // Never the sandbox's 10 s deadline (a busy machine may take a while to start `sbxfs`).
+        assert!(took < Duration::from_secs(6), "status waited {took:?}");
         assert_eq!(v["mount"]["remote"], s.agent.url);
         assert_eq!(v["pending_commits"], 0);
         assert_eq!(v["push_failures"], serde_json::json!([]));
