@@ -515,7 +515,7 @@ fn ctl_status_answers_at_once_while_the_sandbox_hangs() {
     );
     assert_eq!(code, Some(0), "{out}");
     assert!(
-        t.elapsed() < Duration::from_secs(2),
+        t.elapsed() < Duration::from_secs(6),
         "stats waited {:?}",
         t.elapsed()
     );
