@@ -436,17 +436,33 @@ fn flush_before_unmount(at: &std::path::Path) -> Vec<String> {
                             f["path"].as_str().unwrap_or("?"),
                             f["error"].as_str().unwrap_or("?"),
                         );
-                        if error.starts_with(path) {
+                        let line = if error.starts_with(path) {
                             error.to_string()
                         } else {
                             format!("{path}: {error}")
-                        }
+                        };
+                        // Names are the sandbox's: never a raw escape on the terminal.
+                        visible(&line)
                     })
                     .collect()
             })
             .unwrap_or_default(),
         _ => Vec::new(),
     }
+}
+
+/// `text` with control characters (terminal escapes in a sandbox-chosen name) shown as
+/// `\u{1b}`-style escapes.
+fn visible(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// A mountpoint as the mount table names it: absolute, with symlinks in its parents resolved.
@@ -497,4 +513,16 @@ pub(super) fn run_proxy(a: ProxyArgs) -> i32 {
         );
         0
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn control_characters_in_a_name_are_shown_escaped() {
+        assert_eq!(
+            super::visible("evil\u{1b}]0;PWNED\u{7}.txt: no space"),
+            "evil\\u{1b}]0;PWNED\\u{7}.txt: no space"
+        );
+        assert_eq!(super::visible("plain/ü.txt"), "plain/ü.txt");
+    }
 }
