@@ -821,3 +821,41 @@ fn truncate_by_path_right_after_close_is_not_lost_to_the_queued_push() {
         ]);
     }
 }
+
+#[test]
+fn a_lost_commit_answer_after_sandbox_rewrites_and_a_rename_leaves_no_conflict_copy() {
+    use Step::*;
+    run(&[
+        Truncate { name: 2, len: 201663 },
+        FailNextCommit,
+        LoseNextCommitAnswer,
+        Open { name: 2, slot: 1, write: false, create: true, trunc: false },
+        Fsync(2),
+        Ftruncate { slot: 1, len: 10646 },
+        Open { name: 2, slot: 0, write: true, create: false, trunc: false },
+        ForgetAll,
+        Ftruncate { slot: 1, len: 286210 },
+        Write { slot: 0, offset: 228888, len: 1031, byte: 54 },
+        Write { slot: 2, offset: 53223, len: 2630, byte: 62 },
+        ForgetAll,
+        Unlink(1),
+        Write { slot: 1, offset: 219499, len: 703, byte: 7 },
+        SandboxWrite { name: 2, len: 2391, byte: 230 },
+        Fsync(2),
+        Ftruncate { slot: 0, len: 93997 },
+        Close(3),
+        Open { name: 1, slot: 2, write: true, create: true, trunc: false },
+        SandboxWrite { name: 2, len: 2878, byte: 40 },
+        Ftruncate { slot: 2, len: 59187 },
+        Close(3),
+        Close(0),
+        SandboxWrite { name: 0, len: 4980, byte: 223 },
+        ForgetAll,
+        Rename { from: 1, to: 2 },
+        Write { slot: 3, offset: 250935, len: 1666, byte: 53 },
+        LoseNextCommitAnswer,
+        Write { slot: 3, offset: 16199, len: 2977, byte: 86 },
+        LoseNextCommitAnswer,
+        Open { name: 2, slot: 0, write: true, create: true, trunc: false },
+    ]);
+}
