@@ -5,7 +5,7 @@
 //! and version strings differ by nature and are not compared. Shrunk failures are kept by
 //! proptest in `memory_vs_agent.proptest-regressions`.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

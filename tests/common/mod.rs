@@ -8,6 +8,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
+pub mod boxserver;
 pub mod sshbox;
 pub mod sshfs;
 pub mod testca;
