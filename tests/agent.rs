@@ -3,7 +3,7 @@
 //! search, clean shutdown; requests that must not take it down (brace bombs, FIFOs), exact
 //! modes under a umask, sparse files kept sparse.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::io::Read;

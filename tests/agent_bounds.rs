@@ -4,7 +4,7 @@
 //! real agent process and asserts the safe outcome; the ones that could hurt the machine run
 //! the agent in a memory- and pids-limited cgroup.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::io::{Read, Write};

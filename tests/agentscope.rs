@@ -3,13 +3,10 @@
 //! confined to the workspace, edit through it (edit.py and the fallback), no token in any
 //! command line, and connect's first contact.
 
-#[path = "common/boxserver.rs"]
-mod boxserver;
-
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
 
-use boxserver::BoxServer;
+use crate::common::boxserver::BoxServer;
 use bytes::Bytes;
 use sbxfs::remote::agentscope::{parse_url, AgentScopeRunner};
 use sbxfs::remote::connect::{connect, ConnectOptions};

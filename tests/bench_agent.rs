@@ -3,7 +3,7 @@
 //! local `pread` of the same file; bytes on the wire for a 1-byte patch commit versus a
 //! whole-file commit of a 256 MiB file.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::fs::FileExt;

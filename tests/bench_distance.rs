@@ -11,7 +11,7 @@
 //! shared machine; the bytes on the link are the stable figure. `SBXFS_BENCH_QUICK=1` shrinks
 //! every workload for a smoke run; `SBXFS_BENCH_MOUNT_ARGS` passes options to `sbxfs mount`.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};

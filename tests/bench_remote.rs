@@ -4,7 +4,7 @@
 //! lines near the end of a 200 MB log versus `sed -n` over either mount. Every measurement gets
 //! a fresh mount (cold caches).
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::{Path, PathBuf};

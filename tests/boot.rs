@@ -4,7 +4,7 @@
 //! code, and nothing left behind. Real agents, real mounts; every process is stopped by pid and
 //! every mount unmounted even when a test fails.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::fs;

@@ -1,7 +1,7 @@
 //! The `sbxfs` query commands end to end on local paths: output formats, JSON shapes, exit
 //! codes (0 found, 1 nothing, 2 error), and input handling.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::io::Read;

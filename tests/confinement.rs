@@ -3,7 +3,7 @@
 //! `renameat2(RENAME_EXCHANGE)`) never leaks an outside file into grep, glob or fuzzy answers;
 //! a search whose client disconnects stops using CPU while the agent keeps answering.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -6,7 +6,7 @@
 //! check against each backend (`agent_backend::CHECK`, `memory_backend::CHECK`); checks about a
 //! real OS only are marked "agent only" and listed for the agent alone.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
@@ -2237,9 +2237,7 @@ conformance!(ssh_backend:
     versions_name_the_device,
 );
 
-#[path = "common/boxserver.rs"]
-#[allow(dead_code)] // shared with tests/agentscope.rs
-mod boxserver;
+use crate::common::boxserver;
 
 /// The `agentscope` transport: a real agentscope-runtime box server on loopback (its
 /// WORKSPACE_DIR the sandbox side). `None` only when the box server is not installed and

@@ -3,7 +3,7 @@
 //! in an error), an unknown scheme, and a real mount over https whose `ctl status` names the
 //! transport and its capabilities.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, Write};
 use std::net::TcpListener;

@@ -3,7 +3,7 @@
 //! every step. A failing sequence is shrunk (operations dropped while it still fails) and
 //! printed, to be kept below as a named regression test.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::fs;

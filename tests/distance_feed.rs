@@ -4,7 +4,7 @@
 //! revalidates. Real agents and FUSE mounts, plus the core over the in-memory sandbox where a
 //! fault (a feed cut at a chosen moment) must be placed exactly.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};

@@ -4,7 +4,7 @@
 //! size; reads of several files overlap; a reader of a sandbox that stopped answering can be
 //! killed, and the mount serves again once the sandbox answers.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::io::{BufRead, Read, Write};

@@ -5,7 +5,7 @@
 //! tree is refused with EIO and the daemon stays up; a file made in the sandbox after the
 //! prefetch shows once the attribute TTL has passed.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::io::{BufRead, Read, Write};

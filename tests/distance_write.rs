@@ -3,7 +3,7 @@
 //! never sees a partial file, and a push that fails is kept, reported and pushed later. Real
 //! agent, real mount, through the delaying, byte-counting proxy where bytes are measured.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::fs;

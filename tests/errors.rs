@@ -4,7 +4,7 @@
 //! port, an unresolvable name, python's http.server, a listener that never answers, a TLS
 //! server with a self-signed certificate, a real agent with another token.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::io::{BufRead, Read, Write};

@@ -3,7 +3,7 @@
 //! fallback when python3 is missing or cannot write — both against the shared edit vectors,
 //! with the same counts, errors and bytes.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;

@@ -4,7 +4,7 @@
 //! answer past the output cap is reported truncated, never silently short; the capability
 //! says whether the search runs remotely.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::ffi::OsStrExt;

@@ -3,7 +3,7 @@
 //! the file; the throughput and the bytes that crossed are printed (behind no delay: the
 //! scripts' own cost).
 
-mod common;
+use crate::common;
 
 use std::time::Instant;
 

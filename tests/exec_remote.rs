@@ -2,7 +2,7 @@
 //! text, a forged or broken answer is an error, a sandbox without python3 answers the same,
 //! queries agree with the agent's over the same directory, and bad URLs fail clearly.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::ffi::OsStrExt;

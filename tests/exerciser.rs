@@ -4,7 +4,7 @@
 //! of the path and `lseek(SEEK_END)` — and at the end in the sandbox itself. Seeded, so a
 //! failure names the seed and the operation that diverged.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::fd::AsRawFd;

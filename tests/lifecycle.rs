@@ -3,7 +3,7 @@
 //! is not a live mount, and `ctl status` while the sandbox hangs. Real mounts over real agent
 //! processes; every mount is unmounted even when a test fails.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;

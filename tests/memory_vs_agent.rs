@@ -5,7 +5,7 @@
 //! and version strings differ by nature and are not compared. Shrunk failures are kept by
 //! proptest in `memory_vs_agent.proptest-regressions`.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 
@@ -228,6 +228,10 @@ proptest! {
     // PROPTEST_CASES=N.
     #![proptest_config(ProptestConfig {
         cases: std::env::var("PROPTEST_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(48),
+        // Failures kept in tests/memory_vs_agent.proptest-regressions, beside this file.
+        failure_persistence: Some(Box::new(
+            proptest::test_runner::FileFailurePersistence::WithSource("proptest-regressions"),
+        )),
         ..ProptestConfig::default()
     })]
 

@@ -1,7 +1,7 @@
 //! Real mounts over a real agent process: what editors, git and the shell do, the errors they
 //! see, and that no edit is ever lost or half-written. Every mount is unmounted even on failure.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::io::{Read, Write};

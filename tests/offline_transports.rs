@@ -9,7 +9,7 @@
 //! starts it again on the same port. (`shell:` runs a local `sh`, which cannot become
 //! unreachable; it shares the scripts and their error classification with `exec:`.)
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};

@@ -3,7 +3,7 @@
 //! mounting user acts as the sandbox's user, and other local users (with `allow_other`) get the
 //! ordinary POSIX checks. These tests act as other users, so they need root.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};

@@ -3,7 +3,7 @@
 //! --scheme=path` (fuzzy). On the vector trees and on a real tree (the cargo registry sources
 //! this build downloaded).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

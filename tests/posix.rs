@@ -3,7 +3,7 @@
 //! links, FIFOs, exact modes, and a sandbox that stops answering. Each result is checked in
 //! the sandbox's own directory. Every mount is unmounted even when a test fails.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};

@@ -2,7 +2,7 @@
 //! control socket and its owner check, and the `sbxfs` commands routed through a mount giving
 //! exactly what they give run locally on the agent's root.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::io::{BufRead, Read, Write};

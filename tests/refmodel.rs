@@ -520,6 +520,11 @@ proptest! {
     #![proptest_config(ProptestConfig {
         cases: 400,
         max_shrink_iters: 4000,
+        // tests/refmodel.proptest-regressions, beside this file, whatever the test crate's
+        // layout (the default looks for a lib.rs or main.rs above it and would move them).
+        failure_persistence: Some(Box::new(
+            proptest::test_runner::FileFailurePersistence::WithSource("proptest-regressions"),
+        )),
         .. ProptestConfig::default()
     })]
 

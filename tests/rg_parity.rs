@@ -4,7 +4,7 @@
 //! file types). The same cases run standing in a real mount of that tree, where the sandbox
 //! searches, must print the same. `fuzzy` and `glob` in a mount answer as run in the sandbox.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::ffi::OsStrExt;

@@ -3,7 +3,7 @@
 //! the second, keeps its token out of every command line, opens no TCP port in the sandbox,
 //! and fails once, clearly, when the key is refused.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::fs;

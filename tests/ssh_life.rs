@@ -3,7 +3,7 @@
 //! the user's URL), a workspace that does not exist is refused with exit 2 and leaves nothing
 //! in the sandbox, and a SIGKILLed mount daemon leaves no ssh process behind.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::{Path, PathBuf};

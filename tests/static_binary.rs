@@ -2,7 +2,7 @@
 //! inside a chroot holding nothing but it, a static busybox and an empty workspace it prints
 //! its version and serves that workspace as the agent (what is deployed into sandboxes).
 
-mod common;
+use crate::common;
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};

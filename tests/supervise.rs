@@ -3,7 +3,7 @@
 //! with `ps`); a cancel before the start runs nothing; output is capped with the cut counted;
 //! secrets reach the program but no argv, environment or leftover file.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! several writers), rsync with hard links, and git's garbage collection (packs renamed over
 //! while open, many unlinks). These are the programs that broke earlier builds of the mount.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::Path;

@@ -3,7 +3,7 @@
 //! (the scripts over the ssh channel). Each mounts a real workspace directory, works in it with
 //! git, cp, an editor-style save and rm, and checks what the sandbox side holds.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::io::Write;

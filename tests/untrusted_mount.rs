@@ -4,7 +4,7 @@
 //! pre-created by another local user is never used. Real agents, real mounts; every process is
 //! stopped by pid and every mount unmounted in a guard.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::io::{BufRead, Read, Write};

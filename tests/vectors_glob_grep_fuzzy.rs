@@ -1,7 +1,7 @@
 //! The glob, grep and fuzzy vectors, run against the Rust core on disk and over `MemoryRemote`. (Their expected results were
 //! checked against Node's fs.globSync, ripgrep and fzf; tests/peers.rs re-checks those peers.)
 
-mod common;
+use crate::common;
 
 use serde_json::{json, Value};
 

@@ -3,7 +3,7 @@
 //! `scripts/edit.py`, the independent Python references in `tests/reference/`, and
 //! `MemoryRemote`'s scan and edit.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::io::Write;

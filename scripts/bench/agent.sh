@@ -4,4 +4,4 @@
 # Prints Markdown tables.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-cargo test --release -q --test bench_agent -- --ignored --nocapture 2>&1 | grep -E '^(\||$)'
+cargo test --release -q --test integration -- --ignored --nocapture bench_agent:: 2>&1 | grep -E '^(\||$)'

@@ -9,4 +9,4 @@ command -v sshfs >/dev/null && [ -x /usr/sbin/sshd ] || {
   DEBIAN_FRONTEND=noninteractive apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq sshfs openssh-server >/dev/null
 }
-cargo test --release -q --test bench_remote -- --ignored --nocapture 2>&1 | grep -E '^(\||Tree|sbxfs|$)'
+cargo test --release -q --test integration -- --ignored --nocapture bench_remote:: 2>&1 | grep -E '^(\||Tree|sbxfs|$)'

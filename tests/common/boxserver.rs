@@ -1,6 +1,6 @@
 //! A real agentscope-runtime box server (PyPI `agentscope-runtime`, installed into a venv by
 //! scripts/install-deps.sh) on a free loopback port, with a temp WORKSPACE_DIR; stopped by pid
-//! when dropped. Include with `#[path = "common/boxserver.rs"] mod boxserver;`.
+//! when dropped (`common::boxserver`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

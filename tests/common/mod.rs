@@ -8,6 +8,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
+pub mod boxserver;
 pub mod sshbox;
 pub mod sshfs;
 pub mod testca;
@@ -341,7 +342,11 @@ pub struct LimitedCgroup {
 impl LimitedCgroup {
     /// `None` (said) when no cgroup can be made here (not root, no controllers).
     pub fn new(name: &str, memory_bytes: u64, pids: u64) -> Option<LimitedCgroup> {
-        let unique = format!("sbxfs-test-{name}-{}", std::process::id());
+        // Every test file shares this process (one test binary): the pid alone would let two
+        // tests of different files that pick the same name collide, the second "skipping".
+        static MADE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let unique = format!("sbxfs-test-{name}-{}-{n}", std::process::id());
         let v2_root = Path::new("/sys/fs/cgroup");
         let controllers =
             fs::read_to_string(v2_root.join("cgroup.controllers")).unwrap_or_default();
