@@ -51,6 +51,7 @@ mod transport_mounts;
 mod untrusted_mount;
 mod vectors_glob_grep_fuzzy;
 mod vectors_scan_edit;
+mod write_path;
 
 /// Each `tests/*.rs` file is declared above: with `autotests = false`, cargo builds no file
 /// of its own accord, and a file without its `mod` line would silently never run.

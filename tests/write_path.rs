@@ -6,7 +6,7 @@
 //! and on `shell:` where the transport can show it; results are checked in the sandbox's own
 //! directory. Every mount is unmounted and every process stopped by pid, even on failure.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;

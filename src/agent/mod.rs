@@ -751,6 +751,9 @@ async fn commit(
             if matches!(e.0, RemoteError::Conflict { .. }) {
                 app.stats.conflicts.fetch_add(1, Ordering::Relaxed);
             }
+            // Drained with the file's commit lock released: a refused commit never holds up
+            // the others.
+            drop(_serial);
             drain_body(&mut stream).await;
             return Err(e);
         }
@@ -768,6 +771,8 @@ async fn commit(
         Err(e) => {
             // A full disk (or any failure while writing) is answered as itself, not as a
             // connection reset the client would call "did not answer".
+            drop(prepared);
+            drop(_serial);
             drain_body(&mut stream).await;
             return Err(e);
         }
@@ -795,7 +800,7 @@ fn count_commit<T>(app: &App, result: &ApiResult<T>) {
 type BodyStream = axum::body::BodyDataStream;
 
 /// Longest a refused commit's body is read (and dropped) before its answer goes out.
-const DRAIN_FOR: std::time::Duration = std::time::Duration::from_secs(30);
+const DRAIN_FOR: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Read the rest of a refused commit's body before answering: a client still sending would
 /// otherwise see its connection reset instead of the answer (and take a conflict or a full

@@ -155,7 +155,8 @@ fn table(v: &serde_json::Value) -> String {
     flatten(String::new(), v, &mut rows);
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     rows.iter()
-        .map(|(k, v)| format!("{k:width$}  {v}\n"))
+        // Paths and errors name the sandbox's files: never a raw escape on the terminal.
+        .map(|(k, v)| format!("{k:width$}  {}\n", super::daemon::visible(v)))
         .collect()
 }
 

@@ -453,7 +453,7 @@ fn flush_before_unmount(at: &std::path::Path) -> Vec<String> {
 
 /// `text` with control characters (terminal escapes in a sandbox-chosen name) shown as
 /// `\u{1b}`-style escapes.
-fn visible(text: &str) -> String {
+pub(super) fn visible(text: &str) -> String {
     text.chars()
         .map(|c| {
             if c.is_control() {

@@ -473,8 +473,12 @@ impl FsCore {
             let _ = self.listing(parent).await;
         }
         let offline = self.offline();
+        let known = self.inodes.child(parent, name);
         let attr = match self.meta.entry(parent, name, self.ttl(), offline) {
             Some(Some(a)) => a,
+            // A stale listing (served while the sandbox does not answer) may predate a name
+            // the mount holds a node for: the node wins.
+            Some(None) if offline && known.is_some() => self.node(known.expect("checked"))?.attr,
             Some(None) => return Err(RemoteError::NotFound(path.display())),
             None if offline && self.inodes.child(parent, name).is_some() => {
                 let id = self.inodes.child(parent, name).expect("checked");
@@ -490,6 +494,7 @@ impl FsCore {
                     // Offline: what we knew, however old.
                     match self.meta.entry(parent, name, self.ttl(), true) {
                         Some(Some(a)) => a,
+                        Some(None) if known.is_some() => self.node(known.expect("checked"))?.attr,
                         Some(None) => return Err(RemoteError::NotFound(path.display())),
                         None => match self.inodes.child(parent, name) {
                             Some(id) => self.node(id)?.attr,
@@ -1107,13 +1112,52 @@ impl FsCore {
         exclusive: bool,
         truncate: bool,
     ) -> Result<(NodeAttr, u64)> {
+        self.create_as(parent, name, mode, exclusive, truncate, None)
+            .await
+    }
+
+    /// `create`, the file going to `owner` ([`Self::give_to`]) only if this call made it: a
+    /// file that appeared meanwhile (opened, not made) keeps its owner.
+    pub async fn create_as(
+        &self,
+        parent: NodeId,
+        name: &[u8],
+        mode: u32,
+        exclusive: bool,
+        truncate: bool,
+        owner: Option<(u32, u32)>,
+    ) -> Result<(NodeAttr, u64)> {
+        let (made, fh, created) = self
+            .create_inner(parent, name, mode, exclusive, truncate)
+            .await?;
+        if !created || owner.is_none() {
+            return Ok((made, fh));
+        }
+        match self.give_to(made, owner).await {
+            Ok(made) => Ok((made, fh)),
+            Err(e) => {
+                let _ = self.release(fh).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Answers whether the file was made by this call (not an existing one opened).
+    async fn create_inner(
+        &self,
+        parent: NodeId,
+        name: &[u8],
+        mode: u32,
+        exclusive: bool,
+        truncate: bool,
+    ) -> Result<(NodeAttr, u64, bool)> {
         let dir = self.path_of(parent)?;
         let path = dir.join(name)?;
         let absent = self.meta.entry(parent, name, self.ttl(), false) == Some(None);
         if (self.newfiles.take_absent(parent, name) || absent)
             && self.inodes.child(parent, name).is_none()
         {
-            return self.create_new(parent, name, mode).await;
+            return self.made_new(parent, name, mode).await;
         }
         // Not known to be absent: ask, rather than create it empty in the sandbox (a reader
         // there would see an empty file before its content). A file the sandbox makes after
@@ -1122,25 +1166,25 @@ impl FsCore {
         // nothing there is overwritten), as writes to existing files are kept.
         if self.inodes.child(parent, name).is_none() {
             if self.offline() {
-                return self.create_new(parent, name, mode).await;
+                return self.made_new(parent, name, mode).await;
             }
             if self.commit_absent() {
                 match self.stable_stat(&path).await {
                     Err(RemoteError::NotFound(_)) => {
-                        return self.create_new(parent, name, mode).await
+                        return self.made_new(parent, name, mode).await
                     }
-                    Err(e) if unreachable(&e) => return self.create_new(parent, name, mode).await,
+                    Err(e) if unreachable(&e) => return self.made_new(parent, name, mode).await,
                     _ => {}
                 }
             }
         }
         self.bump();
-        let attr = match self.note(self.remote.create(&path, mode & 0o7777).await) {
-            Ok(a) => a,
+        let (attr, created) = match self.note(self.remote.create(&path, mode & 0o7777).await) {
+            Ok(a) => (a, true),
             Err(e) if unreachable(&e) && self.inodes.child(parent, name).is_none() => {
-                return self.create_new(parent, name, mode).await
+                return self.made_new(parent, name, mode).await
             }
-            Err(RemoteError::Exists(_)) if !exclusive => self.stable_stat(&path).await?,
+            Err(RemoteError::Exists(_)) if !exclusive => (self.stable_stat(&path).await?, false),
             Err(e) => return Err(e),
         };
         self.dir_changed(parent);
@@ -1148,7 +1192,17 @@ impl FsCore {
         self.own_change(node, &attr);
         let (fh, _) = self.open(node, true, truncate).await?;
         let attr = self.with_staged(node, self.node(node)?.attr);
-        Ok((NodeAttr { node, attr }, fh))
+        Ok((NodeAttr { node, attr }, fh, created))
+    }
+
+    async fn made_new(
+        &self,
+        parent: NodeId,
+        name: &[u8],
+        mode: u32,
+    ) -> Result<(NodeAttr, u64, bool)> {
+        let (made, fh) = self.create_new(parent, name, mode).await?;
+        Ok((made, fh, true))
     }
 
     /// Create a file the sandbox does not have, locally only: its first push creates it
@@ -1217,11 +1271,6 @@ impl FsCore {
             }
             _ => Ok(made),
         }
-    }
-
-    /// Whether the mount knows a file by this name (a create that may open it).
-    pub fn child_exists(&self, parent: NodeId, name: &[u8]) -> bool {
-        self.inodes.child(parent, name).is_some()
     }
 
     /// Have the kernel fetch a node's attributes again.

@@ -962,20 +962,18 @@ impl Filesystem for SbxFs {
                 let gate = s.gate(&core, &caller);
                 gate.create(NodeId(parent.0), &name, exclusive, flags)
                     .await?;
-                let existed = core.child_exists(NodeId(parent.0), &name);
                 let owner = gate.new_owner(NodeId(parent.0)).await;
-                let (made, fh) = core
-                    .create(NodeId(parent.0), &name, mode & !umask, exclusive, truncate)
-                    .await?;
-                // An existing file opened with O_CREAT keeps its owner.
-                let owner = owner.filter(|_| !existed);
-                match core.give_to(made, owner).await {
-                    Ok(made) => Ok((made, fh)),
-                    Err(e) => {
-                        let _ = core.release(fh).await;
-                        Err(e)
-                    }
-                }
+                // Given to the caller only if this call made it: an existing file opened
+                // with O_CREAT (one that appeared since the lookup, too) keeps its owner.
+                core.create_as(
+                    NodeId(parent.0),
+                    &name,
+                    mode & !umask,
+                    exclusive,
+                    truncate,
+                    owner,
+                )
+                .await
             }
             .await;
             match r {

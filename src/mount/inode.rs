@@ -44,6 +44,10 @@ impl RemoteId {
     }
 }
 
+/// Where spare `st_ino` numbers start (counted down): below the range of numbers for files
+/// not pushed yet ([`super::newfiles::NewFiles::next_ino`]).
+const SPARE_INO_TOP: u64 = (u32::MAX as u64) - (1 << 28) - 1;
+
 /// Deepest path walked up from a node (a cycle would be a bug; this bounds it).
 const MAX_DEPTH: usize = 8192;
 
@@ -83,6 +87,12 @@ pub struct Node {
 struct Table {
     nodes: HashMap<NodeId, Node>,
     by_remote: HashMap<RemoteId, NodeId>,
+    /// Which live node shows each `st_ino`: a number kept across our saves must never be
+    /// shown for another file the sandbox later gave the freed number (`tar`, `rsync -H`,
+    /// `cp` and `du` take equal numbers for one file).
+    by_st_ino: HashMap<u64, NodeId>,
+    /// Numbers handed out when a sandbox number is taken here, counted down from this.
+    next_spare: u64,
     children: HashMap<NodeId, BTreeMap<Vec<u8>, NodeId>>,
     next: u64,
 }
@@ -149,9 +159,42 @@ impl Table {
         }
     }
 
+    /// The `st_ino` node `id` shows for sandbox number `ino`: that number unless another live
+    /// node shows it already, then one no live node shows.
+    fn claim_st_ino(&mut self, id: NodeId, ino: u64) -> u64 {
+        let mut n = ino;
+        while self
+            .by_st_ino
+            .get(&n)
+            .is_some_and(|o| *o != id && self.nodes.contains_key(o))
+        {
+            if self.next_spare == 0 {
+                self.next_spare = SPARE_INO_TOP;
+            }
+            n = self.next_spare;
+            self.next_spare -= 1;
+        }
+        if let Some(old) = self.nodes.get(&id).map(|x| x.st_ino) {
+            if old != n && self.by_st_ino.get(&old) == Some(&id) {
+                self.by_st_ino.remove(&old);
+            }
+        }
+        self.by_st_ino.insert(n, id);
+        n
+    }
+
     fn drop_if_unused(&mut self, id: NodeId) {
         let Some(n) = self.nodes.get(&id) else { return };
         if id == ROOT || n.lookups > 0 || n.open > 0 || n.pinned {
+            return;
+        }
+        // A directory still holding a kept node (a file with staged writes the kernel has
+        // forgotten) stays, or that file would lose its path and its push its place.
+        let kept_child = self
+            .children
+            .get(&id)
+            .is_some_and(|c| c.values().any(|k| self.nodes.contains_key(k)));
+        if kept_child {
             return;
         }
         let n = self.nodes.remove(&id).expect("present");
@@ -164,6 +207,13 @@ impl Table {
         }
         if self.by_remote.get(&n.remote) == Some(&id) {
             self.by_remote.remove(&n.remote);
+        }
+        if self.by_st_ino.get(&n.st_ino) == Some(&id) {
+            self.by_st_ino.remove(&n.st_ino);
+        }
+        // Its parents may have been kept for it alone.
+        for (p, _) in &n.links {
+            self.drop_if_unused(*p);
         }
         // Children of a forgotten directory were forgotten first (the kernel's dentries hold
         // their parents); what is left here are names we never handed out.
@@ -184,6 +234,7 @@ impl InodeTable {
             ..Table::default()
         };
         t.by_remote.insert(RemoteId::of(&root), ROOT);
+        t.by_st_ino.insert(root.ino, ROOT);
         t.nodes.insert(
             ROOT,
             Node {
@@ -284,6 +335,8 @@ impl InodeTable {
                             },
                         );
                         t.by_remote.insert(rid, id);
+                        let st_ino = t.claim_st_ino(id, attr.ino);
+                        t.nodes.get_mut(&id).expect("just made").st_ino = st_ino;
                         id
                     }
                 }
@@ -323,12 +376,13 @@ impl InodeTable {
     /// whether it was applied.
     pub fn rebind_answer(&self, id: NodeId, attr: &Attr, asked: u64) -> bool {
         let mut t = self.lock();
-        let Some(n) = t.nodes.get_mut(&id).filter(|n| n.own_change <= asked) else {
+        let Some(n) = t.nodes.get(&id).filter(|n| n.own_change <= asked) else {
             return false;
         };
         if n.remote != RemoteId::of(attr) {
             // Another file at its name, put there by someone else: its number, not ours.
-            n.st_ino = attr.ino;
+            let st_ino = t.claim_st_ino(id, attr.ino);
+            t.nodes.get_mut(&id).expect("checked").st_ino = st_ino;
         }
         Self::rebind_locked(&mut t, id, attr);
         true
@@ -636,5 +690,23 @@ mod tests {
         let b = t.remember(ROOT, b"a", attr(77, FileKind::File, 1), true, Some(5));
         assert_ne!(b, a);
         assert!(t.path_of(a).is_none());
+    }
+
+    #[test]
+    fn a_kept_st_ino_is_never_shown_for_another_file() {
+        let t = table();
+        let a = t.remember(ROOT, b"a", attr(5, FileKind::File, 1), true, None);
+        // Our save moved a to sandbox inode 50; it keeps showing 5. The sandbox then gives
+        // the freed 5 to a new file b: b must show another number.
+        t.rebind_own(a, &attr(50, FileKind::File, 1), 1);
+        let b = t.remember(ROOT, b"b", attr(5, FileKind::File, 1), true, None);
+        let (sa, sb) = (t.get(a).unwrap().st_ino, t.get(b).unwrap().st_ino);
+        assert_eq!(sa, 5);
+        assert_ne!(sb, sa);
+        // Once a is gone, its number is free for the sandbox's file of that number.
+        t.unlink(ROOT, b"a");
+        t.forget(a, u64::MAX);
+        let c = t.remember(ROOT, b"c", attr(5, FileKind::File, 1), true, None);
+        assert_eq!(t.get(c).unwrap().st_ino, 5);
     }
 }

@@ -421,6 +421,7 @@ impl FsCore {
                         let len = s.len;
                         s.pushed(crate::remote::Version(String::new()), len);
                         staged.sync(&s);
+                        self.failures.clear(node);
                         self.removed_for_good(node);
                         Ok(())
                     }

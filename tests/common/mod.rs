@@ -697,10 +697,16 @@ pub fn eventually(what: &str, deadline: std::time::Duration, mut cond: impl FnMu
 /// pid on drop.
 pub struct CpuHogs {
     children: Vec<std::process::Child>,
+    _turn: std::sync::MutexGuard<'static, ()>,
 }
+
+/// One pair of hogs at a time in the test process: tests that start them wait for the pair
+/// before to stop, so the load stays two spinning processes beside whatever else runs.
+static HOGS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl CpuHogs {
     pub fn start() -> CpuHogs {
+        let turn = HOGS.lock().unwrap_or_else(|e| e.into_inner());
         let children = (0..2)
             .map(|_| {
                 Command::new("sh")
@@ -711,7 +717,10 @@ impl CpuHogs {
                     .expect("start a CPU hog")
             })
             .collect();
-        CpuHogs { children }
+        CpuHogs {
+            children,
+            _turn: turn,
+        }
     }
 }
 
