@@ -978,10 +978,12 @@ impl Filesystem for SbxFs {
             .await;
             match r {
                 Ok((na, fh)) => {
-                    // One TTL for the entry and its attributes: the entry's (a name cached
-                    // longer would skip the checks of another user's path walk).
+                    // One TTL for the entry and its attributes, and fuser puts our node id in
+                    // the attributes' `ino`: valid for no time, so the next `fstat` asks for
+                    // the file's own st_ino (SQLite records it at open and takes a change for
+                    // a moved database). The name is looked up again locally, at no cost.
                     reply.created(
-                        &s.entry_ttl,
+                        &Duration::ZERO,
                         &s.attr(&na, na.node.0),
                         Generation(0),
                         FileHandle(fh),
