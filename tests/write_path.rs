@@ -487,3 +487,22 @@ fn a_hung_sandbox_still_takes_new_files_in_a_listed_directory() {
         },
     );
 }
+
+#[test]
+fn a_database_sqlite_creates_stays_writable_on_the_same_connection() {
+    let s = Sandbox::new(Transport::Agent);
+    let db = s.mnt().join("fresh.db");
+    // SQLite records the file's st_ino when it creates it and refuses to write if it changes.
+    let script = format!(
+        "import sqlite3, time\nc = sqlite3.connect({:?})\nc.execute('create table t(x)')\n\
+         c.commit()\ntime.sleep(1.5)\nc.execute('insert into t values(1)')\nc.commit()\nprint('ok')\n",
+        db.display().to_string()
+    );
+    let (code, out, err) = run(Command::new("python3").arg("-c").arg(script));
+    assert_eq!(
+        (code, String::from_utf8_lossy(&out).trim()),
+        (0, "ok"),
+        "{}",
+        String::from_utf8_lossy(&err)
+    );
+}
