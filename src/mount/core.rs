@@ -350,15 +350,10 @@ impl FsCore {
     /// A namespace change in `dir`: its listing and attributes (nlink, mtime) are stale here
     /// and in the kernel.
     pub(super) fn dir_changed(&self, dir: NodeId) {
+        // Bumped before the listing goes: a fetch ending in between is not cached.
         self.bump();
         self.meta.invalidate(dir);
-        if let Some(p) = self.inodes.path_of(dir) {
-            self.prefetched.forget_under(&p);
-        }
-        self.inodes.update(dir, |n| n.fetched = stale_instant());
-        if let Some(k) = self.kernel() {
-            k.invalidate_attr(dir);
-        }
+        self.dir_untrusted(dir);
     }
 
     /// The sandbox changed something in `dir` (the change feed says so): its listing and
@@ -367,6 +362,13 @@ impl FsCore {
     pub(super) fn dir_stale(&self, dir: NodeId) {
         self.bump();
         self.meta.expire(dir);
+        self.dir_untrusted(dir);
+    }
+
+    /// What both of those do besides the listing itself (bumped again: nothing fetched
+    /// before this point is cached).
+    fn dir_untrusted(&self, dir: NodeId) {
+        self.bump();
         if let Some(p) = self.inodes.path_of(dir) {
             self.prefetched.forget_under(&p);
         }

@@ -120,11 +120,8 @@ impl MetaCache {
     /// The listing is no longer trusted, but kept to be served while the sandbox does not
     /// answer (as one past its TTL is).
     pub fn expire(&self, dir: NodeId) {
-        let long_ago = Instant::now()
-            .checked_sub(Duration::from_secs(86_400 * 365))
-            .unwrap_or_else(Instant::now);
         if let Some(x) = self.listings.lock().expect("listings lock").get_mut(&dir) {
-            x.fetched = x.fetched.min(long_ago);
+            x.fetched = x.fetched.min(long_ago());
         }
     }
 
@@ -137,13 +134,18 @@ impl MetaCache {
     /// its TTL is. (Forgetting them would leave `ls` of a directory listed a minute ago with
     /// nothing to show when the revalidation that follows finds the sandbox gone.)
     pub fn expire_all(&self) {
-        let long_ago = Instant::now()
-            .checked_sub(Duration::from_secs(86_400 * 365))
-            .unwrap_or_else(Instant::now);
+        let long_ago = long_ago();
         for (_, x) in self.listings.lock().expect("listings lock").iter_mut() {
             x.fetched = x.fetched.min(long_ago);
         }
     }
+}
+
+/// A fetch time past any TTL: the listing is kept, and trusted only by a sandbox out of reach.
+fn long_ago() -> Instant {
+    Instant::now()
+        .checked_sub(Duration::from_secs(86_400 * 365))
+        .unwrap_or_else(Instant::now)
 }
 
 #[cfg(test)]
