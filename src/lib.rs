@@ -33,9 +33,11 @@
 //!   connections, header reads and idle time ([`agent::server`]), on TCP or a Unix socket, https
 //!   when given a certificate ([`agent::tls`]).
 //! - [`mount`]: `sbxfs mount`, a FUSE filesystem over any `Remote`: a thin adapter
-//!   ([`mount::fuse`]) over the filesystem operations ([`mount::core`]); before each operation
-//!   the permission gate ([`mount::gate`]) applies the POSIX rules ([`mount::access`]), the
-//!   mounting user acting as the sandbox's user, whose owners the mount shows. The operations
+//!   ([`mount::fuse`]: decode, one call, reply) over the gated filesystem ([`mount::gated`]),
+//!   which runs the permission gate ([`mount::gate`], the POSIX rules in [`mount::access`]; the
+//!   mounting user acting as the sandbox's user, whose owners the mount shows) and then the
+//!   filesystem operations ([`mount::core`]), and returns reply-ready answers (attributes as
+//!   shown, with their TTLs), so gate, TTL and owner policy are unit-tested without a kernel. The operations
 //!   work over the inode table ([`mount::inode`]: own node ids, names as links, orphans), listings
 //!   ([`mount::meta`]; a directory's first look fetches its subtree's in one packed answer,
 //!   [`mount::subtree`], subdirectories' kept by path until their nodes exist,
@@ -44,8 +46,12 @@
 //!   sequential readers ([`mount::readahead`]), open handles ([`mount::handles`]) and
 //!   write-back ([`mount::writeback`]: pushes, retries, conflicts; queued by `close` in
 //!   [`mount::pushq`]; new files created by their first push, [`mount::newfiles`]) of durable
-//!   staged images ([`mount::staging`]) in a private directory ([`mount::state`]); the change
-//!   feed follower ([`mount::feed`]) decides how long caches are trusted. Every remote call has a
+//!   staged images ([`mount::staging`]) in a private directory ([`mount::state`]), each with an
+//!   explicit state on its way to the sandbox ([`mount::lifecycle`]: clean, dirty, queued,
+//!   pushing, retrying, refused-kept, conflict); the change feed follower ([`mount::feed`])
+//!   decides how long caches are trusted and changes them only through
+//!   [`mount::core::FsCore`]'s one `apply(Change)` (`mount/changes.rs`), and TTLs count in an injectable clock
+//!   ([`mount::clock`]). Every remote call has a
 //!   deadline ([`remote::deadline`]), and every answer is bounded before it is held (the
 //!   client parses JSON as it streams, with caps on size, entries and names; a read answer is
 //!   never longer than asked). Symlink targets are shown so none leads out of the mount
@@ -65,8 +71,8 @@
 //!   completions and man page from one clap definition); `main.rs` only calls [`cli::main`].
 //!
 //! # The path of a read
-//! `read(2)` in the mount reaches [`mount::fuse`], which hands it to a task running
-//! [`mount::core::FsCore::read`]: a file with staged writes is read from its staged image
+//! `read(2)` in the mount reaches [`mount::fuse`], which hands it to a task calling
+//! [`mount::gated::GatedFs::read`] and so [`mount::core::FsCore::read`]: a file with staged writes is read from its staged image
 //! (base pages fetched on demand); otherwise the file's current version (revalidated at `open`)
 //! and the page index key the page cache; a miss calls [`remote::Remote::read`], and the agent opens the
 //! path beneath its root, `pread`s the range and answers the bytes with the version (device,
@@ -86,8 +92,11 @@
 //! before that epoch is older than what the mount knows and is not applied, so the mount's own
 //! save never comes back as "replaced in the sandbox". The node keeps the `st_ino` it showed.
 //! A directory holding a file not pushed yet is not empty to `rmdir`; setting a directory's
-//! times first lands the pushes of what was made in it. A failed push keeps its cause
-//! (`ENOSPC`, `EROFS`, …) for the writer's `fsync`/`close`, `ctl status` and `sbxfs umount`.
+//! times first lands the pushes of what was made in it. A commit carries the staged mtime (the
+//! push does not move the time programs saw) and the agent copies the file's extended
+//! attributes onto the new content. A failed push keeps its cause (`ENOSPC`, `EROFS`, …) for
+//! the writer's `fsync`/`close`; the file's state, its cause and any conflict copy are shown
+//! by `ctl status`, `ctl flush` and `sbxfs umount`.
 //!
 //! # The path of a query
 //! `sbxfs grep PATTERN` standing in a mount asks the directory for its mount ([`control`]'s

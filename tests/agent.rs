@@ -319,6 +319,7 @@ async fn a_one_byte_patch_into_256_mib_sends_bytes_of_the_patch_not_the_file() {
             CommitOptions {
                 base: Some(base),
                 create_mode: None,
+                ..Default::default()
             },
         )
         .await
@@ -788,6 +789,7 @@ async fn modes_are_exact_under_a_restrictive_umask() {
             CommitOptions {
                 base: None,
                 create_mode: Some(0o664),
+                ..Default::default()
             },
         )
         .await
@@ -825,6 +827,7 @@ async fn a_sparse_file_stays_sparse_through_patches_and_linked_commits() {
             CommitOptions {
                 base: Some(v),
                 create_mode: None,
+                ..Default::default()
             },
         )
         .await
@@ -855,6 +858,7 @@ async fn a_sparse_file_stays_sparse_through_patches_and_linked_commits() {
             CommitOptions {
                 base: Some(v),
                 create_mode: None,
+                ..Default::default()
             },
         )
         .await

@@ -173,6 +173,161 @@ async fn slowloris_connections_neither_exhaust_descriptors_nor_lock_out_clients(
     drop(held);
 }
 
+/// Connections trickling a request body: each sent its head and then a byte at a time.
+struct Trickle {
+    streams: Vec<Option<TcpStream>>,
+}
+
+impl Trickle {
+    /// `n` commits, each announcing `len` bytes of body and sending one.
+    fn start(agent: &AgentProcess, n: usize, len: usize) -> Trickle {
+        let streams = (0..n)
+            .filter_map(|i| {
+                let mut s = TcpStream::connect(agent.addr).ok()?;
+                write!(
+                    s,
+                    "PUT /v1/commit?path=up{i} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\
+                     Content-Length: {len}\r\n\r\nx",
+                    agent.token
+                )
+                .ok()?;
+                s.set_nonblocking(true).ok()?;
+                Some(Some(s))
+            })
+            .collect();
+        Trickle { streams }
+    }
+
+    /// One more byte on every connection still open; answers how many the agent has closed.
+    fn step(&mut self) -> usize {
+        for slot in &mut self.streams {
+            let Some(s) = slot else { continue };
+            let _ = s.write(b"x");
+            let mut buf = [0u8; 4096];
+            let closed = loop {
+                match s.read(&mut buf) {
+                    Ok(0) => break true,
+                    // An error answer ("too slow"): read on to the close.
+                    Ok(_) => continue,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break false,
+                    Err(_) => break true,
+                }
+            };
+            if closed {
+                *slot = None;
+            }
+        }
+        self.streams.iter().filter(|s| s.is_none()).count()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trickled_request_bodies_are_cut_and_never_lock_out_clients() {
+    let (_d, root) = workspace();
+    fs::write(root.join("f"), "data").unwrap();
+    let agent = AgentProcess::launch(
+        &root,
+        AgentLaunch {
+            log: Some("warn"),
+            ..Default::default()
+        },
+    );
+    // More trickling bodies than the agent has connection slots (it used to keep all of
+    // them and reset every new client).
+    let n = sbxfs::agent::server::MAX_CONNECTIONS + 44;
+    let mut trickle = Trickle::start(&agent, n, 100_000);
+    assert_eq!(trickle.streams.len(), n);
+    // Every head read and its request waiting for the body.
+    std::thread::sleep(Duration::from_secs(2));
+    trickle.step();
+    // Clients, new connections each, are answered while the trickle runs.
+    for _ in 0..5 {
+        let (status, body) = raw_request(&agent, "GET", "/v1/stat?path=f", "");
+        assert!(
+            status.contains("200"),
+            "{status}: {}",
+            String::from_utf8_lossy(&body)
+        );
+        let got = agent.client().read(&rp("f"), 0, 10).await.unwrap();
+        assert_eq!(&got.data[..], b"data");
+        trickle.step();
+    }
+    // Every trickle is cut once its grace is over (a deadline that only stops a hung test).
+    let deadline = hung_after(sbxfs::agent::server::BODY_GRACE.as_secs() + 60);
+    while trickle.step() < n {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {n} trickling connections still open",
+            n - trickle.step()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // Nothing of theirs landed, not even a temp file.
+    let names: Vec<String> = fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["f"]);
+    answers(&agent).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_nobody_reads_and_quiet_feeds_never_lock_out_clients() {
+    let (_d, root) = workspace();
+    fs::write(root.join("f"), "data").unwrap();
+    fs::write(root.join("big"), vec![b'x'; 16 << 20]).unwrap();
+    let agent = AgentProcess::launch(
+        &root,
+        AgentLaunch {
+            log: Some("warn"),
+            ..Default::default()
+        },
+    );
+    let request = |target: &str| {
+        let mut s = TcpStream::connect(agent.addr).unwrap();
+        write!(
+            s,
+            "GET {target} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\r\n",
+            agent.token
+        )
+        .unwrap();
+        s
+    };
+    // Change-feed streams: a bounded number at once, the rest refused.
+    let mut feeds: Vec<TcpStream> = (0..sbxfs::agent::MAX_WATCHES + 8)
+        .map(|_| request("/v1/watch"))
+        .collect();
+    std::thread::sleep(Duration::from_secs(1));
+    let mut refused = 0;
+    for s in &mut feeds {
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let mut buf = [0u8; 64];
+        if s.read(&mut buf)
+            .is_ok_and(|n| String::from_utf8_lossy(&buf[..n]).contains(" 413 "))
+        {
+            refused += 1;
+        }
+    }
+    assert_eq!(refused, 8, "the feeds past the bound are refused");
+    // More 16 MiB reads than there are connection slots, none of them read by its client.
+    let unread: Vec<TcpStream> = (0..sbxfs::agent::server::MAX_CONNECTIONS)
+        .map(|_| request("/v1/read?path=big&offset=0&len=16777216"))
+        .collect();
+    std::thread::sleep(Duration::from_secs(4));
+    // New clients are answered all the same.
+    for _ in 0..5 {
+        let (status, body) = raw_request(&agent, "GET", "/v1/stat?path=f", "");
+        assert!(
+            status.contains("200"),
+            "{status}: {}",
+            String::from_utf8_lossy(&body)
+        );
+        answers(&agent).await;
+    }
+    drop((feeds, unread));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_connection_is_closed_after_the_header_read_timeout() {
     let (_d, root) = workspace();
@@ -468,6 +623,7 @@ async fn a_token_holder_cannot_make_a_setuid_file_unless_the_agent_allows_it() {
             CommitOptions {
                 base: None,
                 create_mode: Some(0o6777),
+                ..Default::default()
             },
         )
         .await
@@ -491,6 +647,7 @@ async fn a_token_holder_cannot_make_a_setuid_file_unless_the_agent_allows_it() {
             CommitOptions {
                 base: Some(v),
                 create_mode: None,
+                ..Default::default()
             },
         )
         .await
@@ -530,6 +687,7 @@ async fn with_allow_setid_the_bits_are_kept_across_a_commit_and_a_chown() {
             CommitOptions {
                 base: Some(v),
                 create_mode: None,
+                ..Default::default()
             },
         )
         .await

@@ -99,6 +99,7 @@ async fn agent_throughput() {
         CommitOptions {
             base: Some(base),
             create_mode: None,
+            ..Default::default()
         },
     )
     .await

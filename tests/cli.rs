@@ -177,6 +177,27 @@ fn grep_max_bytes_takes_units() {
 }
 
 #[test]
+fn glob_and_fuzzy_print_a_sandbox_names_terminal_escapes_escaped() {
+    let w = tempfile::tempdir().unwrap();
+    let evil = "evil\u{1b}]0;PWNED\u{7}\u{1b}[31mred.txt";
+    std::fs::write(w.path().join(evil), "x").unwrap();
+    let shown = "evil\\u{1b}]0;PWNED\\u{7}\\u{1b}[31mred.txt";
+    for args in [&["glob", "*.txt"][..], &["fuzzy", "evilred"][..]] {
+        let (code, out, err) = sbxfs(w.path(), args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        assert!(
+            !out.contains('\u{1b}') && !out.contains('\u{7}'),
+            "{args:?} printed a raw escape: {out:?}"
+        );
+        assert!(out.contains(shown), "{args:?}: {out:?}");
+    }
+    // JSON carries the name exactly (escaped by JSON itself).
+    let (_, out, _) = sbxfs(w.path(), &["glob", "--json", "*.txt"]);
+    assert!(!out.contains('\u{1b}'), "{out:?}");
+    assert_eq!(json_lines(&out)[0]["path"], evil);
+}
+
+#[test]
 fn glob_and_fuzzy_json_shapes() {
     let w = workspace();
     let (code, out, _) = sbxfs(w.path(), &["glob", "--json", "**/*.rs"]);
@@ -465,6 +486,23 @@ fn generated_text_into_a_closed_pipe_is_no_error() {
         let script = format!(
             "set -o pipefail; '{}' {args} | head -c 1 >/dev/null",
             sbxfs_bin().display()
+        );
+        let (code, _, err) = run(Command::new("bash").arg("-c").arg(&script));
+        let err = String::from_utf8_lossy(&err);
+        assert_eq!(code, 0, "{args}: {err}");
+        assert!(err.is_empty(), "{args}: {err}");
+    }
+}
+
+/// `sbxfs ctl status | true`: the same for ctl's answers (it used to panic, exit 101).
+#[test]
+fn ctl_answers_into_a_closed_pipe_are_no_error() {
+    let (_w, _agent, m) = mounted();
+    for args in ["status", "status --json", "stats", "flush"] {
+        let script = format!(
+            "set -o pipefail; '{}' ctl --mount '{}' {args} | true",
+            sbxfs_bin().display(),
+            m.dir.display()
         );
         let (code, _, err) = run(Command::new("bash").arg("-c").arg(&script));
         let err = String::from_utf8_lossy(&err);

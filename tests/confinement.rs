@@ -152,15 +152,6 @@ async fn a_directory_swapped_for_an_outside_symlink_never_leaks_into_grep_glob_o
     assert!(inside_seen > 0, "no search ever found the inside files");
 }
 
-/// User plus system CPU time of a process so far, in clock ticks (`/proc/PID/stat`).
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // Fields after the parenthesised command name: state is field 3, utime 14, stime 15.
-    let after = &stat[stat.rfind(')').unwrap() + 2..];
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
-}
-
 /// Wait (at most 30 s, only so a hung agent fails the test) until a stats counter reaches `n`.
 async fn stat_reaches(c: &sbxfs::remote::client::AgentClient, key: &str, n: u64) {
     let give_up = Instant::now() + Duration::from_secs(30);

@@ -473,6 +473,7 @@ async fn commits_replace_whole_files_atomically_and_keep_mode(b: &Backend) {
             CommitOptions {
                 base: None,
                 create_mode: Some(0o600),
+                ..Default::default()
             },
         )
         .await
@@ -491,6 +492,7 @@ async fn commits_replace_whole_files_atomically_and_keep_mode(b: &Backend) {
             CommitOptions {
                 base: Some(base.clone()),
                 create_mode: None,
+                ..Default::default()
             },
         )
         .await
@@ -507,6 +509,7 @@ async fn commits_replace_whole_files_atomically_and_keep_mode(b: &Backend) {
             CommitOptions {
                 base: Some(base),
                 create_mode: None,
+                ..Default::default()
             },
         )
         .await
@@ -521,6 +524,7 @@ async fn commits_replace_whole_files_atomically_and_keep_mode(b: &Backend) {
             CommitOptions {
                 base: Some(Version("1".into())),
                 create_mode: None,
+                ..Default::default()
             },
         )
         .await
@@ -598,6 +602,7 @@ async fn patch_commits_apply_ranges_over_the_base(b: &Backend) {
         CommitOptions {
             base: Some(base.clone()),
             create_mode: None,
+            ..Default::default()
         },
     )
     .await
@@ -616,6 +621,7 @@ async fn patch_commits_apply_ranges_over_the_base(b: &Backend) {
         CommitOptions {
             base: Some(base),
             create_mode: None,
+            ..Default::default()
         },
     )
     .await
@@ -635,6 +641,7 @@ async fn patch_commits_apply_ranges_over_the_base(b: &Backend) {
             CommitOptions {
                 base: Some(Version("0-0-0-0".into())),
                 create_mode: None,
+                ..Default::default()
             },
         )
         .await
@@ -652,6 +659,47 @@ async fn patch_commits_apply_ranges_over_the_base(b: &Backend) {
         .is_err());
     assert!(!b.sb.exists(b"absent"));
     assert_no_temp_files(b.sb.as_ref());
+}
+
+/// A commit that names a modification time gives the new content that time (the time the
+/// mount showed for the last write): a whole file, a patch, and a file the commit creates.
+async fn commits_keep_the_mtime_they_name(b: &Backend) {
+    let r = &b.remote;
+    let t: i64 = 1_700_000_000_123_456_789;
+    let with_time = |base: Option<Version>, t: i64| CommitOptions {
+        base,
+        mtime_ns: Some(t),
+        ..Default::default()
+    };
+    let a = r
+        .commit(&rp("m.txt"), whole(b"new".to_vec()), with_time(None, t))
+        .await
+        .unwrap();
+    assert_eq!((a.mtime_ns, b.sb.lstat(b"m.txt").unwrap().mtime_ns), (t, t));
+    let a = r
+        .commit(
+            &rp("m.txt"),
+            whole(b"again".to_vec()),
+            with_time(Some(a.version), t + 1_000),
+        )
+        .await
+        .unwrap();
+    assert_eq!(a.mtime_ns, t + 1_000);
+    let a = r
+        .commit(
+            &rp("m.txt"),
+            CommitContent::Patch {
+                cut: u64::MAX,
+                new_len: 5,
+                ranges: vec![(0, Bytes::from_static(b"A"))],
+            },
+            with_time(Some(a.version), t + 2_000),
+        )
+        .await
+        .unwrap();
+    assert_eq!(a.mtime_ns, t + 2_000);
+    assert_eq!(b.sb.lstat(b"m.txt").unwrap().mtime_ns, t + 2_000);
+    assert_eq!(b.sb.read(b"m.txt"), b"Again");
 }
 
 async fn namespace_operations_and_their_errors(b: &Backend) {
@@ -1139,6 +1187,7 @@ async fn create_only_commits_never_replace(b: &Backend) {
     let only = || CommitOptions {
         base: Some(Version::absent()),
         create_mode: Some(0o640),
+        ..Default::default()
     };
     let a = r
         .commit(&rp("made.txt"), whole(b"ours".to_vec()), only())
@@ -1248,6 +1297,7 @@ fn based_on(v: Version) -> CommitOptions {
     CommitOptions {
         base: Some(v),
         create_mode: None,
+        ..Default::default()
     }
 }
 
@@ -1490,15 +1540,22 @@ async fn modes_are_exactly_those_asked(b: &Backend) {
             CommitOptions {
                 base: None,
                 create_mode: Some(0o666),
+                ..Default::default()
             },
         )
         .await
         .unwrap();
     assert_eq!(c.mode, 0o666);
-    // A set-group-ID parent passes its bit on to new directories; asked for 0755, 0755 it is.
+    // A set-group-ID parent passes its bit (and its group) on to new directories, as Linux
+    // does: asked for 0755, 02755 it is. Files get the group only.
     b.sb.mkdir_all(b"sgid");
     b.sb.chmod(b"sgid", 0o2775);
-    assert_eq!(r.mkdir(&rp("sgid/sub"), 0o755).await.unwrap().mode, 0o755);
+    let parent = r.stat(&rp("sgid")).await.unwrap();
+    let sub = r.mkdir(&rp("sgid/sub"), 0o755).await.unwrap();
+    assert_eq!((sub.mode, sub.gid), (0o2755, parent.gid));
+    assert_eq!(r.stat(&rp("sgid/sub")).await.unwrap().mode, 0o2755);
+    let f = r.create(&rp("sgid/f"), 0o644).await.unwrap();
+    assert_eq!((f.mode, f.gid), (0o644, parent.gid));
 }
 
 async fn setattr_owners_symlink_times_and_limits(b: &Backend) {
@@ -1594,6 +1651,28 @@ async fn setattr_owners_symlink_times_and_limits(b: &Backend) {
         assert_eq!(err.errno(), libc::EFBIG);
     }
     assert_eq!(read_all(b, "f").await, b"data");
+}
+
+/// A commit's new content keeps the file's extended attributes (a whole file and a patch),
+/// as a write in place would: an edit through the mount does not strip them.
+async fn commits_keep_extended_attributes(b: &Backend) {
+    let r = &b.remote;
+    b.sb.write(b"x.txt", b"old");
+    let f = rp("x.txt");
+    r.setxattr(&f, b"user.tag", b"kept", XattrFlags::default())
+        .await
+        .unwrap();
+    let v = r.stat(&f).await.unwrap().version;
+    let a = r
+        .commit(&f, whole(b"new".to_vec()), based_on(v))
+        .await
+        .unwrap();
+    assert_eq!(r.getxattr(&f, b"user.tag").await.unwrap(), b"kept");
+    r.commit(&f, patch(u64::MAX, 3, vec![(0, b"N")]), based_on(a.version))
+        .await
+        .unwrap();
+    assert_eq!(r.getxattr(&f, b"user.tag").await.unwrap(), b"kept");
+    assert_eq!(b.sb.read(b"x.txt"), b"New");
 }
 
 async fn xattrs_round_trip_without_following_symlinks(b: &Backend) {
@@ -1904,6 +1983,8 @@ macro_rules! conformance {
 }
 
 conformance!(agent_backend:
+    commits_keep_extended_attributes,
+    commits_keep_the_mtime_they_name,
     stat_list_and_tree,
     tree_listings_are_breadth_first_and_capped,
     stat_list_and_tree_tell_whether_xattrs_exist,
@@ -1934,6 +2015,8 @@ conformance!(agent_backend:
 );
 
 conformance!(memory_backend:
+    commits_keep_extended_attributes,
+    commits_keep_the_mtime_they_name,
     stat_list_and_tree,
     tree_listings_are_breadth_first_and_capped,
     stat_list_and_tree_tell_whether_xattrs_exist,
@@ -1999,6 +2082,8 @@ fn https_backend() -> Backend {
 }
 
 conformance!(https_backend:
+    commits_keep_extended_attributes,
+    commits_keep_the_mtime_they_name,
     stat_list_and_tree,
     tree_listings_are_breadth_first_and_capped,
     stat_list_and_tree_tell_whether_xattrs_exist,
@@ -2098,6 +2183,8 @@ fn exec_backend() -> Backend {
 }
 
 conformance!(shell_backend:
+    commits_keep_extended_attributes,
+    commits_keep_the_mtime_they_name,
     stat_list_and_tree,
     tree_listings_are_breadth_first_and_capped,
     // stat_list_and_tree_tell_whether_xattrs_exist: the scripts leave has_xattrs unknown
@@ -2127,6 +2214,8 @@ conformance!(shell_backend:
 );
 
 conformance!(exec_backend:
+    commits_keep_extended_attributes,
+    commits_keep_the_mtime_they_name,
     stat_list_and_tree,
     tree_listings_are_breadth_first_and_capped,
     // stat_list_and_tree_tell_whether_xattrs_exist: the scripts leave has_xattrs unknown
@@ -2209,6 +2298,8 @@ fn ssh_backend() -> Backend {
 }
 
 conformance!(ssh_backend:
+    commits_keep_extended_attributes,
+    commits_keep_the_mtime_they_name,
     stat_list_and_tree,
     tree_listings_are_breadth_first_and_capped,
     stat_list_and_tree_tell_whether_xattrs_exist,

@@ -119,7 +119,7 @@ async fn apply(r: &dyn Remote, s: &Step) -> std::result::Result<String, &'static
             };
             let opts = CommitOptions {
                 base,
-                create_mode: None,
+                ..Default::default()
             };
             shape(r.commit(&rp(*a), body, opts).await.map_err(t)?)
         }

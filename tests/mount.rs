@@ -413,16 +413,19 @@ fn a_reader_in_the_sandbox_never_sees_a_half_written_save() {
         }
         reads
     });
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .truncate(true)
-        .open(s.mount.dir.join("big.bin"))
-        .unwrap();
-    for _ in 0..64 {
-        f.write_all(&vec![b'b'; 1 << 20]).unwrap();
-    }
-    f.sync_all().unwrap();
-    drop(f);
+    // Written by a process of its own: in this test binary, a child another test spawns
+    // inherits the descriptor and closes it at exec, a flush that publishes what is written
+    // so far (the close-to-open rule, not a half-written commit).
+    let script = "import os, sys\n\
+                  f = open(sys.argv[1], 'wb', buffering=0)\n\
+                  for _ in range(64):\n    f.write(b'b' * (1 << 20))\n\
+                  os.fsync(f.fileno())\n\
+                  f.close()\n";
+    let (code, _, err) = run(Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(s.mount.dir.join("big.bin")));
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
     stop.store(true, Ordering::Relaxed);
     assert!(poller.join().unwrap() >= 1);
     assert!(fs::read(s.root.join("big.bin"))
@@ -528,6 +531,24 @@ fn a_conflicting_save_keeps_both_versions() {
         "mine\n"
     );
     assert!(s.mount.log_text().contains("conflict"));
+    // `ctl status` lists the copy, and `sbxfs umount` names it (exit 0: nothing is unpushed).
+    let (_, out, _) = run(Command::new(sbxfs_bin())
+        .args(["ctl", "--json", "--mount"])
+        .arg(&s.mount.dir)
+        .arg("status"));
+    let status: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(
+        status["conflicts"],
+        serde_json::json!([{"path": "notes.txt", "saved_as": copies[0]}]),
+        "{status}"
+    );
+    let (code, _, err) = run(Command::new(sbxfs_bin()).arg("umount").arg(&s.mount.dir));
+    let err = String::from_utf8_lossy(&err);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("conflict: notes.txt changed in the sandbox") && err.contains(&copies[0]),
+        "{err}"
+    );
 }
 
 #[test]

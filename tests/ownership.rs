@@ -670,3 +670,50 @@ fn a_file_another_local_user_makes_is_its_own_where_the_agent_is_root() {
     assert_eq!(code, 0);
     assert_eq!(inside("shared/mine").uid(), 0);
 }
+
+#[test]
+fn another_local_user_is_held_to_the_files_acls() {
+    let Some(setpriv) = setpriv_as_root() else {
+        return;
+    };
+    let (_base, ws) = workspace();
+    fs::write(ws.join("denied.txt"), "not for you\n").unwrap();
+    fs::write(ws.join("masked.txt"), "kept\n").unwrap();
+    fs::write(ws.join("granted.txt"), "for you\n").unwrap();
+    chown_tree(&ws, SANDBOX_UID, SANDBOX_UID);
+    set_mode(&ws, 0o755);
+    set_mode(&ws.join("denied.txt"), 0o644);
+    set_mode(&ws.join("masked.txt"), 0o666);
+    set_mode(&ws.join("granted.txt"), 0o600);
+    let acl = |spec: &str, file: &str| {
+        let (code, _, err) = run(Command::new("setfacl")
+            .args(["-m", spec])
+            .arg(ws.join(file)));
+        assert_eq!(
+            code,
+            0,
+            "setfacl {spec} {file}: {}",
+            String::from_utf8_lossy(&err)
+        );
+    };
+    acl(&format!("u:{OTHER_UID}:---"), "denied.txt");
+    acl(&format!("u:{OTHER_UID}:r--,m::r--"), "masked.txt");
+    acl(&format!("u:{OTHER_UID}:r--"), "granted.txt");
+    let agent = AgentAs::start(&setpriv, &ws);
+    let m = agent.mount(&["-o", "allow_other"]);
+    let d = &m.dir;
+    // The mode bits alone would let them read a 0644 file: the ACL says no.
+    let (code, err) = as_other(&setpriv, &[], d, "cat denied.txt");
+    assert_ne!(code, 0, "read a file whose ACL denies them");
+    assert!(err.contains("Permission denied"), "{err}");
+    assert_ne!(as_other(&setpriv, &[], d, "test -r denied.txt").0, 0);
+    // 0666 would let them append: their entry, under the mask, is read only.
+    let (code, _) = as_other(&setpriv, &[], d, "cat masked.txt");
+    assert_eq!(code, 0, "reading what the ACL grants");
+    let (code, _) = as_other(&setpriv, &[], d, "echo more >> masked.txt");
+    assert_ne!(code, 0, "appended to a file whose ACL makes them read only");
+    assert_eq!(fs::read_to_string(ws.join("masked.txt")).unwrap(), "kept\n");
+    // And an ACL grants what the mode bits do not.
+    let (code, err) = as_other(&setpriv, &[], d, "cat granted.txt");
+    assert_eq!(code, 0, "reading a 0600 file their ACL entry grants: {err}");
+}

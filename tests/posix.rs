@@ -213,6 +213,9 @@ fn st_ino_is_the_sandboxs_and_stays_across_the_mounts_own_saves() {
     fs::write(r.join("f"), "made in the sandbox").unwrap();
     let first = fs::metadata(r.join("f")).unwrap().ino();
     assert_eq!(fs::metadata(m.join("f")).unwrap().ino(), first);
+    // Held open in the sandbox so its number is not freed and given to a later save's file
+    // (ext4 hands a freed inode number out again at once).
+    let _first_kept = fs::File::open(r.join("f")).unwrap();
     let held = fs::File::open(m.join("f")).unwrap();
     for round in 0..5 {
         // Each save is an atomic rename in the sandbox (a new inode there), but the file is
@@ -229,8 +232,12 @@ fn st_ino_is_the_sandboxs_and_stays_across_the_mounts_own_saves() {
     fs::write(r.join("g"), "replacement").unwrap();
     let replaced = fs::metadata(r.join("g")).unwrap().ino();
     fs::rename(r.join("g"), r.join("f")).unwrap();
-    std::thread::sleep(Duration::from_millis(1100));
-    assert_eq!(fs::metadata(m.join("f")).unwrap().ino(), replaced);
+    // Told by the change feed, which a loaded machine may deliver late.
+    eventually(
+        "the sandbox's replacement shows its inode number",
+        Duration::from_secs(15),
+        || fs::metadata(m.join("f")).unwrap().ino() == replaced,
+    );
     assert_eq!(fs::read_to_string(m.join("f")).unwrap(), "replacement");
 }
 
@@ -714,24 +721,25 @@ fn a_handle_never_reads_a_mix_of_two_files() {
         .unwrap()
         .write_all_at(&vec![b'D'; 300_000], 0)
         .unwrap();
-    std::thread::sleep(Duration::from_millis(1200));
+    // Told by the change feed (late on a loaded machine), or found once the TTL is past.
     let mut tail = vec![0u8; 1000];
-    g.read_exact_at(&mut tail, 250_000).unwrap();
-    assert!(tail.iter().all(|&b| b == b'D'));
+    eventually(
+        "the reader sees the bytes written in place",
+        Duration::from_secs(15),
+        || {
+            g.read_exact_at(&mut tail, 250_000).unwrap();
+            tail.iter().all(|&b| b == b'D')
+        },
+    );
 }
 
-#[test]
-fn unpushed_edits_never_go_to_another_sandbox_at_the_same_address() {
-    let dir = tempfile::tempdir().unwrap();
-    let (root1, root2) = (dir.path().join("ws1"), dir.path().join("ws2"));
-    fs::create_dir(&root1).unwrap();
-    fs::create_dir(&root2).unwrap();
-    fs::write(root1.join("f"), "one: base").unwrap();
-    fs::write(root2.join("f"), "two: theirs").unwrap();
-    let cache = dir.path().join("cache");
-    let mut agent = AgentProcess::start(&root1);
+/// Mount the agent serving `root` (its `f` holds "one: base"), write "ONE" into `f` while the
+/// agent is down, and kill the mount: the edit stays staged in `cache`. Answers the agent's
+/// address, URL and token, for another agent to take over.
+fn leave_an_unpushed_edit(root: &Path, cache: &Path) -> (std::net::SocketAddr, String, String) {
+    let mut agent = AgentProcess::start(root);
     let (addr, url, token) = (agent.addr, agent.url.clone(), agent.token.clone());
-    let mut mount = MountProcess::start_url_cache(&url, &token, &[], Some(&cache));
+    let mut mount = MountProcess::start_url_cache(&url, &token, &[], Some(cache));
     assert_eq!(
         fs::read_to_string(mount.dir.join("f")).unwrap(),
         "one: base"
@@ -749,6 +757,19 @@ fn unpushed_edits_never_go_to_another_sandbox_at_the_same_address() {
     child.kill().unwrap();
     child.wait().unwrap();
     drop(mount);
+    (addr, url, token)
+}
+
+#[test]
+fn unpushed_edits_never_go_to_another_sandbox_at_the_same_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root1, root2) = (dir.path().join("ws1"), dir.path().join("ws2"));
+    fs::create_dir(&root1).unwrap();
+    fs::create_dir(&root2).unwrap();
+    fs::write(root1.join("f"), "one: base").unwrap();
+    fs::write(root2.join("f"), "two: theirs").unwrap();
+    let cache = dir.path().join("cache");
+    let (addr, url, token) = leave_an_unpushed_edit(&root1, &cache);
     // Another sandbox now answers at the same address: the edit stays staged.
     {
         let _other = AgentProcess::start_on(&root2, addr);
@@ -768,6 +789,46 @@ fn unpushed_edits_never_go_to_another_sandbox_at_the_same_address() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+#[test]
+fn unpushed_edits_never_go_to_a_new_workspace_that_took_the_old_ones_inode_number() {
+    // What a hostile agent can claim (any device and inode) and a cloned or rebuilt sandbox
+    // does honestly: here for real, a directory made where the old workspace was deleted
+    // gets its inode number (ext4 hands a freed number out again at once).
+    let dir = tempfile::tempdir().unwrap();
+    let root1 = dir.path().join("ws1");
+    fs::create_dir(&root1).unwrap();
+    fs::write(root1.join("f"), "one: base").unwrap();
+    let old = fs::metadata(&root1).unwrap();
+    let cache = dir.path().join("cache");
+    let (addr, url, token) = leave_an_unpushed_edit(&root1, &cache);
+    fs::remove_dir_all(&root1).unwrap();
+    let root2 = (0..200)
+        .find_map(|i| {
+            let d = dir.path().join(format!("ws2-{i}"));
+            fs::create_dir(&d).unwrap();
+            let m = fs::metadata(&d).unwrap();
+            // One that got another freed number (the file's) is kept, so the next takes
+            // the next free one.
+            ((m.dev(), m.ino()) == (old.dev(), old.ino())).then_some(d)
+        })
+        .expect("no new directory got the old workspace's inode number");
+    fs::write(root2.join("f"), "two: theirs").unwrap();
+    let _other = AgentProcess::start_on(&root2, addr);
+    let m = MountProcess::start_url_cache(&url, &token, &[], Some(&cache));
+    // The recovery ran (it logs what it kept), and left the other workspace alone.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !m.log_text().contains("staged for another sandbox") {
+        assert!(
+            Instant::now() < deadline,
+            "no word of the kept edit: {}",
+            m.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(fs::read_to_string(root2.join("f")).unwrap(), "two: theirs");
+    assert!(leftovers(&root2).is_empty(), "{:?}", leftovers(&root2));
 }
 
 #[test]

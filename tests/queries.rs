@@ -274,12 +274,21 @@ fn interrupting_a_grep_in_a_mount_stops_the_search_in_the_sandbox() {
             fs::write(s.root.join(format!("big{d}/f{f}.txt")), body).unwrap();
         }
     }
-    let mut child = Command::new(sbxfs_bin())
-        .current_dir(&s.mount.dir)
+    let mut cmd = Command::new(sbxfs_bin());
+    cmd.current_dir(&s.mount.dir)
         .args(["grep", "-j", "1", "needle"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .stdout(Stdio::piped());
+    // SIGINT as a terminal delivers it, even when this test runs in a background job (whose
+    // shell set SIGINT ignored, which children inherit).
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
     let mut first = String::new();
     std::io::BufReader::new(child.stdout.as_mut().unwrap())
         .read_line(&mut first)
@@ -310,6 +319,116 @@ fn interrupting_a_grep_in_a_mount_stops_the_search_in_the_sandbox() {
         std::io::stdout().flush(),
         std::io::stdin().read(&mut [0u8; 0]),
     );
+}
+
+/// A workspace a search spends seconds in without finding anything: 200 MiB of text no
+/// pattern below matches.
+fn quiet_workspace() -> (tempfile::TempDir, AgentProcess, MountProcess) {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    fs::create_dir(&root).unwrap();
+    let line = "abcdefghij klmnopqrst uvwxyz0123 ".repeat(3) + "\n";
+    let body = line.repeat((1 << 20) / line.len());
+    for i in 0..200 {
+        fs::write(root.join(format!("f{i:03}.txt")), &body).unwrap();
+    }
+    let agent = AgentProcess::start(&root);
+    let mount = MountProcess::start(&agent, &[]);
+    (dir, agent, mount)
+}
+
+/// A pattern the quiet workspace never matches, slow to rule out on every line.
+const NOWHERE: &str = r"(?i)ZZZ[a-z]+\w{3}(foo|bar)";
+
+/// Interrupt `cmd` (SIGINT as a terminal gives it) once the agent has started its search,
+/// then require the search cancelled in the sandbox, not finished, and the agent idle after.
+fn interrupted_search_stops_in_the_sandbox(agent: &AgentProcess, mut cmd: Command) {
+    // SIGINT's default action even when this test runs in a background job (whose shell set
+    // SIGINT ignored, which children inherit).
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let client = agent.client();
+    let stats = || rt().block_on(client.agent_stats()).unwrap();
+    let mut child = cmd.stdout(Stdio::null()).spawn().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while stats()["greps_started"].as_u64() != Some(1) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the search never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::Signal::INT,
+    )
+    .unwrap();
+    let _ = child.wait();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let st = stats();
+        if st["greps_cancelled"].as_u64() == Some(1) {
+            break;
+        }
+        assert_eq!(
+            st["greps_completed"].as_u64(),
+            Some(0),
+            "the sandbox searched to the end after the interrupt: {st}"
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sandbox kept searching: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // And it is really idle: a second of the agent's CPU time, not the search's seconds.
+    let before = cpu_ticks(agent.child.id());
+    std::thread::sleep(Duration::from_secs(1));
+    let used = cpu_ticks(agent.child.id()) - before;
+    assert!(
+        used < 30,
+        "the agent used {used} ticks in the second after the cancel"
+    );
+    assert_eq!(stats()["greps_completed"].as_u64(), Some(0));
+}
+
+#[test]
+fn interrupting_a_grep_that_has_found_nothing_yet_stops_the_search_in_the_sandbox() {
+    let (_dir, agent, mount) = quiet_workspace();
+    let mut cmd = Command::new(sbxfs_bin());
+    cmd.current_dir(&mount.dir).args(["grep", NOWHERE]);
+    interrupted_search_stops_in_the_sandbox(&agent, cmd);
+    // The mount still answers queries.
+    let (code, out) = sbxfs_in(&mount.dir, &["glob", "f00*.txt"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(out.lines().count(), 10);
+}
+
+#[test]
+fn interrupting_a_query_ioctl_stops_the_search_in_the_sandbox() {
+    let (_dir, agent, mount) = quiet_workspace();
+    let request = serde_json::json!({"v": 1, "op": "grep", "options": {"pattern": NOWHERE}});
+    let script = format!(
+        "import fcntl, os, sys\n\
+         buf = bytearray({size})\n\
+         req = {req:?}.encode()\n\
+         buf[:len(req)] = req\n\
+         fd = os.open(sys.argv[1], os.O_RDONLY)\n\
+         fcntl.ioctl(fd, {cmd}, buf)\n",
+        size = sbxfs::control::IOC_QUERY_SIZE,
+        req = request.to_string(),
+        cmd = sbxfs::control::IOC_QUERY,
+    );
+    let mut cmd = Command::new("python3");
+    cmd.arg("-c").arg(script).arg(&mount.dir);
+    interrupted_search_stops_in_the_sandbox(&agent, cmd);
 }
 
 /// The QUERY ioctl with a raw request buffer.

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
+use sbxfs::mount::clock::Clock;
 use sbxfs::mount::core::{CoreConfig, FsCore};
 use sbxfs::mount::inode::{NodeId, ROOT};
 use sbxfs::remote::faulty::{FaultyRemote, Op as RemoteOp};
@@ -21,6 +22,22 @@ use sbxfs::remote::{Remote, RemoteError, RemotePath, RenameMode};
 
 const NAMES: [&str; 3] = ["a", "b", "c"];
 const SLOTS: usize = 4;
+/// The TTL of the cached variants ([`Real::new`]).
+const CACHED_TTL: Duration = Duration::from_secs(600);
+
+/// How far the core trusts what it cached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Trust {
+    /// Every lookup asks the sandbox: what the sandbox changed is seen at once.
+    Nothing,
+    /// Attributes and listings for [`CACHED_TTL`] on a clock only [`Step::Tick`] moves, so
+    /// the mount answers from its caches (only the mount changes the sandbox then).
+    Ttl,
+    /// The same TTL, and the change feed followed ([`sbxfs::mount::feed::follow`]): trusted
+    /// indefinitely while it vouches; after each step the feed is waited for, and the mount
+    /// must show the sandbox's own changes as well as its own.
+    Feed,
+}
 
 #[derive(Clone, Debug)]
 enum Step {
@@ -78,6 +95,8 @@ enum Step {
     },
     /// `mkdir d; : > d/x; rmdir d`: a new file whose push may still be queued.
     RmdirOverUnpushedFile,
+    /// Time passes beyond every TTL (with caches trusted: what was fetched is asked again).
+    Tick,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -104,6 +123,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (name.clone(), 1u16..5000, any::<u8>())
             .prop_map(|(name, len, byte)| Step::StatCrossesOwnSave { name, len, byte }),
         1 => Just(Step::RmdirOverUnpushedFile),
+        1 => Just(Step::Tick),
     ]
 }
 
@@ -118,14 +138,18 @@ struct Model {
 
 struct Real {
     core: Arc<FsCore>,
+    /// The TTLs' clock: moved only by [`Step::Tick`].
+    clock: Clock,
     sandbox: MemorySandbox,
     faults: sbxfs::remote::faulty::FaultControl,
     handles: BTreeMap<usize, u64>,
+    trust: Trust,
     _staging: tempfile::TempDir,
 }
 
 impl Real {
-    async fn new() -> Real {
+    async fn new(trust: Trust) -> Real {
+        let clock = Clock::manual();
         let memory = MemoryRemote::new();
         let sandbox = memory.sandbox();
         let faulty = FaultyRemote::new(memory);
@@ -136,20 +160,53 @@ impl Real {
         let core = FsCore::new(
             remote,
             CoreConfig {
-                // Every lookup asks the sandbox: what the sandbox changed is seen at once.
-                attr_ttl: Duration::ZERO,
+                attr_ttl: match trust {
+                    Trust::Nothing => Duration::ZERO,
+                    Trust::Ttl | Trust::Feed => CACHED_TTL,
+                },
                 cache_bytes: 4 * 1024 * 1024,
                 staging_dir: staging.path().to_path_buf(),
                 tree_max: sbxfs::mount::subtree::DEFAULT_TREE_MAX,
+                clock: clock.clone(),
             },
             root,
         );
-        Real {
+        let real = Real {
             core,
+            clock,
             sandbox,
             faults,
             handles: BTreeMap::new(),
+            trust,
             _staging: staging,
+        };
+        if trust == Trust::Feed {
+            tokio::spawn(sbxfs::mount::feed::follow(real.core.clone(), None));
+            real.settle().await;
+        }
+        real
+    }
+
+    /// With the feed followed: wait until it has applied every event the sandbox numbered
+    /// (the mount's own pushes' and the sandbox's own changes alike) and vouches again.
+    async fn settle(&self) {
+        if self.trust != Trust::Feed {
+            return;
+        }
+        let until = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let want = self.sandbox.last_seq();
+            match self.core.feed_caught_up_to() {
+                Some(seen) if seen >= want => return,
+                None if want == 0 && self.core.feed_status()["trusted"] == true => return,
+                _ => {}
+            }
+            assert!(
+                std::time::Instant::now() < until,
+                "the change feed never caught up with event {want}: {}",
+                self.core.feed_status()
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
         }
     }
 
@@ -351,6 +408,7 @@ async fn apply(step: &Step, m: &mut Model, r: &mut Real) {
                 Err(e) => panic!("link: {e}"),
             }
         }
+        Step::Tick => r.clock.advance(CACHED_TTL + Duration::from_secs(1)),
         Step::SandboxWrite { name, len, byte } => {
             // Only a file no handle of ours is open on (else it is a conflict, another test).
             let open = m
@@ -441,7 +499,16 @@ async fn check(m: &Model, r: &Real) {
     for (i, n) in NAMES.iter().enumerate() {
         let got = r.core.lookup(ROOT, n.as_bytes()).await;
         match m.names.get(&i) {
-            None => assert_eq!(errno(&got), libc::ENOENT, "{n} should not exist"),
+            None => assert_eq!(
+                errno(&got),
+                libc::ENOENT,
+                "{n} should not exist: {:?}; sandbox has {:?}",
+                got.as_ref().map(|na| (na.node, na.attr.size, na.attr.dev)),
+                r.sandbox.list("").map(|l| l
+                    .iter()
+                    .map(|n| String::from_utf8_lossy(n).into_owned())
+                    .collect::<Vec<_>>())
+            ),
             Some(f) => {
                 let na = got.unwrap_or_else(|e| panic!("{n} should exist: {e}"));
                 let want = &m.files[f];
@@ -496,6 +563,32 @@ async fn finish(m: &mut Model, r: &mut Real) {
 }
 
 fn run(steps: &[Step]) {
+    run_with(steps, Trust::Nothing);
+}
+
+/// The same steps with caches trusted for a TTL; the sandbox's own changes are left out (the
+/// mount would rightly not see them until the TTL ran out).
+fn run_cached(steps: &[Step]) {
+    let mount_only: Vec<Step> = steps
+        .iter()
+        .filter(|s| {
+            !matches!(
+                s,
+                Step::SandboxWrite { .. } | Step::StatCrossesOwnSave { .. }
+            )
+        })
+        .cloned()
+        .collect();
+    run_with(&mount_only, Trust::Ttl);
+}
+
+/// The same steps with caches trusted while the change feed vouches for them, the sandbox's
+/// own changes included: the feed is what tells the mount.
+fn run_followed(steps: &[Step]) {
+    run_with(steps, Trust::Feed);
+}
+
+fn run_with(steps: &[Step], trust: Trust) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -503,13 +596,14 @@ fn run(steps: &[Step]) {
         .unwrap();
     rt.block_on(async {
         let mut m = Model::default();
-        let mut r = Real::new().await;
+        let mut r = Real::new(trust).await;
         for s in steps {
             // The daemon probes a sandbox that stopped answering every second.
             if !r.core.is_reachable() {
                 r.core.probe().await;
             }
             apply(s, &mut m, &mut r).await;
+            r.settle().await;
             check(&m, &r).await;
         }
         finish(&mut m, &mut r).await;
@@ -532,9 +626,109 @@ proptest! {
     fn the_core_behaves_like_posix(steps in prop::collection::vec(step(), 1..40)) {
         run(&steps);
     }
+
+    #[test]
+    fn the_core_behaves_like_posix_with_caches_trusted(
+        steps in prop::collection::vec(step(), 1..40)
+    ) {
+        run_cached(&steps);
+    }
+
+    #[test]
+    fn the_core_behaves_like_posix_with_the_change_feed_followed(
+        steps in prop::collection::vec(step(), 1..40)
+    ) {
+        run_followed(&steps);
+    }
 }
 
 // Regression cases (shrunk failures, kept).
+
+/// Shrunk by the proptest: renames over a new file's name, then away, left the old name
+/// found.
+#[test]
+fn renames_over_and_away_from_new_files_leave_no_name_behind() {
+    use Step::*;
+    run(&[
+        Ftruncate {
+            slot: 0,
+            len: 247187,
+        },
+        Open {
+            name: 2,
+            slot: 2,
+            write: true,
+            create: true,
+            trunc: false,
+        },
+        Open {
+            name: 1,
+            slot: 2,
+            write: false,
+            create: true,
+            trunc: false,
+        },
+        Unlink(0),
+        Unlink(1),
+        Open {
+            name: 0,
+            slot: 0,
+            write: false,
+            create: true,
+            trunc: false,
+        },
+        Fsync(1),
+        Link { from: 1, to: 2 },
+        Close(0),
+        Rename { from: 2, to: 0 },
+        Open {
+            name: 1,
+            slot: 3,
+            write: false,
+            create: true,
+            trunc: false,
+        },
+        Rename { from: 0, to: 1 },
+        Write {
+            slot: 1,
+            offset: 134254,
+            len: 673,
+            byte: 157,
+        },
+        Read(3),
+        Close(0),
+        Tick,
+        StatCrossesOwnSave {
+            name: 2,
+            len: 3282,
+            byte: 97,
+        },
+        StatCrossesOwnSave {
+            name: 1,
+            len: 4977,
+            byte: 0,
+        },
+        Write {
+            slot: 3,
+            offset: 71496,
+            len: 2490,
+            byte: 174,
+        },
+        Open {
+            name: 0,
+            slot: 1,
+            write: true,
+            create: true,
+            trunc: true,
+        },
+        Write {
+            slot: 3,
+            offset: 94980,
+            len: 1551,
+            byte: 189,
+        },
+    ]);
+}
 
 #[test]
 fn truncate_then_write_far_past_the_cut_reads_zeros_between() {
@@ -939,4 +1133,76 @@ fn a_lost_commit_answer_after_sandbox_rewrites_and_a_rename_leaves_no_conflict_c
             trunc: false,
         },
     ]);
+}
+
+/// The feed variant's premise: a file the mount has cached (trusted for 600 s) and then
+/// changed in the sandbox shows its new content once the feed has told the mount, with no
+/// time passing; so does the mount's own save after it, with no conflict.
+#[test]
+fn a_sandbox_change_reaches_a_mount_trusting_its_caches_through_the_feed() {
+    use Step::*;
+    run_followed(&[
+        Open {
+            name: 0,
+            slot: 0,
+            write: true,
+            create: true,
+            trunc: false,
+        },
+        Write {
+            slot: 0,
+            offset: 0,
+            len: 100,
+            byte: 1,
+        },
+        Fsync(0),
+        Close(0),
+        Read(0),
+        SandboxWrite {
+            name: 0,
+            len: 3000,
+            byte: 2,
+        },
+        Open {
+            name: 0,
+            slot: 1,
+            write: true,
+            create: false,
+            trunc: false,
+        },
+        Write {
+            slot: 1,
+            offset: 10,
+            len: 10,
+            byte: 3,
+        },
+        Close(1),
+    ]);
+}
+
+/// Shrunk by the proptest (feed variant, under load): a new file whose first push failed,
+/// renamed over one name of a file linked in the sandbox, must replace that name.
+#[test]
+fn a_new_file_with_a_failed_push_renamed_over_a_linked_name_replaces_it() {
+    use Step::*;
+    let steps = [
+        SandboxWrite {
+            name: 2,
+            len: 1,
+            byte: 0,
+        },
+        FailNextCommit,
+        Link { from: 2, to: 1 },
+        Open {
+            name: 0,
+            slot: 0,
+            write: false,
+            create: true,
+            trunc: false,
+        },
+        Close(0),
+        Rename { from: 0, to: 1 },
+    ];
+    run(&steps);
+    run_followed(&steps);
 }

@@ -167,3 +167,63 @@ fn git_gc_in_the_mount_leaves_a_sound_repository() {
     assert_eq!((code, out.trim()), (0, "30"), "{err}");
     assert!(leftovers(&s.root).is_empty(), "{:?}", leftovers(&s.root));
 }
+
+/// A wheel built by hand (no network, no build tools): one module.
+fn hello_wheel(dir: &Path) -> std::path::PathBuf {
+    let wheel = dir.join("hello-0.1-py3-none-any.whl");
+    let script = format!(
+        "import zipfile\n\
+         with zipfile.ZipFile({wheel:?}, 'w') as z:\n\
+         \x20   z.writestr('hello.py', 'X = \"hi from the wheel\"\\n')\n\
+         \x20   z.writestr('hello-0.1.dist-info/METADATA', 'Metadata-Version: 2.1\\nName: hello\\nVersion: 0.1\\n')\n\
+         \x20   z.writestr('hello-0.1.dist-info/WHEEL', 'Wheel-Version: 1.0\\nGenerator: sbxfs-test\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n')\n\
+         \x20   z.writestr('hello-0.1.dist-info/RECORD', 'hello.py,,\\nhello-0.1.dist-info/METADATA,,\\nhello-0.1.dist-info/WHEEL,,\\nhello-0.1.dist-info/RECORD,,\\n')\n",
+        wheel = wheel.display().to_string()
+    );
+    let (code, _, err) = run(Command::new("python3").arg("-c").arg(script));
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+    wheel
+}
+
+#[test]
+fn python_venv_and_pip_install_of_a_local_wheel_work_in_a_mount() {
+    let s = setup();
+    let m = &s.mount.dir;
+    let wheel = hello_wheel(s._dir.path());
+    // venv links bin/python3 to the interpreter and runs it at once (it used to read back as
+    // /dev/null/sbxfs-outside/…: `[Errno 20] Not a directory`).
+    let (code, out, err) = sh(
+        m,
+        &format!(
+            "python3 -m venv venv && venv/bin/pip install -q --no-index --no-deps {} && \
+             venv/bin/python -c 'import hello, sys; print(hello.X); print(sys.prefix)'",
+            wheel.display()
+        ),
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some("hi from the wheel"));
+    assert_eq!(Path::new(lines.next().unwrap()), m.join("venv"));
+    // In the sandbox: the installed module, and the interpreter link as venv wrote it.
+    let (code, out, _) = sh(&s.root, "ls venv/lib/python3*/site-packages/hello.py");
+    assert_eq!(code, 0, "{out}");
+    let link = fs::read_link(s.root.join("venv/bin/python3")).unwrap();
+    assert_eq!(fs::read_link(m.join("venv/bin/python3")).unwrap(), link);
+    assert!(link.is_absolute(), "{}", link.display());
+}
+
+#[test]
+fn python_venv_works_in_a_shell_mount() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    fs::create_dir(&root).unwrap();
+    let url = format!("shell:{}", root.display());
+    let mount = MountProcess::start_url(&url, "", &[]);
+    let (code, out, err) = sh(
+        &mount.dir,
+        "python3 -m venv --without-pip venv && venv/bin/python -c 'import sys; print(sys.prefix)'",
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(Path::new(out.trim()), mount.dir.join("venv"));
+    assert!(fs::read_link(root.join("venv/bin/python3")).is_ok());
+}

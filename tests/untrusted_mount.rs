@@ -105,6 +105,106 @@ fn a_symlink_out_of_the_workspace_never_reaches_a_local_file() {
     assert_eq!(fs::read_link(s.root.join("evil")).unwrap(), secret);
 }
 
+/// Removes a laptop file the test made outside its temp dir, even when the test fails.
+struct RemoveAfter(std::path::PathBuf);
+
+impl Drop for RemoveAfter {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+fn a_hard_linked_symlink_shows_a_target_safe_from_every_name() {
+    let s = sandbox();
+    let (m, r) = (&s.mount.dir, &s.root);
+    // A laptop file where the deep link's target lands when followed from the mount's top.
+    let victim_name = format!("sbxfs-victim-{}", std::process::id());
+    let victim = Path::new("/tmp").join(&victim_name);
+    let _cleanup = RemoveAfter(victim.clone());
+    fs::write(&victim, "laptop secret\n").unwrap();
+    let deep = "d1/d2/d3/d4/d5/d6/d7/d8";
+    fs::create_dir_all(r.join(deep)).unwrap();
+    // From depth 8, eight `..` land on the workspace root: inside, shown as is.
+    let target = format!("../../../../../../../../tmp/{victim_name}");
+    std::os::unix::fs::symlink(&target, r.join(deep).join("link")).unwrap();
+    // The user lists the tree: the mount learns the link at depth 8.
+    let (code, _, err) = sh(m, "ls -laR > /dev/null");
+    assert_eq!(code, 0, "{err}");
+    let at_depth = m.join(deep).join("link");
+    assert_eq!(fs::read_link(&at_depth).unwrap(), Path::new(&target));
+    // The sandbox gives the symlink itself a second name at the top (same inode, nlink 2).
+    let (code, _, err) = sh(r, &format!("ln -P {deep}/link top"));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(fs::symlink_metadata(r.join("top")).unwrap().nlink(), 2);
+    let top = m.join("top");
+    eventually(
+        "the new name shows in the mount",
+        Duration::from_secs(15),
+        || fs::symlink_metadata(&top).is_ok(),
+    );
+    let shown = fs::read_link(&top).unwrap();
+    assert!(
+        shown.starts_with("/dev/null/sbxfs-outside"),
+        "top shows {}",
+        shown.display()
+    );
+    assert!(fs::read(&top).is_err(), "read through top");
+    let (code, _, _) = sh(m, "echo x > top");
+    assert_ne!(code, 0, "a write through top succeeded");
+    // The control surface says what the mount shows, beside the sandbox's own target.
+    let v = sbxfs::control::client::ioctl_query(
+        m,
+        &sbxfs::control::Request::Readlink {
+            path: sbxfs::remote::WireBytes(b"top".to_vec()),
+        },
+    )
+    .unwrap();
+    assert_eq!(v["target"], target.as_str(), "{v}");
+    assert!(
+        v["shown"]
+            .as_str()
+            .unwrap()
+            .starts_with("/dev/null/sbxfs-outside"),
+        "{v}"
+    );
+    // The name at depth 8 still shows its target as is: it is judged from its own place.
+    assert_eq!(fs::read_link(&at_depth).unwrap(), Path::new(&target));
+
+    // A hard link of the symlink made through the mount: one file, two places, and the
+    // target shown is safe from both.
+    let (code, _, err) = sh(m, &format!("ln -P {deep}/link top2"));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(fs::symlink_metadata(r.join("top2")).unwrap().nlink(), 3);
+    assert!(fs::read_link(m.join("top2"))
+        .unwrap()
+        .starts_with("/dev/null/sbxfs-outside"));
+    assert!(fs::read(m.join("top2")).is_err(), "read through top2");
+    let (code, _, _) = sh(m, "echo x >> top2");
+    assert_ne!(code, 0, "an append through top2 succeeded");
+    assert_eq!(fs::read_to_string(&victim).unwrap(), "laptop secret\n");
+    // Both names of that file now show the outside form, and the control surface says so.
+    let deep_shown = fs::read_link(&at_depth).unwrap();
+    assert!(
+        deep_shown.starts_with("/dev/null/sbxfs-outside"),
+        "{deep_shown:?}"
+    );
+    let v = sbxfs::control::client::ioctl_query(
+        &m.join(deep),
+        &sbxfs::control::Request::Readlink {
+            path: sbxfs::remote::WireBytes(b"link".to_vec()),
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        v["shown"].as_str(),
+        deep_shown.to_str(),
+        "ctl's shown target is the mount's: {v}"
+    );
+    // The sandbox's links are untouched.
+    assert_eq!(fs::read_link(r.join("top2")).unwrap(), Path::new(&target));
+}
+
 #[test]
 fn an_absolute_symlink_inside_the_workspace_is_followed_inside_the_mount() {
     let s = sandbox();
@@ -139,20 +239,68 @@ fn an_absolute_symlink_inside_the_workspace_is_followed_inside_the_mount() {
 }
 
 #[test]
-fn an_absolute_symlink_made_through_the_mount_keeps_its_target_in_the_sandbox() {
+fn a_symlink_made_through_the_mount_reads_back_as_written_until_the_sandbox_changes_it() {
     let s = sandbox();
     let m = &s.mount.dir;
-    std::os::unix::fs::symlink("/etc/hostname", m.join("host")).unwrap();
-    // The sandbox has what was asked for; the laptop never follows it to its own file.
+    let outside = |t: &str| Path::new("/dev/null/sbxfs-outside").join(t.trim_start_matches('/'));
+    fs::create_dir(m.join("bin")).unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", m.join("bin/host")).unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", m.join("bin/moved")).unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", m.join("bin/linked")).unwrap();
+    // The sandbox has what was asked for, and so does the laptop, as on a local disk (venv's
+    // `bin/python3 → /usr/bin/python3` is run at once).
     assert_eq!(
-        fs::read_link(s.root.join("host")).unwrap(),
+        fs::read_link(s.root.join("bin/host")).unwrap(),
         Path::new("/etc/hostname")
     );
     assert_eq!(
-        fs::read_link(m.join("host")).unwrap(),
-        Path::new("/dev/null/sbxfs-outside/etc/hostname")
+        fs::read_link(m.join("bin/host")).unwrap(),
+        Path::new("/etc/hostname")
     );
-    assert!(fs::read(m.join("host")).is_err());
+    assert_eq!(
+        fs::read(m.join("bin/host")).unwrap(),
+        fs::read("/etc/hostname").unwrap()
+    );
+    // Remembered across a remount (the mount's durable state).
+    let cache = s.dir.path().join("cache");
+    let second = MountProcess::start_url_cache(&s._agent.url, &s._agent.token, &[], Some(&cache));
+    std::os::unix::fs::symlink("/etc/hostname", second.dir.join("bin/durable")).unwrap();
+    drop(second);
+    let third = MountProcess::start_url_cache(&s._agent.url, &s._agent.token, &[], Some(&cache));
+    assert_eq!(
+        fs::read_link(third.dir.join("bin/durable")).unwrap(),
+        Path::new("/etc/hostname"),
+        "remembered by a later mount"
+    );
+    assert_eq!(
+        fs::read_link(third.dir.join("bin/host")).unwrap(),
+        outside("/etc/hostname"),
+        "made by another mount's state: judged"
+    );
+    drop(third);
+    // The sandbox changes one, moves one and hard-links one: each is judged again.
+    fs::remove_file(s.root.join("bin/host")).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", s.root.join("bin/host")).unwrap();
+    fs::rename(s.root.join("bin/moved"), s.root.join("bin/elsewhere")).unwrap();
+    fs::hard_link(s.root.join("bin/linked"), s.root.join("linked-too")).unwrap();
+    eventually("the changed link judged", Duration::from_secs(15), || {
+        fs::read_link(m.join("bin/host")).is_ok_and(|t| t == outside("/etc/passwd"))
+    });
+    eventually("the moved link judged", Duration::from_secs(15), || {
+        fs::read_link(m.join("bin/elsewhere")).is_ok_and(|t| t == outside("/etc/hostname"))
+    });
+    // A symlink's names are never one node: the new name is judged, the one made here is
+    // still exactly what was written there.
+    eventually(
+        "the hard link's new name judged",
+        Duration::from_secs(15),
+        || fs::read_link(m.join("linked-too")).is_ok_and(|t| t == outside("/etc/hostname")),
+    );
+    assert_eq!(
+        fs::read_link(m.join("bin/linked")).unwrap(),
+        Path::new("/etc/hostname")
+    );
+    assert!(fs::read(m.join("bin/host")).is_err());
 }
 
 /// The hostile agent (tests/hostile/agent.py), killed by pid on drop.
@@ -361,7 +509,9 @@ fn a_control_client_that_never_finishes_its_line_is_dropped_while_others_are_ser
 /// Another local user pre-creates a place where the daemon keeps private state (the control
 /// socket's directory under `$XDG_RUNTIME_DIR` or `$TMPDIR`, the cache with staging), as a
 /// directory open to all or as a symlink to a directory of theirs: a mount started as root
-/// refuses it with one clear error (or uses none of it) and never writes through the link.
+/// never writes through the link nor into their directory; it takes a fresh private
+/// directory for its socket instead, and refuses a cache it cannot trust with one clear error
+/// (staged edits must be found again by the next mount, so they never move elsewhere).
 #[test]
 fn private_state_pre_created_by_another_user_is_never_used() {
     let Some(setpriv) = setpriv_as_root() else {
@@ -459,10 +609,22 @@ fn attack_private_state(
         // Whatever the daemon chose instead: the mount works, and (below) nothing of it
         // lands in the attacker's places.
         fs::write(mnt.join("f"), "data").unwrap();
+        // The CLI finds the control socket through the mount, wherever the daemon put it.
+        let (code, _, err) = ctl(&mnt, &["status"]);
+        assert_eq!(code, 0, "{what}: ctl status: {err}");
     }
     drop(guard);
     let log = fs::read_to_string(t.path().join("mount.log")).unwrap();
     eprintln!("{what}: mounted: {mounted}; {log}");
+    if spot == "run/sbxfs" || spot == "tmp/sbxfs-0" {
+        // The control socket's usual place taken: a fresh private directory beside it, so
+        // nobody stops the user's mounts by squatting a name; one line says so.
+        assert!(mounted, "{what}: the mount refused to start: {log}");
+        assert!(
+            log.contains("using") && log.contains("instead"),
+            "{what}: {log}"
+        );
+    }
     if !mounted {
         assert!(
             log.contains("refusing") && log.lines().count() == 1,

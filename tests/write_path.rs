@@ -222,11 +222,48 @@ fn st_ino_stays_across_saves(t: Transport) {
         assert_eq!(fs::metadata(&f).unwrap().ino(), shown, "round {round}");
         assert_eq!(held.metadata().unwrap().ino(), shown, "round {round}");
     }
+    let seen = fs::metadata(&f).unwrap().mtime_nsec_total();
     assert!(s.flush());
     assert_eq!(
         fs::read_to_string(s.root.join("notes.txt")).unwrap(),
         "round 2 more"
     );
+    // The push keeps the time the mount showed after the last write (an editor's "changed
+    // on disk" check compares it), here and in the sandbox.
+    let (code, _, _) = run(Command::new(sbxfs_bin())
+        .args(["ctl", "--mount"])
+        .arg(s.mnt())
+        .args(["invalidate", "notes.txt"]));
+    assert_eq!(code, 0);
+    assert_eq!(fs::metadata(&f).unwrap().mtime_nsec_total(), seen);
+    assert_eq!(
+        fs::metadata(s.root.join("notes.txt"))
+            .unwrap()
+            .mtime_nsec_total(),
+        seen
+    );
+    // An empty file keeps the time it was made, not its push's.
+    let empty = s.mnt().join("empty");
+    fs::File::create(&empty).unwrap();
+    let made = fs::metadata(&empty).unwrap().mtime_nsec_total();
+    assert!(s.flush());
+    assert_eq!(
+        fs::metadata(s.root.join("empty"))
+            .unwrap()
+            .mtime_nsec_total(),
+        made
+    );
+}
+
+/// The mtime in nanoseconds, as editors compare it.
+trait NanoTimes {
+    fn mtime_nsec_total(&self) -> i128;
+}
+
+impl NanoTimes for fs::Metadata {
+    fn mtime_nsec_total(&self) -> i128 {
+        self.mtime() as i128 * 1_000_000_000 + self.mtime_nsec() as i128
+    }
 }
 
 #[test]
@@ -252,7 +289,7 @@ fn tar_and_rsync_keep_directory_times(t: Transport) {
     }
     let (code, _, err) = bash(
         src.path(),
-        "find top -depth -exec touch -h -d '2020-01-02 03:04:05' {} + \
+        "chmod 0640 top/a/f2 && find top -depth -exec touch -h -d '2020-01-02 03:04:05' {} + \
          && tar cf tree.tar top",
     );
     assert_eq!(code, 0, "{err}");
@@ -278,6 +315,20 @@ fn tar_and_rsync_keep_directory_times(t: Transport) {
         assert_eq!(shown, want, "{d} through the mount");
     }
     assert_eq!(fs::read_to_string(s.root.join("top/a/b/f3")).unwrap(), "23");
+    // Files keep their times and modes too (set right after each close, while its push is
+    // still queued).
+    for top in ["top", "synced"] {
+        for d in ["", "a", "a/b"] {
+            for n in 0..4 {
+                let f = format!("{top}/{d}/f{n}");
+                let inside = fs::metadata(s.root.join(&f)).unwrap();
+                assert_eq!(inside.mtime(), want, "{f}");
+                assert_eq!(fs::metadata(s.mnt().join(&f)).unwrap().mtime(), want, "{f}");
+                let mode = if (d, n) == ("a", 2) { 0o640 } else { 0o644 };
+                assert_eq!(inside.mode() & 0o7777, mode, "{f}");
+            }
+        }
+    }
 }
 
 #[test]
@@ -409,6 +460,17 @@ fn a_full_sandbox_disk_is_enospc_and_umount_says_what_stayed(t: Transport) {
     );
     assert!(err.contains("stays mounted"), "{err}");
     assert_eq!(fs::metadata(&big).unwrap().len(), 12 << 20);
+    // `ctl status` names the file and its state: refused by the sandbox, kept in the mount.
+    let (_, out, _) = run(Command::new(sbxfs_bin())
+        .args(["ctl", "--json", "--mount"])
+        .arg(s.mnt())
+        .arg("status"));
+    let status: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(
+        status["files"],
+        serde_json::json!([{"path": "big.bin", "state": "refused-kept"}]),
+        "{status}"
+    );
     // One line per cause in the log: no "did not answer", no flapping.
     let log = s.mount.log_text();
     assert!(!log.contains("did not answer"), "{log}");
@@ -423,6 +485,13 @@ fn a_full_sandbox_disk_is_enospc_and_umount_says_what_stayed(t: Transport) {
     assert_eq!(
         fs::metadata(disk.root().join("big.bin")).unwrap().len(),
         1 << 20
+    );
+    // umount returned once the daemon was gone: the place can be mounted again at once.
+    let mut s = s;
+    let exited = s.mount.child.as_mut().map(|c| c.try_wait().unwrap());
+    assert!(
+        matches!(exited, Some(Some(_))),
+        "the daemon is still running"
     );
     drop(s);
 }
@@ -445,6 +514,9 @@ fn a_hung_sandbox_still_takes_new_files_in_a_listed_directory() {
     fs::write(s.root.join("src/main.rs"), "fn main() {}\n").unwrap();
     let listed = fs::read_dir(s.mnt().join("src")).unwrap().count();
     assert_eq!(listed, 1);
+    // Written and pushed just before the hang: read back from what the mount knows.
+    fs::write(s.mnt().join("src/mine.rs"), "// mine\n").unwrap();
+    assert!(s.flush());
     let pid = s.agent.as_mut().unwrap().child.id() as i32;
     // SAFETY: signals to our own child process, still running.
     unsafe { libc::kill(pid, libc::SIGSTOP) };
@@ -468,7 +540,11 @@ fn a_hung_sandbox_still_takes_new_files_in_a_listed_directory() {
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
-    assert_eq!(names.len(), 2, "{names:?}");
+    assert_eq!(names.len(), 3, "{names:?}");
+    assert_eq!(
+        fs::read_to_string(s.mnt().join("src/mine.rs")).unwrap(),
+        "// mine\n"
+    );
     // Answered from what the mount knows, not after a 10 s deadline.
     assert!(
         started.elapsed() < Duration::from_secs(8),

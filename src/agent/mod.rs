@@ -14,6 +14,7 @@
 //! Set-ID bits are dropped from requested modes unless `--allow-setid`.
 
 pub mod confine;
+pub mod identity;
 pub mod server;
 pub mod tls;
 mod tree;
@@ -121,6 +122,8 @@ pub struct AgentConfig {
     pub allow_setid: bool,
     /// Serve https with this ([`tls::acceptor`], loaded before Landlock applies).
     pub tls: Option<tokio_rustls::TlsAcceptor>,
+    /// The workspace's id ([`identity::workspace_id`], read before Landlock applies).
+    pub workspace_id: Option<String>,
 }
 
 /// Blocking-pool threads per core: file work waits on disks, so a few per core keep them
@@ -171,13 +174,20 @@ struct App {
     stats: AgentStats,
     search_timeout: Duration,
     confinement: confine::Confinement,
+    workspace_id: Option<String>,
     /// Rate-limits the log line of refused requests.
     refusals: crate::lograte::RateLimit,
     /// [`MAX_READ_BYTES_IN_FLIGHT`], in [`READ_BUDGET_UNIT`]s.
     read_budget: Arc<tokio::sync::Semaphore>,
     /// [`SEARCHES_PER_CORE`] × cores.
     searches: Arc<tokio::sync::Semaphore>,
+    /// [`MAX_WATCHES`]: change-feed streams at once.
+    watches: Arc<tokio::sync::Semaphore>,
 }
+
+/// Change-feed streams served at once: a mount holds one; more would let one client fill the
+/// connection cap with quiet streams nobody may evict.
+pub const MAX_WATCHES: usize = 32;
 
 /// Cancels a search when the request that started it is dropped: hyper drops a handler's
 /// future when its client disconnects, so the blocking work it started stops too.
@@ -284,6 +294,7 @@ pub fn router(
     token: Vec<u8>,
     search_timeout: Duration,
     confinement: confine::Confinement,
+    workspace_id: Option<String>,
 ) -> Router {
     let app: Shared = Arc::new(App {
         ws,
@@ -292,11 +303,13 @@ pub fn router(
         stats: AgentStats::default(),
         search_timeout,
         confinement,
+        workspace_id,
         refusals: crate::lograte::RateLimit::new(),
         read_budget: Arc::new(tokio::sync::Semaphore::new(
             MAX_READ_BYTES_IN_FLIGHT / READ_BUDGET_UNIT,
         )),
         searches: Arc::new(tokio::sync::Semaphore::new(SEARCHES_PER_CORE * cores())),
+        watches: Arc::new(tokio::sync::Semaphore::new(MAX_WATCHES)),
     });
     let json_limit = DefaultBodyLimit::max(MAX_JSON_BODY_BYTES);
     let router = Router::new()
@@ -436,7 +449,14 @@ pub async fn serve(cfg: AgentConfig) -> anyhow::Result<()> {
     let cap = server::connection_cap(nofile, server::open_descriptors());
     server::serve(
         listener,
-        router(ws, feed, cfg.token, cfg.search_timeout, cfg.confinement),
+        router(
+            ws,
+            feed,
+            cfg.token,
+            cfg.search_timeout,
+            cfg.confinement,
+            cfg.workspace_id,
+        ),
         cap,
         cfg.tls,
         cfg.idle_exit,
@@ -504,6 +524,7 @@ async fn info(State(app): State<Shared>) -> Json<RemoteInfo> {
         tree_formats: vec![crate::remote::treepack::FORMAT.to_string()],
         commit_absent: true,
         capabilities: Default::default(),
+        workspace_id: app.workspace_id.clone(),
     })
 }
 
@@ -726,6 +747,7 @@ async fn commit(
     let path = a.path("path")?;
     let base = a.text("base")?.map(crate::remote::Version);
     let create_mode: Option<u32> = a.number("mode")?;
+    let mtime_ns: Option<i64> = a.number("mtime")?;
     let patch = a.flag("patch");
     let mut stream = body.into_data_stream();
     // A patch's header says how much of the base to copy (its cut): read it first.
@@ -745,7 +767,7 @@ async fn commit(
         let copy_base = header.as_ref().map(|(h, _)| h.cut);
         blocking(move || ws.prepare_commit(&t, b, create_mode, copy_base)).await
     };
-    let prepared = match prepared {
+    let mut prepared = match prepared {
         Ok(p) => p,
         Err(e) => {
             if matches!(e.0, RemoteError::Conflict { .. }) {
@@ -758,6 +780,7 @@ async fn commit(
             return Err(e);
         }
     };
+    prepared.set_mtime(mtime_ns);
     let temp = prepared
         .temp
         .try_clone()
@@ -1385,9 +1408,17 @@ async fn watch_feed(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResu
     let Some(feed) = &app.feed else {
         return Err(RemoteError::Unsupported("the change feed is not running".into()).into());
     };
+    let Ok(watching) = app.watches.clone().try_acquire_owned() else {
+        return Err(RemoteError::TooLarge(format!(
+            "more than {MAX_WATCHES} change-feed streams at once"
+        ))
+        .into());
+    };
     let (backlog, mut rx, start) = feed.subscribe(since);
     let (tx, out) = mpsc::channel(STREAM_QUEUE);
     tokio::spawn(async move {
+        // Held until the stream ends (its client gone: the next send fails).
+        let _watching = watching;
         let mut last = start;
         for ev in backlog {
             last = last.max(ev.seq);
@@ -1396,7 +1427,12 @@ async fn watch_feed(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResu
             }
         }
         loop {
-            let ev = match rx.recv().await {
+            // A client gone ends the stream at once, even while nothing changes.
+            let received = tokio::select! {
+                r = rx.recv() => r,
+                _ = tx.closed() => return,
+            };
+            let ev = match received {
                 Ok(ev) if ev.seq <= last => continue,
                 Ok(ev) => ev,
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {

@@ -6,18 +6,25 @@
 //!   after it (hyper's own header timer says the same for a later request's head). Not the
 //!   10 s of the first head: hyper's timer also runs while a keep-alive connection waits, and a
 //!   client's pooled connection closed after 10 s idle would race its next request.
+//! - **Bodies under a deadline** ([`ReceivedBody`]): a request's body must arrive at
+//!   [`MIN_BODY_RATE`] on average after [`BODY_GRACE`], or the request fails ("too slow") and
+//!   its connection closes, so a client trickling a body holds its slot for seconds, not
+//!   for as long as it likes.
 //! - **A cap on connections** ([`connection_cap`]: [`MAX_CONNECTIONS`], at most half the
 //!   descriptors the process may open, so files always have some). At the cap a new
 //!   connection evicts the longest-idle one (a slowloris connection never has a request in
-//!   flight, so it is the one to go, while clients mid-request are kept); when every
-//!   connection is busy the new one is closed at once.
+//!   flight, so it is the one to go, while clients mid-request are kept); with none idle, the
+//!   one whose request body has been silent longest (a trickle; a real upload retries); when
+//!   every connection is being answered the new one is closed at once.
 //! - **Accept errors are survived**: a connection aborted before `accept` is skipped; running
 //!   out of descriptors or memory (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM`) gives up the
 //!   longest-idle connection and tries again (after [`ACCEPT_BACKOFF`] when none is idle),
 //!   logged at most once a minute.
 //!
 //! A request is "in flight" from its head until its answer's body has been sent or dropped
-//! ([`TrackedBody`]): a long stream (grep, watch) keeps its connection from being evicted.
+//! ([`AnswerBody`]): a long stream (grep, watch) keeps its connection from being evicted,
+//! unless its client stops reading: a piece not taken for 2 s makes it evictable at the cap,
+//! for [`SEND_STALL_LIMIT`] ends it.
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
@@ -44,6 +51,15 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Connections served at once, at most: the mount uses a handful, the CLI one per query.
 pub const MAX_CONNECTIONS: usize = 256;
+/// An answer whose client has not taken a piece of it for this long may make room at the cap.
+const STALL_EVICTABLE: Duration = Duration::from_secs(2);
+/// An answer whose client has not taken a piece of it for this long ends, and its connection.
+pub const SEND_STALL_LIMIT: Duration = Duration::from_secs(60);
+/// Time a request body may take before [`MIN_BODY_RATE`] applies to it.
+pub const BODY_GRACE: Duration = Duration::from_secs(10);
+/// The slowest average rate a request body may arrive at after [`BODY_GRACE`], in bytes per
+/// second: far below any link a mount pushes over, far above a trickle.
+pub const MIN_BODY_RATE: u64 = 4096;
 /// Wait after an accept error that says the process or the system is out of something.
 pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// Wait after an accept error for which an idle connection was given up (its task closes it).
@@ -85,6 +101,13 @@ struct Conn {
     started: AtomicU64,
     /// When the last request finished (or the connection was accepted), as ms since `epoch`.
     idle_since_ms: AtomicU64,
+    /// Requests whose body has not arrived in full yet.
+    receiving: AtomicUsize,
+    /// When an answer last handed hyper a piece that it has not come back for (the client
+    /// is not reading), as ms since `epoch`; 0 while the answer waits for its own producer.
+    sending_since_ms: AtomicU64,
+    /// When a request body last brought bytes (or began), as ms since `epoch`.
+    body_progress_ms: AtomicU64,
     /// Tells the connection's task to drop it now (it has no request in flight).
     evict: Notify,
 }
@@ -120,13 +143,39 @@ impl Registry {
         self.ended.notify_waiters();
     }
 
+    /// With none idle, the one whose request bodies have been silent longest (every request
+    /// on it still waiting for its body: nothing answered is cut short).
     fn evict_idlest(&self) -> bool {
         let mut conns = self.conns.lock().expect("connection registry");
-        let victim = conns
+        let idle = conns
             .iter()
             .filter(|(_, c)| c.in_flight.load(Ordering::Acquire) == 0)
             .min_by_key(|(_, c)| c.idle_since_ms.load(Ordering::Relaxed))
             .map(|(id, _)| *id);
+        let receiving = || {
+            conns
+                .iter()
+                .filter(|(_, c)| {
+                    let in_flight = c.in_flight.load(Ordering::Acquire);
+                    in_flight > 0 && c.receiving.load(Ordering::Acquire) >= in_flight
+                })
+                .min_by_key(|(_, c)| c.body_progress_ms.load(Ordering::Relaxed))
+                .map(|(id, _)| *id)
+        };
+        let now = self.now_ms();
+        let stalled = || {
+            conns
+                .iter()
+                .filter(|(_, c)| c.in_flight.load(Ordering::Acquire) > 0)
+                .filter_map(|(id, c)| {
+                    let since = c.sending_since_ms.load(Ordering::Relaxed);
+                    (since != 0 && now.saturating_sub(since) >= STALL_EVICTABLE.as_millis() as u64)
+                        .then_some((since, *id))
+                })
+                .min()
+                .map(|(_, id)| id)
+        };
+        let victim = idle.or_else(receiving).or_else(stalled);
         match victim.and_then(|id| conns.remove(&id)) {
             Some(c) => {
                 c.evict.notify_one();
@@ -180,6 +229,155 @@ impl<G: Unpin> http_body::Body for TrackedBody<G> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
         Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A request's body as it arrives, under [`BODY_GRACE`] and [`MIN_BODY_RATE`]: one that
+/// falls behind ends in an error (the handler fails, hyper closes the connection). Counted in
+/// its connection's `receiving` until it ends or is dropped.
+pub struct ReceivedBody {
+    inner: hyper::body::Incoming,
+    conn: Arc<Conn>,
+    registry: Arc<Registry>,
+    started: tokio::time::Instant,
+    received: u64,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    receiving: bool,
+}
+
+impl ReceivedBody {
+    fn new(inner: hyper::body::Incoming, conn: Arc<Conn>, registry: Arc<Registry>) -> Self {
+        let receiving = !http_body::Body::is_end_stream(&inner);
+        if receiving {
+            conn.receiving.fetch_add(1, Ordering::AcqRel);
+            conn.body_progress_ms
+                .store(registry.now_ms(), Ordering::Relaxed);
+        }
+        let started = tokio::time::Instant::now();
+        ReceivedBody {
+            inner,
+            conn,
+            registry,
+            started,
+            received: 0,
+            deadline: Box::pin(tokio::time::sleep_until(started + BODY_GRACE)),
+            receiving,
+        }
+    }
+
+    /// When the next byte is due for the body to keep [`MIN_BODY_RATE`].
+    fn due(&self) -> tokio::time::Instant {
+        self.started
+            + BODY_GRACE
+            + Duration::from_millis((self.received + 1).saturating_mul(1000) / MIN_BODY_RATE)
+    }
+
+    fn done(&mut self) {
+        if std::mem::take(&mut self.receiving) {
+            self.conn.receiving.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for ReceivedBody {
+    fn drop(&mut self) {
+        self.done();
+    }
+}
+
+impl http_body::Body for ReceivedBody {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.received += data.len() as u64;
+                    this.conn
+                        .body_progress_ms
+                        .store(this.registry.now_ms(), Ordering::Relaxed);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                this.done();
+                Poll::Ready(Some(Err(axum::Error::new(e))))
+            }
+            Poll::Ready(None) => {
+                this.done();
+                Poll::Ready(None)
+            }
+            Poll::Pending => {
+                let due = this.due();
+                if this.deadline.deadline() != due {
+                    this.deadline.as_mut().reset(due);
+                }
+                if std::future::Future::poll(this.deadline.as_mut(), cx).is_pending() {
+                    return Poll::Pending;
+                }
+                this.done();
+                tracing::debug!(received = this.received, "request body too slow: dropped");
+                Poll::Ready(Some(Err(axum::Error::new(format!(
+                    "the request body arrived slower than {MIN_BODY_RATE} bytes/s"
+                )))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// An answer's body as hyper takes it: notes on its connection whether a piece waits for the
+/// client ([`Conn::sending_since_ms`]), and ends its request ([`InFlight`]) when dropped.
+struct AnswerBody {
+    inner: Body,
+    flight: InFlight,
+}
+
+impl Drop for AnswerBody {
+    fn drop(&mut self) {
+        self.flight
+            .conn
+            .sending_since_ms
+            .store(0, Ordering::Relaxed);
+    }
+}
+
+impl http_body::Body for AnswerBody {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = &mut *self;
+        let sending = &this.flight.conn.sending_since_ms;
+        sending.store(0, Ordering::Relaxed);
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(_))) = &polled {
+            sending.store(this.flight.registry.now_ms().max(1), Ordering::Relaxed);
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -314,6 +512,9 @@ pub async fn serve(
             in_flight: AtomicUsize::new(0),
             started: AtomicU64::new(0),
             idle_since_ms: AtomicU64::new(registry.now_ms()),
+            receiving: AtomicUsize::new(0),
+            sending_since_ms: AtomicU64::new(0),
+            body_progress_ms: AtomicU64::new(registry.now_ms()),
             evict: Notify::new(),
         });
         next_id += 1;
@@ -408,9 +609,17 @@ async fn serve_connection<S>(
                 registry: registry.clone(),
             };
             let router = router.clone();
+            let req = req.map(|b| Body::new(ReceivedBody::new(b, conn.clone(), registry.clone())));
             async move {
-                let resp = router.oneshot(req.map(Body::new)).await;
-                resp.map(|r| TrackedBody::wrap(r, guard))
+                let resp = router.oneshot(req).await;
+                resp.map(|r| {
+                    r.map(|inner| {
+                        Body::new(AnswerBody {
+                            inner,
+                            flight: guard,
+                        })
+                    })
+                })
             }
         })
     };
@@ -430,13 +639,22 @@ async fn serve_connection<S>(
                 }
                 break;
             }
-            // Evicted: nothing is in flight, so nothing is cut short.
+            // Evicted: nothing is in flight, or only requests still waiting for their bodies
+            // (nothing answered is cut short).
             _ = conn.evict.notified() => break,
             _ = registry.stopping.cancelled(), if !closing => {
                 closing = true;
                 http.as_mut().graceful_shutdown();
             }
             _ = tokio::time::sleep(IDLE_CHECK), if !closing => {
+                let since = conn.sending_since_ms.load(Ordering::Relaxed);
+                if since != 0
+                    && conn.in_flight.load(Ordering::Acquire) > 0
+                    && registry.now_ms().saturating_sub(since) >= SEND_STALL_LIMIT.as_millis() as u64
+                {
+                    tracing::debug!("a client stopped reading its answer: connection closed");
+                    break;
+                }
                 if conn.in_flight.load(Ordering::Acquire) == 0 {
                     let idle = Duration::from_millis(
                         registry.now_ms().saturating_sub(conn.idle_since_ms.load(Ordering::Relaxed)),
@@ -474,6 +692,9 @@ mod tests {
             in_flight: AtomicUsize::new(in_flight),
             started: AtomicU64::new(0),
             idle_since_ms: AtomicU64::new(idle_since_ms),
+            receiving: AtomicUsize::new(0),
+            sending_since_ms: AtomicU64::new(0),
+            body_progress_ms: AtomicU64::new(0),
             evict: Notify::new(),
         })
     }

@@ -220,7 +220,33 @@ pub struct PreparedCommit {
     base: Option<Version>,
     mode: u32,
     owner: Option<(u32, u32)>,
+    /// The modification time the content gets (else the commit's time).
+    mtime_ns: Option<i64>,
     done: bool,
+}
+
+impl PreparedCommit {
+    /// Give the new content this modification time (ns since the epoch).
+    pub fn set_mtime(&mut self, ns: Option<i64>) {
+        self.mtime_ns = ns;
+    }
+}
+
+/// Set only the modification time of an open file.
+fn set_mtime(fd: &impl rustix::fd::AsFd, ns: i64) -> rustix::io::Result<()> {
+    rfs::futimens(
+        fd,
+        &Timestamps {
+            last_access: Timespec {
+                tv_sec: 0,
+                tv_nsec: rfs::UTIME_OMIT as _,
+            },
+            last_modification: Timespec {
+                tv_sec: ns.div_euclid(1_000_000_000),
+                tv_nsec: ns.rem_euclid(1_000_000_000) as _,
+            },
+        },
+    )
 }
 
 impl Drop for PreparedCommit {
@@ -619,6 +645,7 @@ impl Workspace {
             base,
             mode,
             owner,
+            mtime_ns: None,
             done: false,
         };
         if let Some(cut) = copy_base {
@@ -716,7 +743,15 @@ impl Workspace {
                 Some(rustix::fs::Gid::from_raw(gid)),
             );
         }
+        if current.is_some() {
+            // The new content keeps the file's extended attributes (and ACLs: before the
+            // mode, which then sets the same bits again), as a write in place would.
+            self.copy_xattrs(&c.dir, &c.name, &c.temp);
+        }
         rfs::fchmod(&c.temp, Mode::from_raw_mode(c.mode)).map_err(io_err)?;
+        if let Some(ns) = c.mtime_ns {
+            set_mtime(&c.temp, ns).map_err(io_err)?;
+        }
         rfs::fsync(&c.temp).map_err(io_err)?;
         let current = match statx_at(&c.dir, &c.name) {
             Ok(st) => Some(st),
@@ -765,6 +800,29 @@ impl Workspace {
         self.stat_at(&c.dir, &c.name, &c.target)
     }
 
+    /// Copy the extended attributes of `dir/name` onto `to`, each as far as the sandbox lets
+    /// the agent (one it may not set is left out). File capabilities are not kept unless
+    /// set-ID bits are, as the kernel drops them on a write.
+    fn copy_xattrs(&self, dir: &OwnedFd, name: &[u8], to: &File) {
+        let mut p = proc_fd(dir).into_bytes();
+        p.push(b'/');
+        p.extend_from_slice(name);
+        let from = PathBuf::from(std::ffi::OsString::from_vec(p));
+        let mut names = vec![0u8; MAX_XATTR_VALUE_BYTES];
+        let Ok(n) = rfs::llistxattr(&from, &mut names[..]) else {
+            return;
+        };
+        let mut value = vec![0u8; MAX_XATTR_VALUE_BYTES];
+        for attr in names[..n].split(|&b| b == 0).filter(|a| !a.is_empty()) {
+            if attr == b"security.capability" && !self.allow_setid {
+                continue;
+            }
+            if let Ok(len) = rfs::lgetxattr(&from, attr, &mut value[..]) {
+                let _ = rfs::fsetxattr(to, attr, &value[..len], rfs::XattrFlags::empty());
+            }
+        }
+    }
+
     /// The hard-linked target's commit: check the base on the very inode about to be written,
     /// then replace its content with the temp file's (holes kept). The temp is dropped after.
     fn finish_in_place(&self, c: &PreparedCommit, seen: &rfs::Statx) -> Result<Attr> {
@@ -798,6 +856,9 @@ impl Workspace {
             // write by anyone but root).
             rfs::fchmod(&target, Mode::from_raw_mode(c.mode)).map_err(|e| errno(e, t))?;
         }
+        if let Some(ns) = c.mtime_ns {
+            set_mtime(&target, ns).map_err(|e| errno(e, t))?;
+        }
         rfs::fsync(&target).map_err(|e| errno(e, t))?;
         self.stat_at(&c.dir, &c.name, t)
     }
@@ -821,7 +882,13 @@ impl Workspace {
         let (dir, name) = self.parent(path)?;
         let mode = self.permitted_mode(mode, true);
         rfs::mkdirat(&dir, os(name), Mode::from_raw_mode(mode)).map_err(|e| errno(e, path))?;
-        self.exact_mode_at(&dir, name, path, mode)
+        // A directory made in a set-group-ID directory inherits that bit (and its group), as
+        // the kernel gives it: the exact mode keeps it.
+        let inherited = match statx_at(&dir, name) {
+            Ok(st) if is_kind(&st, libc::S_IFDIR) => u32::from(st.stx_mode) & 0o2000,
+            _ => 0,
+        };
+        self.exact_mode_at(&dir, name, path, mode | inherited)
     }
 
     /// Make a FIFO, a socket, or (when the agent may: `CAP_MKNOD`) a device, with exactly

@@ -97,12 +97,17 @@ pub(super) fn run_ctl(a: CtlArgs) -> i32 {
     };
     match ask(&route, req) {
         Ok(v) => {
+            // A reader that stops early (`| head`) is no error: nothing more to say.
+            let quiet = |text: String| {
+                use std::io::Write;
+                let _ = std::io::stdout().lock().write_all(text.as_bytes());
+            };
             if a.json {
-                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+                quiet(serde_json::to_string_pretty(&v).unwrap_or_default() + "\n");
             } else if matches!(a.action, CtlAction::Readlink { .. }) {
                 print_target(&v);
             } else {
-                print!("{}", table(&v));
+                quiet(table(&v));
             }
             if matches!(a.action, CtlAction::Flush) && v["flushed"] == false {
                 return ERROR;
@@ -137,14 +142,21 @@ fn link_route(route_args: &RouteArgs, path: &std::path::Path) -> Result<Vec<u8>,
     Ok(p)
 }
 
-/// A readlink answer as `readlink` prints it: the raw target bytes and a newline.
+/// A readlink answer as `readlink` prints it: the raw target bytes and a newline — on a
+/// terminal with its control characters escaped (the sandbox chose the target, and a raw
+/// escape would reach the terminal); `--json` carries it exactly.
 fn print_target(v: &serde_json::Value) {
-    use std::io::Write;
+    use std::io::{IsTerminal, Write};
     let target = serde_json::from_value::<crate::remote::WireBytes>(v["target"].clone())
         .map(|w| w.0)
         .unwrap_or_default();
     let mut out = std::io::stdout().lock();
-    let _ = out.write_all(&target);
+    if out.is_terminal() {
+        let shown = super::daemon::visible(&String::from_utf8_lossy(&target));
+        let _ = out.write_all(shown.as_bytes());
+    } else {
+        let _ = out.write_all(&target);
+    }
     let _ = out.write_all(b"\n");
 }
 

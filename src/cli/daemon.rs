@@ -243,6 +243,8 @@ pub(super) fn run_agent(a: AgentArgs) -> i32 {
             (Some(cert), Some(key)) => Some(crate::agent::tls::acceptor(cert, key)?),
             _ => None,
         };
+        // Kept beside the workspace, outside what Landlock will allow.
+        let workspace_id = crate::agent::identity::workspace_id(&a.root);
         // Before any thread starts: Landlock binds the calling thread and those it starts.
         let confinement = confine_agent(&a.root, &a.listen, a.no_landlock);
         let rt = crate::agent::runtime()?;
@@ -255,6 +257,7 @@ pub(super) fn run_agent(a: AgentArgs) -> i32 {
             confinement,
             allow_setid: a.allow_setid,
             tls,
+            workspace_id,
         }))
     });
     match result {
@@ -372,9 +375,16 @@ pub(super) fn run_umount(a: UmountArgs) -> i32 {
     }
     // Push first, through the daemon: a write the sandbox refuses (a full disk) is named
     // here, and the mount stays so nothing is lost, unless --force.
-    let unpushed = flush_before_unmount(&at);
+    let flushed = flush_before_unmount(&at);
+    let unpushed = &flushed.unpushed;
+    for (path, copy) in &flushed.conflicts {
+        eprintln!(
+            "sbxfs umount: conflict: {path} changed in the sandbox while it had unpushed edits; \
+             your version was saved beside it as {copy}"
+        );
+    }
     if !unpushed.is_empty() {
-        for line in &unpushed {
+        for line in unpushed {
             eprintln!("sbxfs umount: not pushed: {line}");
         }
         if !a.force {
@@ -389,7 +399,7 @@ pub(super) fn run_umount(a: UmountArgs) -> i32 {
     }
     let failed = !unpushed.is_empty();
     // The daemon sees its session end, pushes what is staged, and exits.
-    match std::process::Command::new("fusermount3")
+    let code = match std::process::Command::new("fusermount3")
         .arg("-u")
         .arg(&at)
         .status()
@@ -405,19 +415,85 @@ pub(super) fn run_umount(a: UmountArgs) -> i32 {
         Ok(s) if s.success() => 0,
         Ok(_) => {
             eprintln!("sbxfs umount: fusermount3 could not unmount {shown}");
-            ERROR
+            return ERROR;
         }
         Err(e) => {
             eprintln!("sbxfs umount: fusermount3: {e}");
-            ERROR
+            return ERROR;
+        }
+    };
+    // Returns once the daemon is gone, so a mount right after finds the place free.
+    if let Some(daemon) = flushed.daemon {
+        if !daemon.wait_gone(DAEMON_EXIT_WAIT) {
+            eprintln!(
+                "sbxfs umount: unmounted {shown}; its daemon (pid {}) is still finishing after {} s",
+                daemon.pid,
+                DAEMON_EXIT_WAIT.as_secs()
+            );
+        }
+    }
+    code
+}
+
+/// How long `umount` waits for the daemon to exit after the unmount.
+const DAEMON_EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// What the daemon answered to the flush before an unmount.
+#[derive(Default)]
+struct Flushed {
+    /// One line per file it could not push (`PATH: cause`).
+    unpushed: Vec<String>,
+    /// Each conflict copy the mount made: the file and the copy's name.
+    conflicts: Vec<(String, String)>,
+    daemon: Option<Process>,
+}
+
+/// A process known by pid and start time (a pid reused by another process is not it).
+struct Process {
+    pid: u32,
+    started: Option<String>,
+}
+
+impl Process {
+    fn of(pid: u32) -> Process {
+        Process {
+            pid,
+            started: Self::start_time(pid),
+        }
+    }
+
+    /// Field 22 of /proc/PID/stat (after the parenthesised name, which may hold spaces);
+    /// `None` once the process is gone or a zombie.
+    fn start_time(pid: u32) -> Option<String> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let rest = &stat[stat.rfind(')')? + 1..];
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.first() == Some(&"Z") {
+            return None;
+        }
+        fields.get(19).map(|s| s.to_string())
+    }
+
+    fn wait_gone(&self, limit: std::time::Duration) -> bool {
+        let until = std::time::Instant::now() + limit;
+        loop {
+            let now = Self::start_time(self.pid);
+            if now.is_none() || now != self.started {
+                return true;
+            }
+            if std::time::Instant::now() >= until {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
         }
     }
 }
-/// Ask the mount's daemon to push everything now; answers one line per file it could not
-/// push (`PATH: cause`). A daemon that does not answer is left to push as it unmounts.
-fn flush_before_unmount(at: &std::path::Path) -> Vec<String> {
+
+/// Ask the mount's daemon to push everything now. A daemon that does not answer is left to
+/// push as it unmounts.
+fn flush_before_unmount(at: &std::path::Path) -> Flushed {
     let Some(info) = crate::control::client::mount_info(at) else {
-        return Vec::new();
+        return Flushed::default();
     };
     let route = crate::control::client::Route {
         socket: PathBuf::from(&info.socket),
@@ -425,45 +501,43 @@ fn flush_before_unmount(at: &std::path::Path) -> Vec<String> {
         info,
         on: None,
     };
-    match super::ask(&route, crate::control::Request::Flush) {
-        Ok(v) if v["flushed"] == false => v["failures"]
-            .as_array()
-            .map(|fs| {
-                fs.iter()
-                    .map(|f| {
-                        // The error names the file already ("PATH: cause").
-                        let (path, error) = (
-                            f["path"].as_str().unwrap_or("?"),
-                            f["error"].as_str().unwrap_or("?"),
-                        );
-                        let line = if error.starts_with(path) {
-                            error.to_string()
-                        } else {
-                            format!("{path}: {error}")
-                        };
-                        // Names are the sandbox's: never a raw escape on the terminal.
-                        visible(&line)
-                    })
-                    .collect()
-            })
-            .unwrap_or_default(),
-        _ => Vec::new(),
+    let Ok(v) = super::ask(&route, crate::control::Request::Flush) else {
+        return Flushed::default();
+    };
+    let text = |v: &serde_json::Value| visible(v.as_str().unwrap_or("?"));
+    let unpushed = v["failures"]
+        .as_array()
+        .map(|fs| {
+            fs.iter()
+                .map(|f| {
+                    // The error names the file already ("PATH: cause").
+                    let (path, error) = (text(&f["path"]), text(&f["error"]));
+                    if error.starts_with(&path) {
+                        error
+                    } else {
+                        format!("{path}: {error}")
+                    }
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    // Names are the sandbox's: never a raw escape on the terminal.
+    let conflicts = v["conflicts"]
+        .as_array()
+        .map(|cs| {
+            cs.iter()
+                .map(|c| (text(&c["path"]), text(&c["saved_as"])))
+                .collect()
+        })
+        .unwrap_or_default();
+    Flushed {
+        unpushed,
+        conflicts,
+        daemon: v["pid"].as_u64().map(|p| Process::of(p as u32)),
     }
 }
 
-/// `text` with control characters (terminal escapes in a sandbox-chosen name) shown as
-/// `\u{1b}`-style escapes.
-pub(super) fn visible(text: &str) -> String {
-    text.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_unicode().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
-}
+pub(super) use super::logging::visible;
 
 /// A mountpoint as the mount table names it: absolute, with symlinks in its parents resolved.
 /// The mountpoint itself is never stat'ed (a dead FUSE mount answers ENOTCONN).

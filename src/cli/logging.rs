@@ -8,6 +8,7 @@
 use std::io::IsTerminal;
 
 use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::field::MakeExt;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
@@ -71,6 +72,35 @@ where
     }
 }
 
+/// `text` with control characters (terminal escapes in a sandbox-chosen name) shown as
+/// `\u{1b}`-style escapes.
+pub fn visible(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// Each field written with its control characters escaped ([`visible`]): the log names the
+/// sandbox's files, and a name carrying a terminal escape must not reach the terminal (or a
+/// file someone `cat`s) raw. The formatter's own colours stay.
+fn escaped_fields() -> impl for<'w> FormatFields<'w> {
+    tracing_subscriber::fmt::format::debug_fn(|w, field, value| {
+        let text = visible(&format!("{value:?}"));
+        if field.name() == "message" {
+            write!(w, "{text}")
+        } else {
+            write!(w, "{}={text}", field.name())
+        }
+    })
+    .delimited(" ")
+}
+
 /// Install the process's log subscriber (once; later calls do nothing).
 pub fn init() {
     let spec = filter_spec(
@@ -83,6 +113,7 @@ pub fn init() {
     });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .fmt_fields(escaped_fields())
         .with_writer(std::io::stderr);
     if crate::mount::notify::stderr_is_journal() {
         let format = tracing_subscriber::fmt::format()
@@ -103,6 +134,42 @@ pub fn init() {
 #[cfg(test)]
 mod tests {
     use super::filter_spec;
+
+    #[test]
+    fn a_name_with_a_terminal_escape_is_logged_escaped() {
+        use std::sync::{Arc, Mutex};
+        let out = Arc::new(Mutex::new(Vec::<u8>::new()));
+        let sink = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .fmt_fields(super::escaped_fields())
+            .with_ansi(false)
+            .with_writer(move || Sink(sink.clone()))
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let name = "c\u{1b}]0;TITLE\u{7}\u{1b}[2J";
+            tracing::error!(file = %name, "conflict on {name}\nsecond line");
+        });
+        let text = String::from_utf8(out.lock().unwrap().clone()).unwrap();
+        assert!(
+            !text.contains('\u{1b}') && !text.contains('\u{7}'),
+            "{text:?}"
+        );
+        assert!(text.contains("conflict on c\\u{1b}]0;TITLE"), "{text:?}");
+        assert!(text.contains("file=c\\u{1b}]0;TITLE"), "{text:?}");
+        assert_eq!(text.lines().count(), 1, "one line per event: {text:?}");
+    }
+
+    struct Sink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Sink {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
 
     #[test]
     fn noisy_libraries_are_quiet_unless_named() {

@@ -140,32 +140,37 @@ impl Printer {
         self.flush();
     }
 
+    /// Paths are the sandbox's names: their control characters (a terminal escape, a
+    /// newline) are printed escaped, never raw; `--json` carries them exactly.
     pub fn glob_path(&mut self, path: &str) -> bool {
         if self.json {
             return self.json_line(&json!({ "path": path }));
         }
-        self.write(format!("{path}\n").as_bytes())
+        self.write(format!("{}\n", super::logging::visible(path)).as_bytes())
     }
 
     pub fn fuzzy_match(&mut self, m: &FuzzyMatch) -> bool {
         if self.json {
             return self.json_line(m);
         }
-        let text: String = if self.colour {
-            m.path
-                .chars()
-                .enumerate()
-                .map(|(i, c)| {
-                    if m.positions.contains(&i) {
-                        self.paint(MATCH_COLOUR, &c.to_string())
-                    } else {
-                        c.to_string()
-                    }
-                })
-                .collect()
-        } else {
-            m.path.clone()
-        };
+        let text: String = m
+            .path
+            .chars()
+            .enumerate()
+            .map(|(i, c)| {
+                // As in glob's output: a sandbox name's control characters escaped.
+                let c = if c.is_control() {
+                    c.escape_unicode().to_string()
+                } else {
+                    c.to_string()
+                };
+                if self.colour && m.positions.contains(&i) {
+                    self.paint(MATCH_COLOUR, &c)
+                } else {
+                    c
+                }
+            })
+            .collect();
         self.write(format!("{text}\n").as_bytes())
     }
 

@@ -8,7 +8,10 @@
 //! are checked as that identity against the sandbox's own owners, anyone else's (only with
 //! `allow_other`) as themselves against the owners shown. The rules are Linux's
 //! (`generic_permission`, `may_delete`, `setattr_prepare`, `xattr_permission`): root may do
-//! anything except execute a file with no x bit at all.
+//! anything except execute a file with no x bit at all. A file's POSIX access ACL, when it has
+//! one, decides as Linux's `posix_acl_permission` does ([`Acl`]).
+
+use std::sync::Arc;
 
 use crate::remote::Identity;
 
@@ -18,7 +21,7 @@ pub const WRITE: u32 = 2;
 pub const EXEC: u32 = 1;
 
 /// What a check needs of a file: its owners and mode as the caller is judged against them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Subject {
     pub uid: u32,
     pub gid: u32,
@@ -27,6 +30,96 @@ pub struct Subject {
     pub is_dir: bool,
     /// A regular file or directory (the only kinds that carry `user.*` attributes).
     pub is_file_or_dir: bool,
+    /// Its access ACL, if it has one (ids as the caller is judged against them).
+    pub acl: Option<Arc<Acl>>,
+}
+
+/// A POSIX access ACL (`system.posix_acl_access`): the entries beyond the mode bits.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Acl {
+    /// Named users and groups: `(id, rwx)`.
+    pub users: Vec<(u32, u32)>,
+    pub groups: Vec<(u32, u32)>,
+    /// The owning group's entry (the mode's group bits are the mask when there is one).
+    pub group_obj: u32,
+    /// The most a named entry or a group may grant; none: no limit.
+    pub mask: Option<u32>,
+    /// Unreadable: only the owner's class applies ([`Acl::unreadable`]).
+    pub closed: bool,
+}
+
+const ACL_USER_OBJ: u16 = 0x01;
+const ACL_USER: u16 = 0x02;
+const ACL_GROUP_OBJ: u16 = 0x04;
+const ACL_GROUP: u16 = 0x08;
+const ACL_MASK: u16 = 0x10;
+const ACL_OTHER: u16 = 0x20;
+
+impl Acl {
+    /// The kernel's xattr form (version 2; entries of tag, perm, id, little-endian), with the
+    /// ids mapped by `id` (user ids and group ids as the caller is judged against them). An
+    /// ACL the mount cannot read is `None` for the caller to refuse on.
+    pub fn parse(xattr: &[u8], map: impl Fn(bool, u32) -> u32) -> Option<Acl> {
+        let (head, body) = xattr.split_at_checked(4)?;
+        if u32::from_le_bytes(head.try_into().ok()?) != 2 || body.len() % 8 != 0 {
+            return None;
+        }
+        let mut acl = Acl::default();
+        for e in body.chunks_exact(8) {
+            let tag = u16::from_le_bytes([e[0], e[1]]);
+            let perm = u32::from(u16::from_le_bytes([e[2], e[3]])) & 7;
+            let id = u32::from_le_bytes([e[4], e[5], e[6], e[7]]);
+            match tag {
+                ACL_USER => acl.users.push((map(true, id), perm)),
+                ACL_GROUP => acl.groups.push((map(false, id), perm)),
+                ACL_GROUP_OBJ => acl.group_obj = perm,
+                ACL_MASK => acl.mask = Some(perm),
+                ACL_USER_OBJ | ACL_OTHER => {}
+                _ => return None,
+            }
+        }
+        Some(acl)
+    }
+
+    /// An ACL the mount could not read: nobody but the owner (and root) gets anything.
+    pub fn unreadable() -> Acl {
+        Acl {
+            closed: true,
+            ..Acl::default()
+        }
+    }
+
+    /// Whether `who` gets `want`, as `posix_acl_permission` decides: the owner's class from
+    /// the mode; a named user's entry under the mask; else the first matching group entry
+    /// (the owning group's or a named one) that grants all of `want` under the mask, any match
+    /// at all shutting out the others' class; else the others' bits.
+    fn allows(&self, who: &Identity, f: &Subject, want: u32) -> bool {
+        let has = |bits: u32| want & !bits == 0;
+        if who.uid == f.uid {
+            return has((f.mode >> 6) & 7);
+        }
+        if self.closed {
+            return false;
+        }
+        let mask = self.mask.unwrap_or(7);
+        if let Some((_, perm)) = self.users.iter().find(|(id, _)| *id == who.uid) {
+            return has(perm & mask);
+        }
+        let owning = in_group(who, f.gid).then_some(self.group_obj);
+        let named = self
+            .groups
+            .iter()
+            .filter(|(id, _)| in_group(who, *id))
+            .map(|(_, perm)| *perm);
+        let mut matched = false;
+        for perm in owning.into_iter().chain(named) {
+            if has(perm & mask) {
+                return true;
+            }
+            matched = true;
+        }
+        !matched && has(f.mode & 7)
+    }
 }
 
 /// Why not: `EACCES` (the mode bits say no) or `EPERM` (only the owner or root may).
@@ -60,6 +153,13 @@ pub fn may(who: &Identity, f: &Subject, want: u32) -> Verdict {
             Err(Denied::Access)
         } else {
             Ok(())
+        };
+    }
+    if let Some(acl) = &f.acl {
+        return if acl.allows(who, f, want) {
+            Ok(())
+        } else {
+            Err(Denied::Access)
         };
     }
     let bits = if who.uid == f.uid {
@@ -249,6 +349,7 @@ mod tests {
             mode,
             is_dir: false,
             is_file_or_dir: true,
+            acl: None,
         }
     }
 
@@ -274,7 +375,7 @@ mod tests {
             fuid in 0u32..4, fgid in 0u32..4, mode in 0u32..0o10000, is_dir: bool, want in 0u32..8,
         ) {
             let who = user(uid, gid, &groups);
-            let f = Subject { uid: fuid, gid: fgid, mode, is_dir, is_file_or_dir: true };
+            let f = Subject { uid: fuid, gid: fgid, mode, is_dir, is_file_or_dir: true, acl: None };
             let class = if uid == fuid {
                 mode >> 6
             } else if gid == fgid || groups.contains(&fgid) {
@@ -473,7 +574,7 @@ mod tests {
         assert_eq!(may_xattr(&ROOT, &f, b"trusted.k", XattrUse::Set), Ok(true));
         let fifo = Subject {
             is_file_or_dir: false,
-            ..f
+            ..f.clone()
         };
         assert_eq!(
             may_xattr(&user(1000, 1000, &[]), &fifo, b"user.k", XattrUse::Set),
@@ -503,5 +604,90 @@ mod tests {
         );
         assert!(!lists_xattr(&other, b"trusted.k"));
         assert!(lists_xattr(&other, b"user.k"));
+    }
+
+    /// The kernel's xattr form of an ACL: (tag, perm, id) entries after the version.
+    fn acl_xattr(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+        let mut v = 2u32.to_le_bytes().to_vec();
+        for (tag, perm, id) in entries {
+            v.extend_from_slice(&tag.to_le_bytes());
+            v.extend_from_slice(&perm.to_le_bytes());
+            v.extend_from_slice(&id.to_le_bytes());
+        }
+        v
+    }
+
+    fn with_acl(f: Subject, entries: &[(u16, u16, u32)]) -> Subject {
+        let acl = Acl::parse(&acl_xattr(entries), |_, id| id).expect("a valid ACL");
+        Subject {
+            acl: Some(Arc::new(acl)),
+            ..f
+        }
+    }
+
+    #[test]
+    fn an_acl_decides_for_named_users_and_groups_under_its_mask() {
+        const NOBODY: u32 = u32::MAX;
+        let them = user(3001, 3001, &[]);
+        // 0644 with `u:3001:---`: the others' r no longer reaches them.
+        let f = with_acl(
+            file(1000, 1000, 0o644),
+            &[
+                (1, 6, NOBODY),
+                (2, 0, 3001),
+                (4, 4, NOBODY),
+                (0x10, 4, NOBODY),
+                (0x20, 4, NOBODY),
+            ],
+        );
+        assert_eq!(may(&them, &f, READ), Err(Denied::Access));
+        assert_eq!(may(&user(3002, 3002, &[]), &f, READ), Ok(()));
+        assert_eq!(may(&user(1000, 1000, &[]), &f, READ | WRITE), Ok(()));
+        // 0646 (mask r--) with `u:3001:rw-`: the mask leaves them read only, though the
+        // others' class would let them write.
+        let f = with_acl(
+            file(1000, 1000, 0o646),
+            &[
+                (1, 6, NOBODY),
+                (2, 6, 3001),
+                (4, 4, NOBODY),
+                (0x10, 4, NOBODY),
+                (0x20, 6, NOBODY),
+            ],
+        );
+        assert_eq!(may(&them, &f, READ), Ok(()));
+        assert_eq!(may(&them, &f, WRITE), Err(Denied::Access));
+        assert_eq!(may(&user(3002, 3002, &[]), &f, WRITE), Ok(()));
+        // Groups: one matching entry must grant all that is wanted; a match shuts out others.
+        let f = with_acl(
+            file(1000, 1000, 0o606),
+            &[
+                (1, 6, NOBODY),
+                (4, 0, NOBODY),
+                (8, 4, 50),
+                (8, 2, 51),
+                (0x10, 6, NOBODY),
+                (0x20, 6, NOBODY),
+            ],
+        );
+        let in_both = user(3003, 3003, &[50, 51]);
+        assert_eq!(may(&in_both, &f, READ), Ok(()));
+        assert_eq!(may(&in_both, &f, WRITE), Ok(()));
+        assert_eq!(may(&in_both, &f, READ | WRITE), Err(Denied::Access));
+        assert_eq!(may(&user(3004, 1000, &[]), &f, READ), Err(Denied::Access));
+        // Root is root.
+        assert_eq!(may(&ROOT, &f, READ | WRITE), Ok(()));
+    }
+
+    #[test]
+    fn an_acl_the_mount_cannot_read_lets_only_the_owner_in() {
+        assert!(Acl::parse(b"junk", |_, id| id).is_none());
+        assert!(Acl::parse(&acl_xattr(&[(0x40, 7, 0)]), |_, id| id).is_none());
+        let f = Subject {
+            acl: Some(Arc::new(Acl::unreadable())),
+            ..file(1000, 1000, 0o666)
+        };
+        assert_eq!(may(&user(3001, 3001, &[]), &f, READ), Err(Denied::Access));
+        assert_eq!(may(&user(1000, 1000, &[]), &f, READ), Ok(()));
     }
 }

@@ -264,9 +264,18 @@ async fn handle(stream: UnixStream, control: &Control) {
             };
             // Unpushed local writes go first, so the sandbox answers about what the user sees.
             let _ = core.flush_all().await;
+            let gone = client_gone(&mut reader);
+            tokio::pin!(gone);
             match remote.grep(&p, options).await {
-                Ok(mut stream) => {
-                    while let Some(item) = stream.next().await {
+                Ok(mut stream) => loop {
+                    // A client gone (a search with nothing to print for a while never learns
+                    // it from a write): dropping the stream cancels the search in the sandbox.
+                    let item = tokio::select! {
+                        item = stream.next() => item,
+                        _ = &mut gone => return,
+                    };
+                    let Some(item) = item else { return };
+                    {
                         let l = match item {
                             Ok(event) => line(&json!(event)),
                             Err(e) => error_line(&e),
@@ -276,9 +285,16 @@ async fn handle(stream: UnixStream, control: &Control) {
                             return;
                         }
                     }
-                    return;
-                }
+                },
                 Err(e) => Err(e),
+            }
+        }
+        // A query whose client left is dropped (cancelled in the sandbox); requests that
+        // change something (edit, flush) are seen through.
+        query @ (Request::Glob { .. } | Request::Fuzzy { .. } | Request::Scan { .. }) => {
+            tokio::select! {
+                a = answer(control, query) => a,
+                _ = client_gone(&mut reader) => return,
             }
         }
         other => answer(control, other).await,
@@ -288,6 +304,17 @@ async fn handle(stream: UnixStream, control: &Control) {
         Err(e) => error_line(&e),
     };
     let _ = write.write_all(&l).await;
+}
+
+/// Resolves when the client has closed its end (it sends nothing after its request line):
+/// killed, interrupted, or its reader gone.
+async fn client_gone(reader: &mut (impl tokio::io::AsyncRead + Unpin)) {
+    let mut buf = [0u8; 256];
+    while let Ok(n) = tokio::io::AsyncReadExt::read(reader, &mut buf).await {
+        if n == 0 {
+            return;
+        }
+    }
 }
 
 /// Answer a request for the QUERY ioctl, which knows its mount by `info`.
@@ -397,6 +424,8 @@ pub async fn answer(control: &Control, request: Request) -> Result<serde_json::V
             Ok(json!({
                 "flushed": failures.is_empty(),
                 "failures": failures.iter().map(|(p, e)| json!({"path": p, "error": e.to_string()})).collect::<Vec<_>>(),
+                "conflicts": core.conflict_copies(),
+                "pid": std::process::id(),
             }))
         }
         Request::Invalidate { path: p } => match path(p) {
@@ -421,6 +450,13 @@ pub async fn answer(control: &Control, request: Request) -> Result<serde_json::V
             v["unpushed"] = json!(core.has_unpushed());
             v["push_failures"] = json!(core.push_failures());
             v["queued_pushes"] = json!(core.queued_pushes());
+            v["files"] = json!(core
+                .file_stages()
+                .into_iter()
+                .map(|(path, state)| json!({"path": path, "state": state}))
+                .collect::<Vec<_>>());
+            v["conflicts"] = json!(core.conflict_copies());
+            v["pid"] = json!(std::process::id());
             v["stats"] = json!(&core.stats);
             v["feed"] = core.feed_status();
             Ok(v)

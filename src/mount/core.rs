@@ -56,6 +56,8 @@ pub struct CoreConfig {
     /// Entries a directory's first look fetches with its subtree ([`super::subtree`]); 0:
     /// list directory by directory.
     pub tree_max: usize,
+    /// What the TTLs count in ([`super::clock`]): the system's clock, or a test's.
+    pub clock: super::clock::Clock,
 }
 
 /// What the kernel should forget (the adapter sends these through the FUSE notifier).
@@ -111,9 +113,16 @@ pub struct FsCore {
     kernel: Mutex<Option<Arc<dyn KernelCache>>>,
     /// The last remote call reached the sandbox (for `ctl status` and logs).
     reachable: AtomicBool,
+    /// How long the sandbox's slowest recent `info` answer took (ns), decaying towards faster
+    /// ones: the pace [`FsCore::or_offline`] allows for.
+    pace_ns: AtomicU64,
     /// The workspace's absolute path in the sandbox (`/v1/info`'s `root`), for showing
     /// symlink targets ([`super::links`]); unset, every absolute target counts as outside.
     workspace_root: OnceLock<Vec<u8>>,
+    /// The sandbox's workspace id (`info`'s `workspace_id`): what staged edits are tied to.
+    workspace_id: OnceLock<String>,
+    /// Symlinks made through the mount, shown as written ([`super::made_links`]).
+    made_links: super::made_links::MadeLinks,
     /// The sandbox refuses a new file's first push where a file appeared meanwhile
     /// ([`crate::remote::Version::absent`]); older agents cannot, and are overwritten.
     commit_absent: AtomicBool,
@@ -147,6 +156,10 @@ const STALL: Duration = Duration::from_millis(500);
 /// How long that question waits. An `info` answer is one small round trip, so a sandbox
 /// that gives none in this time is taken as gone until the retry loop's probe says otherwise.
 const STALL_PROBE: Duration = Duration::from_secs(1);
+/// Both grow with the sandbox's own pace: this many of its slowest recent `info` answers. A
+/// sandbox that answers in 0.8 s (`shell:` on a loaded machine starts a process per call) is
+/// slow, not gone.
+const PACE_FACTOR: u32 = 4;
 
 /// The sandbox did not answer (as opposed to answering no).
 pub(super) fn unreachable(e: &RemoteError) -> bool {
@@ -155,10 +168,11 @@ pub(super) fn unreachable(e: &RemoteError) -> bool {
 
 impl FsCore {
     pub fn new(remote: Arc<dyn Remote>, cfg: CoreConfig, root: Attr) -> Arc<Self> {
+        let made_links = super::made_links::MadeLinks::open(Some(&cfg.staging_dir));
         Arc::new_cyclic(|me| FsCore {
             remote,
-            inodes: InodeTable::new(root),
-            meta: MetaCache::new(),
+            inodes: InodeTable::with_clock(root, cfg.clock.clone()),
+            meta: MetaCache::with_clock(cfg.clock.clone()),
             prefetched: Default::default(),
             flights: Default::default(),
             tree_unsupported: AtomicBool::new(false),
@@ -175,7 +189,10 @@ impl FsCore {
             me: me.clone(),
             kernel: Mutex::new(None),
             reachable: AtomicBool::new(true),
+            pace_ns: AtomicU64::new(0),
             workspace_root: OnceLock::new(),
+            workspace_id: OnceLock::new(),
+            made_links,
             commit_absent: AtomicBool::new(false),
             patch_commits: AtomicBool::new(true),
             feed: super::feed::FeedState::default(),
@@ -187,6 +204,17 @@ impl FsCore {
     /// Where the workspace is in the sandbox; set once, before the mount serves.
     pub fn set_workspace_root(&self, root: &[u8]) {
         let _ = self.workspace_root.set(root.to_vec());
+    }
+
+    /// The id the sandbox keeps for its workspace; set before anything is staged.
+    pub fn set_workspace_id(&self, id: Option<&str>) {
+        if let Some(id) = id {
+            let _ = self.workspace_id.set(id.to_string());
+        }
+    }
+
+    pub(super) fn workspace_id(&self) -> Option<&str> {
+        self.workspace_id.get().map(String::as_str)
     }
 
     /// Whether the remote understands a create-only commit (`/v1/info`'s `commit_absent`).
@@ -247,7 +275,7 @@ impl FsCore {
     /// back, failed pushes are retried at once. Answers whether it is reachable.
     pub async fn probe(&self) -> bool {
         let was = self.is_reachable();
-        let ok = self.note(self.remote.info().await).is_ok();
+        let ok = self.note(self.timed_info().await).is_ok();
         if ok && !was {
             tracing::info!("the sandbox answers again");
             self.failures.all_due();
@@ -263,12 +291,13 @@ impl FsCore {
         &self,
         call: impl std::future::Future<Output = Result<T>>,
     ) -> Result<T> {
+        let (stall, stall_probe) = self.stall_limits();
         tokio::pin!(call);
         tokio::select! {
             r = &mut call => return r,
-            _ = tokio::time::sleep(STALL) => {}
+            _ = tokio::time::sleep(stall) => {}
         }
-        let probe = tokio::time::timeout(STALL_PROBE, self.remote.info());
+        let probe = tokio::time::timeout(stall_probe, self.timed_info());
         tokio::select! {
             r = &mut call => r,
             p = probe => match p {
@@ -277,7 +306,7 @@ impl FsCore {
                 _ => {
                     let e = RemoteError::Transport(format!(
                         "no answer within {} ms, nor to a probe",
-                        (STALL + STALL_PROBE).as_millis()
+                        (stall + stall_probe).as_millis()
                     ));
                     if self.is_reachable() {
                         tracing::warn!("the sandbox does not answer: serving what the mount knows until it does");
@@ -287,6 +316,46 @@ impl FsCore {
                 }
             },
         }
+    }
+
+    /// Does the sandbox answer a probe within the time its pace allows?
+    pub(super) async fn answers_within_pace(&self) -> bool {
+        let (_, wait) = self.stall_limits();
+        tokio::time::timeout(wait, self.probe())
+            .await
+            .unwrap_or(false)
+    }
+
+    /// An `info` call, its time noted as the sandbox's pace when it answers.
+    async fn timed_info(&self) -> Result<crate::remote::RemoteInfo> {
+        let asked = Instant::now();
+        let r = self.remote.info().await;
+        if r.is_ok() {
+            self.note_pace(asked.elapsed());
+        }
+        r
+    }
+
+    /// The time one `info` answer took: a slower one raises the pace at once, a faster one
+    /// lowers it by an eighth of the difference.
+    pub fn note_pace(&self, took: Duration) {
+        let took = took.as_nanos().min(u64::MAX as u128) as u64;
+        let _ = self
+            .pace_ns
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                Some(if took >= old {
+                    took
+                } else {
+                    old - (old - took) / 8
+                })
+            });
+    }
+
+    /// How long a call waits before asking whether the sandbox answers, and how long that
+    /// question waits: [`STALL`] and [`STALL_PROBE`], or more for a slow sandbox.
+    fn stall_limits(&self) -> (Duration, Duration) {
+        let pace = Duration::from_nanos(self.pace_ns.load(Ordering::Relaxed)) * PACE_FACTOR;
+        (STALL.max(pace), STALL_PROBE.max(pace))
     }
 
     pub(super) fn kernel(&self) -> Option<Arc<dyn KernelCache>> {
@@ -378,11 +447,20 @@ impl FsCore {
         }
     }
 
+    /// A listing of `dir` fetched ahead predates a change the mount made in it: never adopted
+    /// (it would hide a name made since, until its TTL ran out).
+    fn forget_prefetched(&self, dir: NodeId) {
+        if let Some(p) = self.inodes.path_of(dir) {
+            self.prefetched.forget(&p);
+        }
+    }
+
     /// `name` was made (or pushed) in `dir` through the mount: its listing takes it in place
     /// instead of being fetched again; the directory's own attributes (mtime, nlink) are stale.
     pub(super) fn entry_made(&self, dir: NodeId, name: &[u8], attr: Attr) {
         self.bump();
         self.meta.upsert(dir, name, attr);
+        self.forget_prefetched(dir);
         self.inodes.update(dir, |n| n.fetched = stale_instant());
         if let Some(k) = self.kernel() {
             k.invalidate_attr(dir);
@@ -432,8 +510,8 @@ impl FsCore {
         if let Some(n) = self.inodes.get(node) {
             attr.ino = n.st_ino;
         }
-        if let (Some(t), Ok(path)) = (&attr.symlink_target, self.path_of(node)) {
-            attr.size = self.shown_target(&path, &t.0).len() as u64;
+        if let Some(t) = &attr.symlink_target {
+            attr.size = self.shown_target_of(node, &t.0).len() as u64;
         }
         if self.inodes.path_of(node).is_none() && node != ROOT {
             attr.nlink = 0;
@@ -442,7 +520,7 @@ impl FsCore {
     }
 
     pub(super) fn fresh(&self, fetched: Instant) -> bool {
-        fetched.elapsed() < self.ttl()
+        self.cfg.clock.since(fetched) < self.ttl()
     }
 
     /// How long attributes and listings are trusted (here and by the kernel): indefinitely
@@ -608,9 +686,11 @@ impl FsCore {
             self.push_children(node).await;
         }
         let unopened = self.inodes.get(node).is_some_and(|n| n.open == 0);
-        if unopened {
+        if unopened && size.is_some() {
             // truncate(2) on a closed file: its queued push lands first, and then its staged
-            // image is gone (pushed) or still holds a failed push this change joins.
+            // image is gone (pushed) or still holds a failed push this change joins. Times,
+            // mode and owner need no wait: a push still queued takes them along (`tar -x`
+            // sets each file's times right after closing it).
             self.pushq.wait_for(&[node]).await;
         }
         while let Some(s) = self.staged_of(node) {
@@ -706,6 +786,7 @@ impl FsCore {
         };
         if let Some((parent, _)) = self.node(node)?.links.first() {
             self.meta.invalidate(*parent);
+            self.forget_prefetched(*parent);
         }
         Ok(NodeAttr {
             node,
@@ -852,7 +933,9 @@ impl FsCore {
         offset: u64,
         len: u32,
     ) -> Result<(Bytes, crate::remote::Version)> {
-        let r = self.note(self.remote.read(path, offset, len).await)?;
+        // A read of a hung sandbox fails in about a second and a half, not after every
+        // retry's deadline.
+        let r = self.note(self.or_offline(self.remote.read(path, offset, len)).await)?;
         if r.data.len() as u64 > u64::from(len) {
             return Err(RemoteError::Io(
                 path.display(),
@@ -1315,6 +1398,8 @@ impl FsCore {
         let path = self.path_of(parent)?.join(name)?;
         self.bump();
         let attr = self.note(self.remote.symlink(&path, target).await)?;
+        self.made_links
+            .made(&self.sandbox_id(), path.as_bytes(), target);
         self.dir_changed(parent);
         let node = self.inodes.remember(parent, name, attr.clone(), true, None);
         self.own_change(node, &attr);
@@ -1333,7 +1418,7 @@ impl FsCore {
         self.inodes.link(node, parent, name);
         self.inodes.update(node, |n| {
             n.attr = attr.clone();
-            n.fetched = Instant::now();
+            n.fetched = self.cfg.clock.now();
             n.lookups += 1;
         });
         Ok(NodeAttr {
@@ -1400,6 +1485,7 @@ impl FsCore {
         };
         self.dir_changed(parent);
         r?;
+        self.made_links.forget(&self.sandbox_id(), path.as_bytes());
         if let Some(n) = self.inodes.unlink(parent, name) {
             self.inodes.update(n, |x| {
                 x.attr.nlink = x.attr.nlink.saturating_sub(1);
@@ -1469,18 +1555,31 @@ impl FsCore {
         let source = self.inodes.child(parent, name);
         let r = match self.note(self.remote.rename(&from, &to, mode).await) {
             // A new file whose commit got no answer and did not land: renamed here, and its
-            // push goes to the new name.
+            // push goes to the new name (taking it from a linked file there first, as the
+            // rename would have).
             Err(RemoteError::NotFound(_))
                 if mode != RenameMode::Exchange
                     && source.is_some_and(|n| self.newfiles.contains(n)) =>
             {
-                Ok(())
+                match replaced.filter(|r| Some(*r) != source && !self.newfiles.unsent(*r)) {
+                    Some(r) => self
+                        .take_linked_name(r, (new_parent, new_name))
+                        .await
+                        .map(|_| ()),
+                    None => Ok(()),
+                }
             }
             r => r,
         };
         self.dir_changed(parent);
         self.dir_changed(new_parent);
         r?;
+        self.made_links.renamed(
+            &self.sandbox_id(),
+            from.as_bytes(),
+            to.as_bytes(),
+            mode == RenameMode::Exchange,
+        );
         let moved: Vec<NodeId> = match mode {
             RenameMode::Exchange => {
                 self.inodes.exchange(parent, name, new_parent, new_name);
@@ -1590,9 +1689,28 @@ impl FsCore {
 
     /// The target as the laptop sees it: never a way out of the mount ([`super::links`]).
     pub async fn readlink(&self, node: NodeId) -> Result<Vec<u8>> {
-        let path = self.path_of(node)?;
+        self.path_of(node)?;
         let raw = self.raw_readlink(node).await?;
-        Ok(self.shown_target(&path, &raw))
+        Ok(self.shown_target_of(node, &raw))
+    }
+
+    /// What the mount shows for the link `node` whose sandbox target is `raw`: safe from every
+    /// name it has (a hard link of a symlink made through the mount gives it two).
+    /// A link made through the mount, every name of it made so with this very target, is
+    /// shown as written ([`super::made_links`]).
+    fn shown_target_of(&self, node: NodeId, raw: &[u8]) -> Vec<u8> {
+        let root = self.workspace_root.get().map(Vec::as_slice);
+        let paths = self.inodes.paths_of(node);
+        let sandbox = self.sandbox_id();
+        if !paths.is_empty()
+            && paths
+                .iter()
+                .all(|p| self.made_links.is_made(&sandbox, p.as_bytes(), raw))
+        {
+            return raw.to_vec();
+        }
+        let links: Vec<&[u8]> = paths.iter().map(|p| p.as_bytes()).collect();
+        super::links::present_target_from_all(root, &links, raw)
     }
 
     /// The sandbox's own target, unaltered (for `sbxfs ctl readlink`).
@@ -1605,8 +1723,19 @@ impl FsCore {
         self.note(self.remote.readlink(&path).await)
     }
 
-    /// What the mount shows for a link at `link` whose sandbox target is `raw`.
+    /// What the mount shows for a link at `link` whose sandbox target is `raw`: as
+    /// [`Self::readlink`] does for the node there (safe from all its names), or from this
+    /// path alone for a link the mount has no node for.
     pub fn shown_target(&self, link: &RemotePath, raw: &[u8]) -> Vec<u8> {
+        if let Some(node) = self.inodes.resolve(link) {
+            return self.shown_target_of(node, raw);
+        }
+        if self
+            .made_links
+            .is_made(&self.sandbox_id(), link.as_bytes(), raw)
+        {
+            return raw.to_vec();
+        }
         let root = self.workspace_root.get().map(Vec::as_slice);
         super::links::present_target(root, link.as_bytes(), raw)
     }
@@ -1615,11 +1744,11 @@ impl FsCore {
     /// feed reports free space.
     pub async fn statfs(&self) -> Result<StatFs> {
         if let Some((at, s)) = &*self.statfs_seen.lock().expect("statfs lock") {
-            if at.elapsed() < STATFS_TTL {
+            if self.cfg.clock.since(*at) < STATFS_TTL || self.offline() {
                 return Ok(s.clone());
             }
         }
-        let s = match self.note(self.remote.statfs().await) {
+        let s = match self.note(self.or_offline(self.remote.statfs()).await) {
             Ok(s) => s,
             // Out of reach: the last answer, however old (`df` keeps working).
             Err(e) if unreachable(&e) => {
@@ -1630,7 +1759,7 @@ impl FsCore {
             }
             Err(e) => return Err(e),
         };
-        *self.statfs_seen.lock().expect("statfs lock") = Some((Instant::now(), s.clone()));
+        *self.statfs_seen.lock().expect("statfs lock") = Some((self.cfg.clock.now(), s.clone()));
         Ok(s)
     }
 
@@ -1639,7 +1768,7 @@ impl FsCore {
         if self.known_without_xattrs(node) || self.offline_without_xattrs(node) {
             return Err(RemoteError::NoAttr(path.display()));
         }
-        match self.note(self.remote.getxattr(&path, name).await) {
+        match self.note(self.or_offline(self.remote.getxattr(&path, name)).await) {
             Err(e) if unreachable(&e) && self.offline_without_xattrs(node) => {
                 Err(RemoteError::NoAttr(path.display()))
             }
@@ -1652,7 +1781,7 @@ impl FsCore {
         if self.known_without_xattrs(node) || self.offline_without_xattrs(node) {
             return Ok(Vec::new());
         }
-        match self.note(self.remote.listxattr(&path).await) {
+        match self.note(self.or_offline(self.remote.listxattr(&path)).await) {
             Err(e) if unreachable(&e) && self.offline_without_xattrs(node) => Ok(Vec::new()),
             r => r,
         }
@@ -1780,6 +1909,12 @@ impl FsCore {
     /// The change feed's state, for `ctl status`.
     pub fn feed_status(&self) -> serde_json::Value {
         self.feed.snapshot()
+    }
+
+    /// The last change-feed event applied while the feed vouches for the caches
+    /// ([`super::feed::FeedState::caught_up_to`]).
+    pub fn feed_caught_up_to(&self) -> Option<u64> {
+        self.feed.caught_up_to()
     }
 
     pub fn now_ns(&self) -> i64 {

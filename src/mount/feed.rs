@@ -25,13 +25,14 @@ use std::time::{Duration, Instant, SystemTime};
 use futures_util::{FutureExt, StreamExt};
 use serde_json::json;
 
-use super::core::{stale_instant, FsCore};
+use super::changes::{Applied, Change};
+use super::core::FsCore;
 use super::health::Health;
-use super::inode::{NodeId, RemoteId};
-use crate::remote::{stat_many_batches, Attr, ChangeEvent, ChangeKind, RemoteError, RemotePath};
+use super::inode::NodeId;
+use crate::remote::{stat_many_batches, ChangeEvent, ChangeKind, RemoteError, RemotePath};
 
 /// How long what is cached is trusted while the feed vouches for it: "indefinitely", but an
-/// `Instant` arithmetic that never overflows (and is shorter than [`stale_instant`]'s age).
+/// `Instant` arithmetic that never overflows (and is shorter than [`super::core::stale_instant`]'s age).
 pub const TRUSTED_TTL: Duration = Duration::from_secs(30 * 86_400);
 /// First wait before reconnecting; doubled up to [`MAX_BACKOFF`].
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
@@ -65,6 +66,8 @@ struct Status {
     link: Link,
     since: SystemTime,
     last_seq: Option<u64>,
+    /// The last event whose burst is applied (caches changed, nodes checked).
+    applied_seq: Option<u64>,
     events: u64,
     lost_events: u64,
     revalidations: u64,
@@ -85,6 +88,7 @@ impl Default for FeedState {
                 link: Link::Starting,
                 since: SystemTime::now(),
                 last_seq: None,
+                applied_seq: None,
                 events: 0,
                 lost_events: 0,
                 revalidations: 0,
@@ -143,6 +147,15 @@ impl FeedState {
         s.link = link;
     }
 
+    /// The last event applied with its burst, while the feed vouches for the caches: what
+    /// the mount shows accounts for every change the sandbox numbered up to it.
+    pub fn caught_up_to(&self) -> Option<u64> {
+        if !self.trusted() {
+            return None;
+        }
+        self.lock().applied_seq
+    }
+
     /// What `sbxfs ctl status` shows under `feed`.
     pub fn snapshot(&self) -> serde_json::Value {
         let s = self.lock();
@@ -159,6 +172,7 @@ impl FeedState {
             "since_ms_ago": ms_ago(s.since),
             "error": error,
             "last_seq": s.last_seq,
+            "applied_seq": s.applied_seq,
             "events": s.events,
             "lost_events": s.lost_events,
             "revalidations": s.revalidations,
@@ -304,15 +318,10 @@ async fn run(
 }
 
 /// Trust ends: the TTL applies again here at once, and the kernel forgets the attributes it
-/// was told to keep long. (Names it keeps for the TTL only: dropping them would make it
-/// forget nodes that a sandbox out of reach can no longer give back.)
+/// was told to keep long.
 fn distrust(core: &FsCore) {
     core.feed.trusted.store(false, Ordering::SeqCst);
-    if let Some(k) = core.kernel() {
-        for (node, _) in core.inodes.known_paths() {
-            k.invalidate_attr(node);
-        }
-    }
+    core.apply(Change::Distrusted);
 }
 
 /// One burst of events: namespace changes drop their parent's listing and attributes at
@@ -320,11 +329,13 @@ fn distrust(core: &FsCore) {
 async fn apply(core: &FsCore, batch: Vec<ChangeEvent>) -> crate::remote::Result<()> {
     let mut lost = false;
     let mut check: BTreeSet<(NodeId, RemotePath)> = BTreeSet::new();
+    let last = batch.last().map(|e| e.seq);
     {
         let mut s = core.feed.lock();
         s.events += batch.len() as u64;
         s.last_seq = batch.iter().map(|e| e.seq).max().or(s.last_seq);
     }
+    let applied = || core.feed.lock().applied_seq = last;
     for ev in batch {
         let Ok(path) = RemotePath::new(ev.path.0.clone()) else {
             tracing::debug!(path = ?ev.path, "change event with an unusable path ignored");
@@ -348,43 +359,24 @@ async fn apply(core: &FsCore, batch: Vec<ChangeEvent>) -> crate::remote::Result<
         tracing::warn!("the change feed lost events: revalidating everything cached");
         distrust(core);
         revalidate_all(core, "lost events").await?;
+        applied();
         core.feed.trusted.store(true, Ordering::SeqCst);
         return Ok(());
     }
     check_nodes(core, check.into_iter().collect()).await?;
+    applied();
     Ok(())
 }
 
-/// An event about `path`. A node the mount has for it is checked (and dropped only if it
-/// changed: an atime or our own push changes nothing). A namespace change makes the parent's
-/// listing and attributes stale; so does any change to a name the mount has no node for (the
-/// parent's listing holds its attributes). A name with no node has no entry in the kernel
-/// either (a failed lookup is not cached), so none is dropped: dropping the entry of a
-/// directory that is some process's working directory would cut it off (`getcwd` fails).
+/// An event about `path`: the caches it touches are made stale ([`Change::Reported`]); a node
+/// the mount has for it is checked.
 fn touched(
     core: &FsCore,
     path: &RemotePath,
     namespace: bool,
     check: &mut BTreeSet<(NodeId, RemotePath)>,
 ) {
-    let node = core.inodes.resolve(path);
-    // Listings fetched ahead for directories not entered yet: the parent's is stale, and so
-    // is everything beneath a name made, removed or renamed.
-    if namespace {
-        core.prefetched.forget_under(path);
-    }
-    if let Some((parent_path, _)) = path.split_last() {
-        core.prefetched.forget(&parent_path);
-        if let Some(parent) = core.inodes.resolve(&parent_path) {
-            if namespace {
-                core.dir_stale(parent);
-            } else if node.is_none() {
-                core.bump();
-                core.meta.expire(parent);
-            }
-        }
-    }
-    if let Some(node) = node {
+    if let Applied::Check(node) = core.apply(Change::Reported { path, namespace }) {
         check.insert((node, path.clone()));
     }
 }
@@ -392,9 +384,8 @@ fn touched(
 /// Everything cached may be stale: no listing is trusted (each is kept for a sandbox that
 /// stops answering meanwhile), every named node is checked.
 async fn revalidate_all(core: &FsCore, reason: &str) -> crate::remote::Result<()> {
-    core.meta.expire_all();
-    core.prefetched.forget_under(&RemotePath::root());
-    let nodes = core.inodes.known_paths();
+    core.apply(Change::AllStale);
+    let nodes = core.known_paths();
     let checked = nodes.len();
     let changed = check_nodes(core, nodes).await?;
     tracing::info!(
@@ -420,10 +411,10 @@ async fn check_nodes(
     nodes: Vec<(NodeId, RemotePath)>,
 ) -> crate::remote::Result<usize> {
     // Files with staged writes answer from their staged image: their own push (and its
-    // conflict check) deals with the sandbox's version.
+    // conflict check) deals with the sandbox's version, or its end asks again.
     let nodes: Vec<(NodeId, RemotePath)> = nodes
         .into_iter()
-        .filter(|(n, _)| core.staged_of(*n).is_none())
+        .filter(|(n, _)| !core.left_to_staging(*n))
         .collect();
     let paths: Vec<RemotePath> = nodes.iter().map(|(_, p)| p.clone()).collect();
     let mut changed = 0;
@@ -446,7 +437,14 @@ async fn check_nodes(
                     continue;
                 }
                 answer => {
-                    if settle(core, *node, path, answer, raced, before) {
+                    let answered = Change::Answered {
+                        node: *node,
+                        path,
+                        answer,
+                        raced,
+                        asked: before,
+                    };
+                    if core.apply(answered) == Applied::Changed {
                         changed += 1;
                     }
                 }
@@ -457,72 +455,4 @@ async fn check_nodes(
         Some(e) => Err(e),
         None => Ok(changed),
     }
-}
-
-/// One node's answer about `path`: unchanged is trusted afresh; changed or gone is dropped.
-/// The kernel's entry goes only for a name that now leads elsewhere or nowhere, only if the
-/// node still has that name (a rename through the mount may have moved it meanwhile), and
-/// never on an answer a local change raced. Answers whether it changed.
-fn settle(
-    core: &FsCore,
-    node: NodeId,
-    path: &RemotePath,
-    answer: crate::remote::Result<Attr>,
-    raced: bool,
-    asked: u64,
-) -> bool {
-    let Some(n) = core.inodes.get(node) else {
-        return false;
-    };
-    let same = |a: &Attr| {
-        RemoteId::of(a) == n.remote
-            && a.version == n.attr.version
-            && a.ctime_ns == n.attr.ctime_ns
-            && a.kind == n.attr.kind
-    };
-    let name_went = match &answer {
-        Ok(a) if same(a) => {
-            if !raced {
-                core.inodes.update(node, |x| x.fetched = Instant::now());
-            }
-            return false;
-        }
-        Ok(a) => RemoteId::of(a) != n.remote,
-        Err(_) => true,
-    };
-    match answer {
-        Ok(a) if !raced && !name_went => {
-            // Changed in place (the same file): open handles read its new bytes, as on a
-            // local disk, not pages of the old version (read ahead before the change).
-            if core.inodes.rebind_answer(node, &a, asked) {
-                core.handles.follow(node, &a);
-            }
-        }
-        // Asked again on next use.
-        _ => {
-            core.inodes.update(node, |x| x.fetched = stale_instant());
-        }
-    }
-    core.meta.expire(node);
-    for (parent, _) in &n.links {
-        core.meta.expire(*parent);
-    }
-    let Some(k) = core.kernel() else {
-        return true;
-    };
-    if n.attr.kind == crate::remote::FileKind::Dir {
-        k.invalidate_attr(node);
-    } else {
-        k.invalidate_data(node);
-    }
-    if name_went && !raced {
-        if let Some((parent_path, name)) = path.split_last() {
-            let parent = core.inodes.resolve(&parent_path);
-            let still = parent.is_some_and(|p| core.inodes.child(p, name) == Some(node));
-            if let (Some(p), true) = (parent, still) {
-                k.invalidate_entry(p, name);
-            }
-        }
-    }
-    true
 }

@@ -16,6 +16,9 @@ use super::inode::NodeId;
 use super::options::IdMap;
 use crate::remote::{Attr, FileKind, Identity, RemoteError, Result};
 
+/// Where Linux keeps a file's access ACL.
+const ACL_ACCESS: &[u8] = b"system.posix_acl_access";
+
 /// Most supplementary groups a process can have (`NGROUPS_MAX`): a longer list is cut.
 pub const MAX_GROUPS: usize = 65536;
 
@@ -121,7 +124,20 @@ impl Owners {
             mode: a.mode & 0o7777,
             is_dir: a.kind == FileKind::Dir,
             is_file_or_dir: matches!(a.kind, FileKind::File | FileKind::Dir),
+            acl: None,
         }
+    }
+
+    /// A file's access ACL (`system.posix_acl_access`) with its ids as shown.
+    fn acl(&self, xattr: &[u8]) -> access::Acl {
+        access::Acl::parse(xattr, |user, id| {
+            if user {
+                self.shown(id, self.sandbox.gid).0
+            } else {
+                self.shown(self.sandbox.uid, id).1
+            }
+        })
+        .unwrap_or_else(access::Acl::unreadable)
     }
 }
 
@@ -173,7 +189,18 @@ impl Gate<'_> {
             return Ok(None);
         };
         let attr = self.core.getattr(node).await?.attr;
-        Ok(Some((who.clone(), self.owners.subject(&attr, *raw))))
+        let mut subject = self.owners.subject(&attr, *raw);
+        // Another local user: the daemon is the only check, so the file's ACL counts here.
+        // (The mounting user acts as the sandbox's user, whose requests the sandbox's own
+        // kernel checks against the ACL.)
+        if !*raw && matches!(attr.kind, FileKind::File | FileKind::Dir) {
+            match self.core.getxattr(node, ACL_ACCESS).await {
+                Ok(x) => subject.acl = Some(std::sync::Arc::new(self.owners.acl(&x))),
+                Err(RemoteError::NoAttr(_) | RemoteError::Unsupported(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Some((who.clone(), subject)))
     }
 
     async fn child_subject(&self, parent: NodeId, name: &[u8]) -> Result<Subject> {

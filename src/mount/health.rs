@@ -86,22 +86,35 @@ impl Health {
         })
     }
 
-    /// Ask the sandbox once, within [`PROBE_TIMEOUT`], and record the outcome.
-    pub async fn probe(&self, remote: &dyn Remote) {
+    /// Ask the sandbox once, within [`PROBE_TIMEOUT`], and record the outcome; answers how
+    /// long the answer took, if one came.
+    pub async fn probe(&self, remote: &dyn Remote) -> Option<Duration> {
         let start = Instant::now();
         match tokio::time::timeout(PROBE_TIMEOUT, remote.info()).await {
-            Ok(Ok(_)) => self.answered(start.elapsed()),
+            Ok(Ok(_)) => {
+                let took = start.elapsed();
+                self.answered(took);
+                return Some(took);
+            }
             Ok(Err(e)) => self.failed(e.to_string()),
             Err(_) => self.failed(format!("no answer within {} s", PROBE_TIMEOUT.as_secs())),
         }
+        None
     }
 }
 
-/// Probe the sandbox every [`PROBE_INTERVAL`] until the runtime stops.
-pub async fn watch(health: Arc<Health>, remote: Arc<dyn Remote>) {
+/// Probe the sandbox every [`PROBE_INTERVAL`] until the runtime stops; `answered` hears how
+/// long each answer took (the mount's sense of the sandbox's pace).
+pub async fn watch(
+    health: Arc<Health>,
+    remote: Arc<dyn Remote>,
+    answered: impl Fn(Duration) + Send + 'static,
+) {
     loop {
         tokio::time::sleep(PROBE_INTERVAL).await;
-        health.probe(remote.as_ref()).await;
+        if let Some(took) = health.probe(remote.as_ref()).await {
+            answered(took);
+        }
     }
 }
 

@@ -81,6 +81,10 @@ pub struct Node {
     /// Has staged state: kept even when the kernel forgets it and no handle is open, until its
     /// writes are in the sandbox (the retries need its name).
     pub pinned: bool,
+    /// The change feed reported the file while its staged image answered for it (the check
+    /// is left to the push): once that image goes with nothing left to push, the sandbox is
+    /// asked again.
+    pub reported_while_staged: bool,
 }
 
 #[derive(Default)]
@@ -99,6 +103,8 @@ struct Table {
 
 pub struct InodeTable {
     t: Mutex<Table>,
+    /// What `fetched` times are read from ([`super::clock`]).
+    clock: super::clock::Clock,
 }
 
 impl Table {
@@ -229,6 +235,10 @@ impl Table {
 
 impl InodeTable {
     pub fn new(root: Attr) -> Self {
+        Self::with_clock(root, super::clock::Clock::system())
+    }
+
+    pub fn with_clock(root: Attr, clock: super::clock::Clock) -> Self {
         let mut t = Table {
             next: ROOT.0 + 1,
             ..Table::default()
@@ -243,16 +253,20 @@ impl InodeTable {
                 own_change: 0,
                 links: Vec::new(),
                 attr: root,
-                fetched: Instant::now(),
+                fetched: clock.now(),
                 lookups: 1,
                 open: 0,
                 kernel_version: None,
                 last_path: RemotePath::root(),
                 removed_locally: false,
                 pinned: false,
+                reported_while_staged: false,
             },
         );
-        InodeTable { t: Mutex::new(t) }
+        InodeTable {
+            t: Mutex::new(t),
+            clock,
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
@@ -262,6 +276,17 @@ impl InodeTable {
     /// The node's current path (`None`: unknown node, or an orphan).
     pub fn path_of(&self, id: NodeId) -> Option<RemotePath> {
         self.lock().path_of(id)
+    }
+
+    /// Every name of a node as a path (a hard-linked file has several).
+    pub fn paths_of(&self, id: NodeId) -> Vec<RemotePath> {
+        let t = self.lock();
+        t.nodes.get(&id).map_or_else(Vec::new, |n| {
+            n.links
+                .iter()
+                .filter_map(|(parent, name)| t.path_of_link(*parent, name))
+                .collect()
+        })
     }
 
     pub fn get(&self, id: NodeId) -> Option<Node> {
@@ -307,10 +332,15 @@ impl InodeTable {
         let id = match at_name {
             Some(id) if t.nodes.get(&id).is_some_and(|n| n.remote == rid) => id,
             _ => {
+                // One node for a hard-linked file's names. Never for symlinks: a target is
+                // judged from the link's own place ([`super::links`]), and a hostile agent can
+                // claim any dev/ino.
                 let linked = t.by_remote.get(&rid).copied().filter(|id| {
-                    attr.kind != FileKind::Dir
+                    !matches!(attr.kind, FileKind::Dir | FileKind::Symlink)
                         && attr.nlink > 1
-                        && t.nodes.get(id).is_some_and(|n| !n.links.is_empty())
+                        && t.nodes
+                            .get(id)
+                            .is_some_and(|n| !n.links.is_empty() && n.attr.kind == attr.kind)
                 });
                 match linked {
                     Some(id) => id,
@@ -325,13 +355,14 @@ impl InodeTable {
                                 own_change: 0,
                                 links: Vec::new(),
                                 attr: attr.clone(),
-                                fetched: Instant::now(),
+                                fetched: self.clock.now(),
                                 lookups: 0,
                                 open: 0,
                                 kernel_version: None,
                                 last_path: RemotePath::root(),
                                 removed_locally: false,
                                 pinned: false,
+                                reported_while_staged: false,
                             },
                         );
                         t.by_remote.insert(rid, id);
@@ -345,7 +376,7 @@ impl InodeTable {
         t.link(id, parent, name);
         let n = t.nodes.get_mut(&id).expect("just linked");
         n.attr = attr;
-        n.fetched = Instant::now();
+        n.fetched = self.clock.now();
         if lookup {
             n.lookups += 1;
         }
@@ -368,7 +399,7 @@ impl InodeTable {
         if let Some(n) = t.nodes.get_mut(&id) {
             n.own_change = n.own_change.max(epoch);
         }
-        Self::rebind_locked(&mut t, id, attr);
+        Self::rebind_locked(&mut t, id, attr, self.clock.now());
     }
 
     /// The sandbox's answer, asked for at epoch `asked`, about the node: applied unless the
@@ -384,11 +415,11 @@ impl InodeTable {
             let st_ino = t.claim_st_ino(id, attr.ino);
             t.nodes.get_mut(&id).expect("checked").st_ino = st_ino;
         }
-        Self::rebind_locked(&mut t, id, attr);
+        Self::rebind_locked(&mut t, id, attr, self.clock.now());
         true
     }
 
-    fn rebind_locked(t: &mut Table, id: NodeId, attr: &Attr) {
+    fn rebind_locked(t: &mut Table, id: NodeId, attr: &Attr, now: Instant) {
         let rid = RemoteId::of(attr);
         let Some(old) = t.nodes.get(&id).map(|n| n.remote) else {
             return;
@@ -400,7 +431,7 @@ impl InodeTable {
         let n = t.nodes.get_mut(&id).expect("checked");
         n.remote = rid;
         n.attr = attr.clone();
-        n.fetched = Instant::now();
+        n.fetched = now;
     }
 
     /// Remove the name; answers the node that had it (now an orphan if it was its last name).

@@ -36,6 +36,22 @@ pub fn present_target(root: Option<&[u8]>, link: &[u8], target: &[u8]) -> Vec<u8
     shown.unwrap_or_else(|| outside(target))
 }
 
+/// The target to show for a link reachable by several names (a hard-linked symlink): the
+/// kernel reads it through whichever name a path took, so one shown target must be safe from
+/// every one of them. That is the target each name would show, when they all agree; outside
+/// when they differ (an inside target seen from two depths), or when there is no name.
+pub fn present_target_from_all(root: Option<&[u8]>, links: &[&[u8]], target: &[u8]) -> Vec<u8> {
+    let mut shown = links.iter().map(|l| present_target(root, l, target));
+    let Some(first) = shown.next() else {
+        return outside(target);
+    };
+    if shown.all(|s| s == first) {
+        first
+    } else {
+        outside(target)
+    }
+}
+
 fn outside(target: &[u8]) -> Vec<u8> {
     let mut v = OUTSIDE_PREFIX.to_vec();
     if target.first() != Some(&b'/') {
@@ -112,6 +128,29 @@ mod tests {
             target.as_bytes(),
         ))
         .unwrap()
+    }
+
+    #[test]
+    fn a_link_with_several_names_shows_a_target_safe_from_every_one() {
+        let root = Some(b"/ws".as_slice());
+        let deep = b"d1/d2/d3/d4/d5/d6/d7/d8/link".as_slice();
+        let climb = b"../../../../../../../../tmp/victim".as_slice();
+        // From depth 8 it stays inside; from the top it would leave: never shown as is.
+        assert_eq!(present_target(root, deep, climb), climb);
+        let both = present_target_from_all(root, &[deep, b"top"], climb);
+        assert!(both.starts_with(OUTSIDE_PREFIX), "{both:?}");
+        let both = present_target_from_all(root, &[b"top", deep], climb);
+        assert!(both.starts_with(OUTSIDE_PREFIX), "{both:?}");
+        // An absolute target inside, from two depths: two different relative forms.
+        let both = present_target_from_all(root, &[b"a/l", b"l"], b"/ws/x");
+        assert!(both.starts_with(OUTSIDE_PREFIX), "{both:?}");
+        // Names that agree (same depth) show what each would.
+        assert_eq!(
+            present_target_from_all(root, &[b"a/l", b"b/m"], b"/ws/x"),
+            b"../x"
+        );
+        assert_eq!(present_target_from_all(root, &[b"l", b"m"], b"x"), b"x");
+        assert!(present_target_from_all(root, &[], b"x").starts_with(OUTSIDE_PREFIX));
     }
 
     #[test]

@@ -28,6 +28,8 @@ struct Listing {
 
 pub struct MetaCache {
     listings: Mutex<LruCache<NodeId, Listing>>,
+    /// What listing ages are read from ([`super::clock`]).
+    clock: super::clock::Clock,
 }
 
 impl Default for MetaCache {
@@ -38,15 +40,20 @@ impl Default for MetaCache {
 
 impl MetaCache {
     pub fn new() -> Self {
+        Self::with_clock(super::clock::Clock::system())
+    }
+
+    pub fn with_clock(clock: super::clock::Clock) -> Self {
         MetaCache {
             listings: Mutex::new(LruCache::new(
                 NonZeroUsize::new(MAX_LISTINGS).expect("non-zero"),
             )),
+            clock,
         }
     }
 
     pub fn put(&self, dir: NodeId, entries: Entries) {
-        self.put_at(dir, entries, Instant::now());
+        self.put_at(dir, entries, self.clock.now());
     }
 
     /// A listing fetched at `fetched` (a prefetched one: its TTL counts from its fetch).
@@ -70,7 +77,7 @@ impl MetaCache {
     pub fn listing(&self, dir: NodeId, ttl: Duration, stale_ok: bool) -> Option<Entries> {
         let mut l = self.listings.lock().expect("listings lock");
         let x = l.get(&dir)?;
-        (stale_ok || x.fetched.elapsed() < ttl).then(|| x.entries.clone())
+        (stale_ok || self.clock.since(x.fetched) < ttl).then(|| x.entries.clone())
     }
 
     /// What the listing says of one name: `Some(Some(attr))`, `Some(None)` (not there: a brief
@@ -84,7 +91,7 @@ impl MetaCache {
     ) -> Option<Option<Attr>> {
         let mut l = self.listings.lock().expect("listings lock");
         let x = l.get(&dir)?;
-        if !stale_ok && x.fetched.elapsed() >= ttl {
+        if !stale_ok && self.clock.since(x.fetched) >= ttl {
             return None;
         }
         Some(x.by_name.get(name).map(|&i| x.entries[i].1.clone()))
@@ -181,6 +188,23 @@ mod tests {
         let year = Duration::from_secs(86_400 * 300);
         assert!(m.listing(NodeId(7), year, false).is_none(), "not trusted");
         assert_eq!(m.listing(NodeId(7), year, true).unwrap().len(), 1, "kept");
+    }
+
+    #[test]
+    fn a_listing_is_trusted_for_its_ttl_and_not_a_moment_longer() {
+        let clock = crate::mount::clock::Clock::manual();
+        let m = MetaCache::with_clock(clock.clone());
+        m.put(NodeId(1), Arc::new(vec![(b"a".to_vec(), attr())]));
+        let ttl = Duration::from_secs(1);
+        clock.advance(Duration::from_millis(999));
+        assert!(m.listing(NodeId(1), ttl, false).is_some());
+        clock.advance(Duration::from_millis(1));
+        assert!(m.listing(NodeId(1), ttl, false).is_none());
+        assert!(m.entry(NodeId(1), b"a", ttl, false).is_none());
+        assert!(
+            m.listing(NodeId(1), ttl, true).is_some(),
+            "kept, served when stale is ok"
+        );
     }
 
     #[test]

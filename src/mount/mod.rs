@@ -23,17 +23,23 @@
 
 pub mod access;
 pub mod background;
+pub mod caller;
+mod changes;
+pub mod clock;
 pub mod control_server;
 pub mod core;
 pub mod exit;
 pub mod feed;
 pub mod fuse;
 pub mod gate;
+pub mod gated;
 pub mod handles;
 pub mod health;
 pub mod inode;
 pub mod kernel;
+pub mod lifecycle;
 pub mod links;
+pub mod made_links;
 pub mod meta;
 pub mod mounts;
 pub mod newfiles;
@@ -315,13 +321,15 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     let transport = connected.transport.clone();
     // An ssh master or a forwarding lives as long as the mount.
     let _keep = connected.keep;
-    let socket = crate::control::socket_path(&mountpoint);
+    let mut socket = crate::control::socket_path(&mountpoint);
     // Every directory made from here on is removed again if the start fails.
     let mut created = state::Created::default();
-    if let Some(dir) = socket.parent() {
-        created
-            .private_dir(dir)
-            .with_context(|| format!("control socket directory {}", dir.display()))?;
+    if let Some(dir) = socket.parent().map(Path::to_path_buf) {
+        if let Err(e) = created.private_dir(&dir) {
+            let fresh = fresh_socket_dir(&dir, &e)?;
+            created.made(&fresh);
+            socket = fresh.join(socket.file_name().unwrap_or_default());
+        }
     }
     // Refused while a live mount holds it; removed again when `_socket_guard` drops.
     let (listener, _socket_guard) = {
@@ -336,7 +344,8 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     let root = rt
         .block_on(remote.stat(&RemotePath::root()))
         .with_context(|| format!("cannot reach the sandbox at {}", cfg.remote_url))?;
-    health.answered(asked.elapsed());
+    let first_answer = asked.elapsed();
+    health.answered(first_answer);
     let core = FsCore::new(
         remote.clone(),
         CoreConfig {
@@ -344,10 +353,12 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
             cache_bytes: cfg.cache_bytes,
             staging_dir: staging_path.clone(),
             tree_max: cfg.tree_max,
+            clock: Default::default(),
         },
         root.clone(),
     );
     core.set_sync_close(cfg.sync_close);
+    core.note_pace(first_answer);
     let owners = Arc::new(gate::Owners {
         idmap: cfg.idmap,
         mount_uid: rustix::process::getuid().as_raw(),
@@ -362,16 +373,21 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
         "the sandbox's user"
     );
     core.set_workspace_root(info.root.as_bytes());
+    core.set_workspace_id(info.workspace_id.as_deref());
     core.set_commit_absent(info.commit_absent);
     core.set_patch_commits(info.capabilities.patch_commits);
     let fs = fuse::SbxFs {
-        core: core.clone(),
+        fs: Arc::new(gated::GatedFs::new(
+            core.clone(),
+            owners.clone(),
+            cfg.allow_other,
+            gated::MountLabel {
+                mountpoint: mountpoint.display().to_string(),
+                socket: socket.display().to_string(),
+                remote: cfg.remote_url.clone(),
+            },
+        )),
         rt: rt.handle().clone(),
-        mountpoint: mountpoint.display().to_string(),
-        socket: socket.display().to_string(),
-        remote: cfg.remote_url.clone(),
-        owners: owners.clone(),
-        allow_other: cfg.allow_other,
     };
     let control = Arc::new(Control {
         core: core.clone(),
@@ -391,7 +407,10 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     });
     control_server::register(&control);
     rt.spawn(control_server::serve(listener, control.clone()));
-    rt.spawn(health::watch(health.clone(), remote));
+    let paced = core.clone();
+    rt.spawn(health::watch(health.clone(), remote, move |took| {
+        paced.note_pace(took)
+    }));
     let fuse_config = cfg.fuse_config();
     let kernel_options = cfg.kernel_options();
     let dev = match kernel::mount_direct(&mountpoint, &kernel_options) {
@@ -504,6 +523,37 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
         failures.len(),
         staging_path.display()
     )
+}
+
+/// The usual control socket directory is not ours to use (another local user made it, or a
+/// link, in a shared `/tmp`): a fresh private directory beside it, made by us with a random
+/// name, so nobody can stop the mount by squatting a name. The CLI finds the socket through
+/// the mount (its INFO ioctl), wherever it is.
+fn fresh_socket_dir(usual: &Path, why: &std::io::Error) -> anyhow::Result<PathBuf> {
+    let base = usual.parent().unwrap_or(Path::new("/tmp"));
+    let prefix = format!(
+        "{}-",
+        usual
+            .file_name()
+            .map_or("sbxfs".into(), |n| n.to_string_lossy())
+    );
+    let fresh = tempfile::Builder::new()
+        .prefix(&prefix)
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .tempdir_in(base)
+        .with_context(|| {
+            format!(
+                "control socket directory {}: {why}, and none could be made beside it",
+                usual.display()
+            )
+        })?
+        .keep();
+    tracing::warn!(
+        "control socket directory {}: {why}; using {} instead",
+        usual.display(),
+        fresh.display()
+    );
+    Ok(fresh)
 }
 
 #[cfg(test)]

@@ -198,6 +198,12 @@ impl FsCore {
         if target == Some(node) {
             return Ok(true);
         }
+        if let Some(t) = target {
+            // A push of the file this replaces may be on its way: it lands first, or it would
+            // land after the rename (and after any removal of that name this file's moving on
+            // makes), leaving the replaced file in the sandbox.
+            self.pushq.wait_for(&[t]).await;
+        }
         // The target may be a sandbox file (anything but a new file of ours): the push will
         // replace it, as the rename would have.
         let mut covers = target.is_some_and(|t| !self.newfiles.unsent(t));
@@ -206,19 +212,7 @@ impl FsCore {
                 return Err(RemoteError::Exists(new_name_display(new_name)));
             }
             self.keep_open_copy(t).await?;
-            // A sandbox file with other names: a commit to this name would write into it
-            // (commits keep hard links), changing the other names too. The rename only
-            // takes this name from it, so that is done now, and the push creates anew.
-            let linked = self
-                .inodes
-                .get(t)
-                .is_some_and(|n| n.links.len() > 1 || n.attr.nlink > 1);
-            if covers && linked {
-                if !self.unlink_covered(new_parent, new_name).await {
-                    return Err(RemoteError::Transport(
-                        "the sandbox did not remove the name this file replaces".into(),
-                    ));
-                }
+            if covers && self.take_linked_name(t, (new_parent, new_name)).await? {
                 covers = false;
             }
         }
@@ -241,6 +235,30 @@ impl FsCore {
         self.inodes.update(node, |x| x.attr.ctime_ns = now_ns());
         self.dir_changed(parent);
         self.dir_changed(new_parent);
+        Ok(true)
+    }
+
+    /// A new file takes the name of `target`, a sandbox file with other names: a commit to
+    /// this name would write into it (commits keep hard links), changing the other names
+    /// too. The rename only takes this name from it, so that is done now, and the new file's
+    /// push creates the name anew. Answers whether it did so.
+    pub(super) async fn take_linked_name(
+        &self,
+        target: NodeId,
+        (parent, name): (NodeId, &[u8]),
+    ) -> Result<bool> {
+        let linked = self
+            .inodes
+            .get(target)
+            .is_some_and(|n| n.links.len() > 1 || n.attr.nlink > 1);
+        if !linked {
+            return Ok(false);
+        }
+        if !self.unlink_covered(parent, name).await {
+            return Err(RemoteError::Transport(
+                "the sandbox did not remove the name this file replaces".into(),
+            ));
+        }
         Ok(true)
     }
 

@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::Duration;
 
 use futures_util::StreamExt;
 
@@ -24,6 +24,10 @@ use crate::remote::{Attr, RemoteError, RemotePath, Result};
 /// Default `-o tree_max`: a large repository's tree (about 4 MB of metadata in memory, a
 /// few hundred kB on the link) in one answer; `0` turns prefetching off.
 pub const DEFAULT_TREE_MAX: usize = 20_000;
+/// The whole subtree answer arrives within this, or what came is used (the directory's own
+/// listing at least) and the rest is listed when entered. A kernel request waiting on it cannot
+/// be interrupted, so an answer that keeps trickling must never hold a first look for long.
+pub const SUBTREE_DEADLINE: Duration = Duration::from_secs(5);
 
 /// Fetches in flight, by directory.
 #[derive(Default)]
@@ -87,7 +91,7 @@ impl FsCore {
         let node = self.inodes.get(dir)?;
         let path = self.inodes.path_of(dir)?;
         let (entries, fetched) = self.prefetched.take(&path, RemoteId::of(&node.attr))?;
-        if !stale_ok && fetched.elapsed() >= self.cfg.attr_ttl {
+        if !stale_ok && self.cfg.clock.since(fetched) >= self.cfg.attr_ttl {
             return None;
         }
         self.meta.put_at(dir, entries.clone(), fetched);
@@ -133,16 +137,29 @@ impl FsCore {
         }
         self.prefetched.mark_looked(dir);
         let before = self.epoch();
-        let fetched = Instant::now();
-        let collected = match self.note(
-            self.or_offline(self.remote.tree_listings(path, self.cfg.tree_max))
-                .await,
-        ) {
-            Ok(stream) => self.collect(path, stream).await,
-            Err(e) => Err(e),
+        let fetched = self.cfg.clock.now();
+        let deadline = tokio::time::Instant::now() + SUBTREE_DEADLINE;
+        let started = tokio::time::timeout_at(
+            deadline,
+            self.or_offline(self.remote.tree_listings(path, self.cfg.tree_max)),
+        );
+        let collected = match started.await.map(|r| self.note(r)) {
+            Ok(Ok(stream)) => self.collect(path, stream, deadline).await,
+            Ok(Err(e)) => Err(e),
+            // Not even begun in time: listed on its own (that listing has its own deadline).
+            Err(_) => {
+                tracing::info!(path = %path.display(), "the subtree answer did not begin in time: listing the directory alone");
+                return None;
+            }
         };
         let (first, rest) = match collected {
             Ok(c) => c,
+            // Too slow to be worth it (the sandbox answers: it keeps the stream moving):
+            // listed on its own.
+            Err(RemoteError::TimedOut(m)) if self.is_reachable() => {
+                tracing::info!("{m}: listing the directory alone");
+                return None;
+            }
             Err(e) if falls_back(&e).is_some() => {
                 if falls_back(&e) == Some(true) {
                     tracing::info!(error = %e, "no subtree prefetch from this agent: listing by directory");
@@ -170,11 +187,24 @@ impl FsCore {
         &self,
         path: &RemotePath,
         mut stream: futures_util::stream::BoxStream<'static, Result<crate::remote::TreeListing>>,
+        deadline: tokio::time::Instant,
     ) -> Result<(Entries, Vec<(RemotePath, RemoteId, Entries)>)> {
         let mut first: Option<Entries> = None;
         let mut ids: HashMap<RemotePath, RemoteId> = HashMap::new();
         let mut rest = Vec::new();
-        while let Some(item) = stream.next().await {
+        loop {
+            let Ok(next) = tokio::time::timeout_at(deadline, stream.next()).await else {
+                // Past the deadline: what came is used, the rest is listed when entered.
+                if first.is_none() {
+                    return Err(RemoteError::TimedOut(format!(
+                        "{}: the subtree answer did not bring the directory's listing in time",
+                        path.display()
+                    )));
+                }
+                tracing::info!(path = %path.display(), listings = rest.len(), "the subtree answer is too slow: keeping what came");
+                break;
+            };
+            let Some(item) = next else { break };
             let l = match item {
                 Ok(l) => l,
                 Err(e) if unreachable(&e) => return self.note(Err(e)),
@@ -211,6 +241,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::mount::clock::Clock;
     use crate::mount::core::CoreConfig;
     use crate::mount::inode::ROOT;
     use crate::remote::faulty::{FaultControl, FaultyRemote, Op};
@@ -219,6 +250,13 @@ mod tests {
 
     async fn core(
         tree_max: usize,
+    ) -> (Arc<FsCore>, MemorySandbox, FaultControl, tempfile::TempDir) {
+        core_on(tree_max, Clock::system()).await
+    }
+
+    async fn core_on(
+        tree_max: usize,
+        clock: Clock,
     ) -> (Arc<FsCore>, MemorySandbox, FaultControl, tempfile::TempDir) {
         let memory = MemoryRemote::new();
         let sb = memory.sandbox();
@@ -241,6 +279,7 @@ mod tests {
                 cache_bytes: 1 << 20,
                 staging_dir: staging.path().to_path_buf(),
                 tree_max,
+                clock,
             },
             root,
         );
@@ -324,6 +363,80 @@ mod tests {
         assert!(
             core.lookup(old, b"late").await.is_err(),
             "listing trusted for the TTL"
+        );
+    }
+
+    #[tokio::test]
+    async fn what_was_fetched_is_trusted_for_the_ttl_then_asked_again() {
+        let clock = Clock::manual();
+        let (core, sb, faults, _s) = core_on(DEFAULT_TREE_MAX, clock.clone()).await;
+        let d = walk(&core, &["a", "d"]).await;
+        sb.write("a/d/late", b"x").unwrap();
+        sb.write("a/d/4", b"longer").unwrap();
+        // Within the TTL (600 s): the listings and attributes fetched ahead answer.
+        clock.advance(Duration::from_secs(599));
+        assert!(core.lookup(d, b"late").await.is_err());
+        assert_eq!(core.lookup(d, b"4").await.unwrap().attr.size, 5);
+        assert_eq!(faults.calls(Op::List) + faults.calls(Op::Stat), 0);
+        // Past it, the sandbox is asked again and its changes are seen.
+        clock.advance(Duration::from_secs(1));
+        assert!(core.lookup(d, b"late").await.is_ok());
+        assert_eq!(core.lookup(d, b"4").await.unwrap().attr.size, 6);
+        assert!(faults.calls(Op::List) + faults.calls(Op::Stat) > 0);
+    }
+
+    /// pjdfstest's chmod/07 over `shell:`: a listing of `x/y` fetched ahead with `x`'s subtree,
+    /// before `f` was made in `y`, was adopted after a chmod of `f` dropped `y`'s own listing,
+    /// and `f` vanished for the TTL.
+    #[tokio::test]
+    async fn a_listing_fetched_ahead_never_hides_a_name_made_since() {
+        let (core, _sb, _faults, _s) = core(DEFAULT_TREE_MAX).await;
+        let x = core.mkdir(ROOT, b"x", 0o755).await.unwrap().node;
+        let y = core.mkdir(x, b"y", 0o755).await.unwrap().node;
+        // A chmod of `y` drops `x`'s listing; the next look into `x` fetches its subtree,
+        // `y`'s (empty) listing with it.
+        core.setattr(y, None, Some(0o750), (None, None), None, None, None)
+            .await
+            .unwrap();
+        assert_eq!(core.lookup(x, b"y").await.unwrap().node, y);
+        let (made, fh) = core.create(y, b"f", 0o644, true, false).await.unwrap();
+        core.release(fh).await.unwrap();
+        assert!(core.flush_all().await.is_empty());
+        core.setattr(made.node, None, Some(0o642), (None, None), None, None, None)
+            .await
+            .unwrap();
+        let found = core.lookup(y, b"f").await.unwrap();
+        assert_eq!(found.attr.mode & 0o7777, 0o642);
+    }
+
+    /// The attacker trial: a hostile agent sent its packed tree one listing every 20 s, and
+    /// `ls` of the mount's root sat in the kernel (unkillable) for 18 minutes. Now the whole
+    /// answer has [`SUBTREE_DEADLINE`]; what came is used and the rest listed when entered.
+    #[tokio::test(start_paused = true)]
+    async fn a_trickling_subtree_answer_never_holds_a_first_look_past_its_deadline() {
+        let (core, _sb, faults, _s) = core(DEFAULT_TREE_MAX).await;
+        // The root's own listing comes in time, the rest does not.
+        faults.trickle(Op::Tree, Duration::from_secs(3));
+        let started = tokio::time::Instant::now();
+        assert_eq!(names(&core, ROOT).await, [b"a".to_vec(), b"e".to_vec()]);
+        // Without the deadline: six listings, 18 s.
+        assert!(
+            started.elapsed() <= Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        faults.clear(Op::Tree);
+        let c = walk(&core, &["a", "b", "c"]).await;
+        assert_eq!(names(&core, c).await, [b"3".to_vec()]);
+        // A directory whose own listing never comes in time is listed alone.
+        faults.trickle(Op::Tree, Duration::from_secs(20));
+        let started = tokio::time::Instant::now();
+        let e = walk(&core, &["e"]).await;
+        assert_eq!(names(&core, e).await, [b"5".to_vec()]);
+        assert!(
+            started.elapsed() <= Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
         );
     }
 

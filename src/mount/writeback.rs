@@ -23,6 +23,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::core::{local_io, unreachable, FsCore};
 use super::inode::NodeId;
+use super::lifecycle::{Stage, Step};
 use super::pages::PageIndex;
 use super::staging::{Journal, JournalMeta, Staged, PAGE};
 use crate::remote::{
@@ -31,6 +32,8 @@ use crate::remote::{
 
 /// Unanswered commits remembered per file: enough for a link that keeps dropping.
 const MAX_ATTEMPTS: usize = 8;
+/// Largest pushed image kept in the page cache after its push ([`FsCore::keep_pushed_pages`]).
+const MAX_KEPT_PUSHED_BYTES: u64 = 16 * 1024 * 1024;
 /// Longest wait between retries of a transient failure.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
@@ -44,6 +47,8 @@ pub struct StagedEntry {
     len: AtomicU64,
     mtime_ns: AtomicI64,
     dirty: AtomicBool,
+    /// Where it is on its way to the sandbox ([`super::lifecycle`]).
+    stage: Mutex<Stage>,
 }
 
 impl StagedEntry {
@@ -53,6 +58,11 @@ impl StagedEntry {
             len: AtomicU64::new(s.len),
             mtime_ns: AtomicI64::new(i64::MIN),
             dirty: AtomicBool::new(s.is_dirty()),
+            stage: Mutex::new(if s.is_dirty() {
+                Stage::Dirty
+            } else {
+                Stage::Clean
+            }),
             inner: tokio::sync::Mutex::new(s),
         }
     }
@@ -72,6 +82,20 @@ impl StagedEntry {
         self.mtime_ns
             .store(s.mtime_ns.unwrap_or(i64::MIN), Ordering::SeqCst);
         self.dirty.store(s.is_dirty(), Ordering::SeqCst);
+        self.step(Step::Changed {
+            dirty: s.is_dirty(),
+        });
+    }
+
+    /// Record what happened to the file; answers its state now.
+    pub fn step(&self, step: Step) -> Stage {
+        let mut stage = self.stage.lock().expect("stage lock");
+        *stage = stage.after(step);
+        *stage
+    }
+
+    pub fn stage(&self) -> Stage {
+        *self.stage.lock().expect("stage lock")
     }
 
     /// Report the staged size and mtime in `attr`.
@@ -105,9 +129,21 @@ pub struct PushFailure {
     cause: Option<RemoteError>,
 }
 
+/// A conflict met by a push: the user's version was saved beside the file.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ConflictCopy {
+    pub path: String,
+    pub saved_as: String,
+}
+
+/// Conflict copies remembered for `ctl status`, `flush` and `umount` (the oldest forgotten).
+const MAX_CONFLICTS: usize = 1000;
+
 #[derive(Default)]
 pub struct Failures {
     map: Mutex<HashMap<NodeId, PushFailure>>,
+    /// Every conflict copy this mount made, oldest first.
+    conflicts: Mutex<Vec<ConflictCopy>>,
     /// What the unanswered commits of a node sent (any of them may have landed).
     attempts: Mutex<HashMap<NodeId, Vec<Attempt>>>,
 }
@@ -248,6 +284,21 @@ impl Failures {
             .collect()
     }
 
+    fn note_conflict(&self, path: &RemotePath, copy: &RemotePath) {
+        let mut c = self.conflicts.lock().expect("conflicts lock");
+        if c.len() == MAX_CONFLICTS {
+            c.remove(0);
+        }
+        c.push(ConflictCopy {
+            path: path.display(),
+            saved_as: copy.display(),
+        });
+    }
+
+    pub fn conflicts(&self) -> Vec<ConflictCopy> {
+        self.conflicts.lock().expect("conflicts lock").clone()
+    }
+
     pub fn list(&self) -> Vec<PushFailure> {
         self.map
             .lock()
@@ -334,6 +385,9 @@ impl FsCore {
         .map_err(|e| local_io(&e))?;
         let mut s = Staged::new(file, None, 0);
         s.journal = Some(journal);
+        // Its first push gives it the time it was made (what the mount shows until then), not
+        // the push's, even if nothing is ever written to it.
+        s.mtime_ns = Some(n.attr.mtime_ns);
         let e = Arc::new(StagedEntry::new(s));
         e.writers.fetch_add(1, Ordering::SeqCst);
         self.staged
@@ -344,8 +398,12 @@ impl FsCore {
         Ok(e)
     }
 
-    /// This sandbox's identity: its workspace root's device and inode.
+    /// This sandbox's identity: the id it keeps for its workspace, else (a transport without
+    /// one) its workspace root's device and inode.
     pub(super) fn sandbox_id(&self) -> String {
+        if let Some(id) = self.workspace_id() {
+            return format!("id:{id}");
+        }
         let root = self
             .inodes
             .get(super::inode::ROOT)
@@ -367,6 +425,7 @@ impl FsCore {
         }
         self.failures.clear(node);
         self.newfiles.remove(node);
+        self.staging_ended(node);
     }
 
     /// Drop a node's staged state once nothing is open on it and all of it is pushed.
@@ -387,6 +446,7 @@ impl FsCore {
         };
         if let Some(e) = dropped {
             self.inodes.pin(node, false);
+            self.staging_ended(node);
             let mut g = e.lock().await;
             if let Some(j) = g.journal.take() {
                 j.remove();
@@ -401,6 +461,8 @@ impl FsCore {
         };
         let mut s = staged.lock().await;
         if !s.is_dirty() {
+            // An earlier push took it all (a queued push finds nothing left).
+            staged.step(Step::Landed { dirty: false });
             return Ok(());
         }
         let Some(n) = self.inodes.get(node) else {
@@ -418,25 +480,28 @@ impl FsCore {
                     Ok(copy) => {
                         tracing::error!(file = %n.last_path.display(), saved_as = %copy.display(),
                             "the file was replaced in the sandbox while open; your version was saved beside it");
+                        self.failures.note_conflict(&n.last_path, &copy);
                         let len = s.len;
                         s.pushed(crate::remote::Version(String::new()), len);
                         staged.sync(&s);
+                        staged.step(Step::Conflicted);
                         self.failures.clear(node);
                         self.removed_for_good(node);
                         Ok(())
                     }
                     Err(e) => {
-                        self.failures.record(node, &n.last_path.display(), &e);
+                        self.push_failed(&staged, node, &n.last_path.display(), &e);
                         Err(e)
                     }
                 };
             }
         };
-        if !self.is_reachable() {
+        if !self.is_reachable() && !self.answers_within_pace().await {
             // Not even tried: a sandbox that does not answer would hold this close for a
-            // whole deadline. Kept, and pushed as soon as it answers again.
+            // whole deadline. Kept, and pushed as soon as it answers again. (Asked first: a
+            // sandbox taken for gone may only have been slow.)
             let e = RemoteError::Transport("the sandbox is not answering; kept locally".into());
-            self.failures.record(node, &path.display(), &e);
+            self.push_failed(&staged, node, &path.display(), &e);
             return Err(e);
         }
         let mut path = path;
@@ -452,6 +517,7 @@ impl FsCore {
         if was_new {
             self.newfiles.sent(node);
         }
+        staged.step(Step::Started);
         let mut result;
         let mut bytes;
         let mut rebased = false;
@@ -464,7 +530,7 @@ impl FsCore {
             match self.fill_from_base(&path, &mut s).await {
                 Ok(()) | Err(RemoteError::Stale(_)) => {}
                 Err(e) => {
-                    self.failures.record(node, &path.display(), &e);
+                    self.push_failed(&staged, node, &path.display(), &e);
                     return Err(e);
                 }
             }
@@ -472,7 +538,7 @@ impl FsCore {
                 Ok(c) => c,
                 Err(e) => {
                     let e = local_io(&e);
-                    self.failures.record(node, &path.display(), &e);
+                    self.push_failed(&staged, node, &path.display(), &e);
                     return Err(e);
                 }
             };
@@ -489,6 +555,8 @@ impl FsCore {
                                 b => b.clone(),
                             },
                             create_mode: Some(n.attr.mode),
+                            // The time the mount showed for the last write, kept.
+                            mtime_ns: s.mtime_ns,
                         },
                     )
                     .await,
@@ -547,9 +615,13 @@ impl FsCore {
                         }
                     }
                 }
+                self.keep_pushed_pages(&s, &attr.version);
                 s.pushed(attr.version.clone(), attr.size);
                 s.mtime_ns = None;
                 staged.sync(&s);
+                staged.step(Step::Landed {
+                    dirty: s.is_dirty(),
+                });
                 self.failures.clear(node);
                 // The atomic rename gave the file a new sandbox inode: this node now stands
                 // for it. What the kernel cached was written piecemeal: never a version.
@@ -576,6 +648,7 @@ impl FsCore {
                             saved_as = %copy.display(),
                             "conflict: the file changed in the sandbox since it was opened; your version was saved beside it"
                         );
+                        self.failures.note_conflict(&path, &copy);
                         // Follow the sandbox's version from now on.
                         match self.note(self.remote.stat(&path).await) {
                             Ok(a) => {
@@ -591,6 +664,7 @@ impl FsCore {
                         }
                         s.mtime_ns = None;
                         staged.sync(&s);
+                        staged.step(Step::Conflicted);
                         self.failures.clear(node);
                         if let Some(k) = self.kernel() {
                             k.invalidate_data(node);
@@ -602,17 +676,43 @@ impl FsCore {
                     }
                     Err(e) => {
                         tracing::error!(file = %path.display(), "conflict, and the conflict copy failed ({e}); your data stays staged");
-                        self.failures.record(node, &path.display(), &e);
+                        self.push_failed(&staged, node, &path.display(), &e);
                         Err(e)
                     }
                 }
             }
             Err(e) => {
                 self.stats.failed_commits.fetch_add(1, Ordering::Relaxed);
-                self.failures.record(node, &path.display(), &e);
+                self.push_failed(&staged, node, &path.display(), &e);
                 Err(e)
             }
         }
+    }
+
+    /// What was just pushed is the sandbox's file at `version`: a small image held whole
+    /// goes into the page cache under it, so reading back what was written costs no fetch
+    /// (and works while the sandbox does not answer).
+    fn keep_pushed_pages(&self, s: &Staged, version: &crate::remote::Version) {
+        if s.len > MAX_KEPT_PUSHED_BYTES || !(s.base.is_none() || s.complete()) {
+            return;
+        }
+        for page in 0..s.len.div_ceil(PAGE) {
+            match s.read_local(page * PAGE, PAGE.min(s.len - page * PAGE)) {
+                Ok(data) => {
+                    self.pages
+                        .put(version.clone(), PageIndex(page), bytes::Bytes::from(data))
+                }
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// A push of `node` failed: kept, retried if worth it, and shown so.
+    fn push_failed(&self, staged: &StagedEntry, node: NodeId, path: &str, e: &RemoteError) {
+        self.failures.record(node, path, e);
+        staged.step(Step::Failed {
+            transient: transient(e),
+        });
     }
 
     /// Does the sandbox's file hold exactly what an earlier attempt sent (a push whose answer
@@ -736,6 +836,7 @@ impl FsCore {
                     CommitOptions {
                         base: Some(version),
                         create_mode: None,
+                        mtime_ns: None,
                     },
                 )
                 .await,
@@ -787,6 +888,9 @@ impl FsCore {
         let Some(ticket) = self.pushq.enqueue(node) else {
             return;
         };
+        if let Some(e) = self.staged_of(node) {
+            e.step(Step::Queued);
+        }
         tokio::spawn(async move {
             let permit = core.pushq.start(&ticket).await;
             let pushed = core.push(node).await.is_ok();
@@ -809,12 +913,10 @@ impl FsCore {
     pub async fn flush_all(&self) -> Vec<(String, RemoteError)> {
         self.pushq.wait_all().await;
         let nodes: Vec<NodeId> = self
-            .staged
-            .lock()
-            .expect("staged lock")
-            .iter()
+            .staged_entries()
+            .into_iter()
             .filter(|(_, e)| e.is_dirty())
-            .map(|(n, _)| *n)
+            .map(|(n, _)| n)
             .collect();
         let mut failures = Vec::new();
         for node in nodes {
@@ -838,18 +940,43 @@ impl FsCore {
         self.failures.list()
     }
 
+    /// Every staged entry now, taken out of the map's lock (each is then locked on its own).
+    fn staged_entries(&self) -> Vec<(NodeId, Arc<StagedEntry>)> {
+        self.staged
+            .lock()
+            .expect("staged lock")
+            .iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .collect()
+    }
+
+    /// Every conflict copy this mount made (`ctl status`, `flush`, `umount`).
+    pub fn conflict_copies(&self) -> Vec<ConflictCopy> {
+        self.failures.conflicts()
+    }
+
+    /// Each staged file that is not clean, with its state ([`super::lifecycle`]).
+    pub fn file_stages(&self) -> Vec<(String, Stage)> {
+        let staged = self.staged_entries();
+        let mut out: Vec<(String, Stage)> = staged
+            .into_iter()
+            .map(|(node, e)| (node, e.stage()))
+            .filter(|(_, stage)| *stage != Stage::Clean)
+            .filter_map(|(node, stage)| {
+                let n = self.inodes.get(node)?;
+                (!n.removed_locally).then(|| (n.last_path.display(), stage))
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
     /// Copy every staged file that still has unpushed changes into `dir/unpushed/`, at its
     /// sandbox path (directories mirrored, so two paths never share a name; an existing file
     /// is never overwritten: a numbered name is taken instead). The journals stay too, for
     /// the next mount of the same remote. Returns the files written.
     pub async fn save_unpushed(&self, dir: &Path) -> Vec<PathBuf> {
-        let staged: Vec<(NodeId, Arc<StagedEntry>)> = self
-            .staged
-            .lock()
-            .expect("staged lock")
-            .iter()
-            .map(|(k, v)| (*k, v.clone()))
-            .collect();
+        let staged = self.staged_entries();
         let mut saved = Vec::new();
         for (node, s) in staged {
             let mut g = s.lock().await;
@@ -894,6 +1021,8 @@ impl FsCore {
                 tracing::warn!(
                     file = %String::from_utf8_lossy(&meta.path.0),
                     kept_in = %self.cfg.staging_dir.display(),
+                    staged_for = %meta.sandbox.as_deref().unwrap_or_default(),
+                    this_sandbox = %here,
                     "an unpushed edit staged for another sandbox at this address is kept, not pushed here"
                 );
                 continue;
@@ -961,6 +1090,7 @@ impl FsCore {
                     CommitOptions {
                         base: s.base.clone(),
                         create_mode: mode,
+                        mtime_ns: None,
                     },
                 )
                 .await,
@@ -975,6 +1105,7 @@ impl FsCore {
                 let copy = self.write_conflict_copy(path, s, None).await?;
                 tracing::error!(file = %path.display(), saved_as = %copy.display(),
                     "an unpushed edit from an earlier mount conflicts with the sandbox; saved beside it");
+                self.failures.note_conflict(path, &copy);
                 Ok(())
             }
             Err(e) => Err(e),
@@ -1128,6 +1259,7 @@ mod tests {
                 cache_bytes: 1 << 20,
                 staging_dir: staging.path().to_path_buf(),
                 tree_max: 0,
+                clock: Default::default(),
             },
             root,
         );

@@ -774,6 +774,9 @@ impl Remote for AgentClient {
         if let Some(m) = opts.create_mode {
             q.push(("mode", m.to_string().into_bytes()));
         }
+        if let Some(t) = opts.mtime_ns {
+            q.push(("mtime", t.to_string().into_bytes()));
+        }
         let body = match content {
             CommitContent::Whole(reader) => reqwest::Body::wrap_stream(
                 tokio_util::io::ReaderStream::with_capacity(reader, UPLOAD_CHUNK),

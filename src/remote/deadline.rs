@@ -29,6 +29,12 @@ pub const QUERY: Duration = Duration::from_secs(60);
 pub const IDLE: Duration = Duration::from_secs(30);
 /// Time given per byte of a read or patch: 1 MiB/s is slower than any link worth mounting.
 const BYTES_PER_SEC: u64 = 1024 * 1024;
+/// The slowest a whole-file upload may be on average, after its first idle period: a peer that
+/// takes a chunk now and then keeps it "moving" but would hold an `fsync` (which the kernel
+/// cannot interrupt) for hours.
+const MIN_UPLOAD_BYTES_PER_SEC: u64 = 64 * 1024;
+/// How often a whole-file upload's progress is looked at.
+const UPLOAD_CHECK: Duration = Duration::from_secs(5);
 
 pub struct Deadlines<R> {
     inner: R,
@@ -100,6 +106,8 @@ fn for_bytes(base: Duration, bytes: u64) -> Duration {
 struct Progress<R> {
     inner: R,
     last: Arc<AtomicU64>,
+    /// Bytes read so far.
+    bytes: Arc<AtomicU64>,
     start: Instant,
 }
 
@@ -114,6 +122,8 @@ impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Progress<R> {
         if buf.filled().len() > before {
             let ms = self.start.elapsed().as_millis() as u64;
             self.last.store(ms, Ordering::Relaxed);
+            self.bytes
+                .fetch_add((buf.filled().len() - before) as u64, Ordering::Relaxed);
         }
         r
     }
@@ -182,10 +192,12 @@ impl<R: Remote> Remote for Deadlines<R> {
             }
             CommitContent::Whole(reader) => {
                 let last = Arc::new(AtomicU64::new(0));
+                let bytes = Arc::new(AtomicU64::new(0));
                 let start = Instant::now();
                 let body = Progress {
                     inner: reader,
                     last: last.clone(),
+                    bytes: bytes.clone(),
                     start,
                 };
                 let call = self
@@ -195,15 +207,25 @@ impl<R: Remote> Remote for Deadlines<R> {
                 loop {
                     let moved = Duration::from_millis(last.load(Ordering::Relaxed));
                     let idle_until = start + moved + self.idle;
+                    let wake = idle_until.min(Instant::now() + UPLOAD_CHECK);
                     tokio::select! {
                         r = &mut call => return r,
-                        _ = tokio::time::sleep_until(idle_until.into()) => {
+                        _ = tokio::time::sleep_until(wake.into()) => {
                             let moved_now = Duration::from_millis(last.load(Ordering::Relaxed));
-                            if moved_now == moved {
+                            if moved_now == moved && Instant::now() >= idle_until {
                                 return Err(RemoteError::TimedOut(format!(
                                     "commit of {}: nothing moved for {} s",
                                     path.display(),
                                     self.idle.as_secs()
+                                )));
+                            }
+                            let due = start.elapsed().saturating_sub(self.idle).as_secs()
+                                * MIN_UPLOAD_BYTES_PER_SEC;
+                            if bytes.load(Ordering::Relaxed) < due {
+                                return Err(RemoteError::TimedOut(format!(
+                                    "commit of {}: the sandbox takes the upload slower than {} KiB/s",
+                                    path.display(),
+                                    MIN_UPLOAD_BYTES_PER_SEC / 1024
                                 )));
                             }
                         }
@@ -354,6 +376,57 @@ mod tests {
         assert!(matches!(r, Err(RemoteError::TimedOut(_))));
         let r = within("stat", CALL, async { Ok(5) }).await;
         assert_eq!(r.unwrap(), 5);
+    }
+
+    /// A body that gives 1 KiB now and then, each read 20 s after the last: always moving,
+    /// never done.
+    struct Dribble {
+        nap: Option<Pin<Box<tokio::time::Sleep>>>,
+    }
+
+    impl tokio::io::AsyncRead for Dribble {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            let nap = self
+                .nap
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(Duration::from_secs(20))));
+            match std::future::Future::poll(nap.as_mut(), cx) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(()) => {
+                    self.nap = None;
+                    let n = buf.remaining().min(1024);
+                    buf.put_slice(&vec![b'x'; n]);
+                    Poll::Ready(Ok(()))
+                }
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_upload_that_barely_moves_times_out() {
+        let memory = crate::remote::memory::MemoryRemote::new();
+        let r = Deadlines::new(memory);
+        let path = RemotePath::new(b"f".to_vec()).unwrap();
+        let started = Instant::now();
+        let e = r
+            .commit(
+                &path,
+                CommitContent::Whole(Box::new(Dribble { nap: None })),
+                CommitOptions::default(),
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(e, RemoteError::TimedOut(_)), "{e}");
+        assert!(e.to_string().contains("slower than"), "{e}");
+        // One idle period, then the first check that finds it below the floor.
+        assert!(
+            started.elapsed() <= IDLE + UPLOAD_CHECK * 2,
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     #[test]

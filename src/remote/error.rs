@@ -65,6 +65,10 @@ pub enum RemoteError {
     Query(SearchError),
     #[error("{0}: i/o error: {1}")]
     Io(String, String),
+    /// The caller was interrupted by a signal while the mount worked for it (`EINTR`): its
+    /// work was dropped.
+    #[error("{0}: interrupted")]
+    Interrupted(String),
 }
 
 pub type Result<T> = std::result::Result<T, RemoteError>;
@@ -103,6 +107,7 @@ impl RemoteError {
                 _ => libc::EINVAL,
             },
             RemoteError::Io(..) => libc::EIO,
+            RemoteError::Interrupted(_) => libc::EINTR,
         }
     }
 
@@ -133,6 +138,7 @@ impl RemoteError {
             RemoteError::Quota(_) => "EDQUOT",
             RemoteError::Query(e) => e.token(),
             RemoteError::Io(..) => "EIO",
+            RemoteError::Interrupted(_) => "EINTR",
         }
     }
 
@@ -157,6 +163,7 @@ impl RemoteError {
             libc::ELOOP => RemoteError::Invalid(format!("{p}: too many levels of symbolic links")),
             libc::EFBIG => RemoteError::FileTooBig(p),
             libc::ENODATA => RemoteError::NoAttr(p),
+            libc::EINTR => RemoteError::Interrupted(p),
             e => RemoteError::Io(p, std::io::Error::from_raw_os_error(e).to_string()),
         }
     }
@@ -197,6 +204,7 @@ impl RemoteError {
             "EROFS" => RemoteError::ReadOnly(m),
             "EDQUOT" => RemoteError::Quota(m),
             "ETIMEDOUT" => RemoteError::TimedOut(m),
+            "EINTR" => RemoteError::Interrupted(m),
             "conflict" => RemoteError::Conflict {
                 path: m,
                 base: base.unwrap_or_default().to_string(),
@@ -254,6 +262,7 @@ mod tests {
             RemoteError::Quota(m()),
             RemoteError::Query(SearchError::NotFound(m())),
             RemoteError::Io(String::new(), m()),
+            RemoteError::Interrupted(m()),
         ];
         for e in &all {
             match e {
@@ -280,7 +289,8 @@ mod tests {
                 | RemoteError::ReadOnly(_)
                 | RemoteError::Quota(_)
                 | RemoteError::Query(_)
-                | RemoteError::Io(..) => {}
+                | RemoteError::Io(..)
+                | RemoteError::Interrupted(_) => {}
             }
         }
         all

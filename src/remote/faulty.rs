@@ -119,6 +119,9 @@ pub enum Fault {
     /// (what the sandbox said then, not what it holds when the caller reads it: a reply that
     /// crossed a change on its way). Streams are answered at once.
     Late(Duration),
+    /// Streams: each item comes this much after the one before (a peer that keeps the stream
+    /// open but barely moves it). Other operations: as `Late`.
+    Trickle(Duration),
 }
 
 /// A fault and how many more calls it applies to (`None`: every call until cleared).
@@ -235,6 +238,11 @@ impl FaultControl {
         self.inject(op, Fault::Late(late), Some(n));
     }
 
+    /// Every call of `op` from now on trickles: a stream's items come `gap` apart.
+    pub fn trickle(&self, op: Op, gap: Duration) {
+        self.inject(op, Fault::Trickle(gap), None);
+    }
+
     /// Wait `latency` before every call of `op` (zero removes it).
     pub fn set_latency(&self, op: Op, latency: Duration) {
         let mut plan = self.plan();
@@ -342,6 +350,7 @@ impl FaultControl {
             Some(Fault::Cut { after }) => Ok(After::Cut(after)),
             Some(Fault::LoseAnswer) => Ok(After::Lose),
             Some(Fault::Late(d)) => Ok(After::Late(d)),
+            Some(Fault::Trickle(d)) => Ok(After::Trickle(d)),
         }
     }
 
@@ -380,6 +389,7 @@ enum After {
     Cut(usize),
     Lose,
     Late(Duration),
+    Trickle(Duration),
 }
 
 fn lost(op: Op) -> RemoteError {
@@ -394,7 +404,7 @@ impl After {
     async fn answer<T>(self, op: Op, r: Result<T>) -> Result<T> {
         match self {
             After::Answer => r,
-            After::Late(d) => {
+            After::Late(d) | After::Trickle(d) => {
                 tokio::time::sleep(d).await;
                 r
             }
@@ -409,6 +419,12 @@ impl After {
     ) -> Result<BoxStream<'static, Result<T>>> {
         match self {
             After::Answer | After::Late(_) => r,
+            After::Trickle(d) => Ok(r?
+                .then(move |item| async move {
+                    tokio::time::sleep(d).await;
+                    item
+                })
+                .boxed()),
             After::Lose => r.and(Err(lost(op))),
             After::Cut(after) => {
                 let s = r?;

@@ -609,7 +609,13 @@ impl State {
             }
             None => (create_mode.unwrap_or(0o644), None),
         };
+        let xattrs = slot
+            .ino
+            .map(|old| self.node(old).xattrs.clone())
+            .unwrap_or_default();
         let ino = self.new_node(FileKind::File, mode, Data::File(bytes));
+        // The new content keeps the file's extended attributes, as the agent's commit does.
+        self.node_mut(ino).xattrs = xattrs;
         if let Some((uid, gid)) = owner {
             let n = self.node_mut(ino);
             n.uid = uid;
@@ -735,6 +741,16 @@ impl Inner {
         }
         let ino = s.new_node(kind, mode, data);
         s.node_mut(ino).rdev = rdev;
+        // A set-group-ID directory gives new entries its group, and new directories the bit.
+        let parent = s.node(slot.dir);
+        if parent.mode & 0o2000 != 0 {
+            let gid = parent.gid;
+            let n = s.node_mut(ino);
+            n.gid = gid;
+            if kind == FileKind::Dir {
+                n.mode |= 0o2000;
+            }
+        }
         s.add_entry(slot.dir, slot.name, ino);
         self.publish(&mut s, p, ChangeKind::Created);
         Ok(s.attr(ino))
@@ -878,6 +894,7 @@ impl Remote for MemoryRemote {
         Ok(RemoteInfo {
             protocol: super::wire::PROTOCOL_VERSION,
             agent_version: format!("memory {}", env!("CARGO_PKG_VERSION")),
+            workspace_id: None,
             root: "memory:".into(),
             // The owner of what it creates.
             user: Some(super::Identity {
@@ -1034,6 +1051,9 @@ impl Remote for MemoryRemote {
         };
         let created = slot.ino.is_none();
         let ino = s.replace_file(&slot, bytes, opts.create_mode);
+        if let Some(t) = opts.mtime_ns {
+            s.node_mut(ino).mtime = t;
+        }
         let target = s.path_of(&slot);
         let kind = if created {
             ChangeKind::Created
@@ -1667,6 +1687,11 @@ impl MemorySandbox {
         }
     }
 
+    /// The number of the last change-feed event published (none yet: 0).
+    pub fn last_seq(&self) -> u64 {
+        self.remote().lock().next_seq - 1
+    }
+
     /// `open(O_WRONLY|O_CREAT|O_TRUNC)` + `write`: the content replaced in place (same inode),
     /// the file created (mode 0644) if missing.
     pub fn write(&self, path: impl AsRef<[u8]>, data: &[u8]) -> Result<()> {
@@ -1886,7 +1911,7 @@ mod tests {
     fn based(v: &Version) -> CommitOptions {
         CommitOptions {
             base: Some(v.clone()),
-            create_mode: None,
+            ..Default::default()
         }
     }
 

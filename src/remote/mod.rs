@@ -375,6 +375,10 @@ pub struct CommitOptions {
     /// Mode for a file the commit creates (default 0644), exactly (no umask applies); an
     /// existing file keeps its mode.
     pub create_mode: Option<u32>,
+    /// The modification time the new content gets (ns since the epoch): when it was last
+    /// written through the mount, so a push does not move a time programs already saw (an
+    /// editor's "changed on disk" check). `None`: the commit's own time.
+    pub mtime_ns: Option<i64>,
 }
 
 /// Attributes to change; a final symlink is never followed (its own times change; a mode on a
@@ -490,6 +494,10 @@ pub struct RemoteInfo {
     /// lacks, and `ctl status` shows it.
     #[serde(default)]
     pub capabilities: Capabilities,
+    /// The random id the agent keeps for this workspace ([`crate::agent::identity`]): what
+    /// unpushed edits are tied to. Absent from transports without one and older agents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_id: Option<String>,
 }
 
 /// What a transport does natively. Where one is missing the mount adapts: no `feed` means

@@ -212,6 +212,8 @@ pub fn status_for(e: &RemoteError) -> u16 {
         | RemoteError::ReadOnly(_)
         | RemoteError::Quota(_) => 500,
         RemoteError::TimedOut(_) => 504,
+        // 499 as nginx says it: the client went away before the answer.
+        RemoteError::Interrupted(_) => 499,
         RemoteError::NotDir(_)
         | RemoteError::IsDir(_)
         | RemoteError::CrossDevice(_)

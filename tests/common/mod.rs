@@ -141,6 +141,15 @@ pub fn run(cmd: &mut Command) -> (i32, Vec<u8>, Vec<u8>) {
     (out.status.code().unwrap_or(-1), out.stdout, out.stderr)
 }
 
+/// User plus system CPU time of a process so far, in clock ticks (`/proc/PID/stat`).
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the parenthesised command name: state is field 3, utime 14, stime 15.
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
 pub fn sbxfs_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_sbxfs"))
 }

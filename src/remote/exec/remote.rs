@@ -493,6 +493,7 @@ impl Remote for ScriptRemote {
         Ok(RemoteInfo {
             protocol: wire::PROTOCOL_VERSION,
             agent_version: format!("exec-scripts ({})", self.runner.describe()),
+            workspace_id: None,
             root: String::from_utf8_lossy(&probe.root).into_owned(),
             user: Some(probe.user.clone()),
             landlock: None,
@@ -845,6 +846,15 @@ impl Remote for ScriptRemote {
                 f.push_str(&format!("truncate -s {new_len} -- \"$1\"\n}}\n"));
                 f
             }
+        };
+        // The new content's mtime, as touch takes it (ignored where touch cannot).
+        let content_fn = match opts.mtime_ns {
+            Some(ns) => format!(
+                "MTIME=@{}.{:09}\n{content_fn}",
+                ns.div_euclid(1_000_000_000),
+                ns.rem_euclid(1_000_000_000)
+            ),
+            None => content_fn,
         };
         let lines = self
             .commit_with(path, opts.base.as_ref(), mode, &content_fn, "", &[])

@@ -10,6 +10,8 @@ T=$D/$4
 trap 'rm -f -- "$T" ${UP:+"$UP"}' EXIT
 if ! o=$( (set -C && : >"$T") 2>&1); then fail SYS "$o"; fi
 if ! o=$(content "$T" 2>&1); then fail SYS "$T: $o"; fi
+# MTIME: the time of the last write through the mount (a touch that cannot: the commit's).
+[ -z "${MTIME:-}" ] || touch -m -d "$MTIME" -- "$T" 2>/dev/null || :
 if [ -e "$P" ] || [ -L "$P" ]; then
   cur=$(stat -c "$VF" -- "$P" 2>&1) || fail SYS "$cur"
 else
@@ -19,6 +21,8 @@ fi
 if [ "$cur" = absent ]; then
   chmod "$3" -- "$T" || fail EIO "$T: chmod failed"
 else
+  # The new content keeps the file's extended attributes where cp can copy them (GNU).
+  cp --attributes-only --preserve=xattr -- "$P" "$T" 2>/dev/null || :
   m=$(stat -c %a -- "$P") && chmod "$m" -- "$T" || fail EIO "$T: chmod failed"
 fi
 if [ "$cur" = absent ]; then
@@ -31,6 +35,7 @@ if [ "$cur" = absent ]; then
 elif [ "$(stat -c %h -- "$P")" -gt 1 ]; then
   # Other hard links would lose the new content to a rename: copy into the inode.
   if ! o=$( { cat -- "$T" >"$P"; } 2>&1); then fail SYS "$o"; fi
+  [ -z "${MTIME:-}" ] || touch -m -d "$MTIME" -- "$P" 2>/dev/null || :
   rm -f -- "$T"
 else
   if ! o=$(mv -f -- "$T" "$P" 2>&1); then fail SYS "$o"; fi

@@ -13,8 +13,11 @@ create)
   ;;
 mkdir)
   run mkdir -m "$2" -- "$P"
-  # A set-group-ID parent passes its bit on; the mode asked for is the mode made.
-  run chmod "$2" -- "$P"
+  # The mode asked for is the mode made, plus the set-group-ID bit a set-group-ID parent
+  # passes on (as the kernel gives it).
+  m=$2
+  if [ -g "${P%/*}" ]; then m=$(printf '%05o' $(( $2 | 02000 ))); fi
+  run chmod "$m" -- "$P"
   ;;
 mkfifo) run mkfifo -m "$2" -- "$P" ;;
 socket)

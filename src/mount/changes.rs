@@ -1,0 +1,207 @@
+//! The one way what the sandbox reports changes the mount's caches: the change feed's events,
+//! its revalidation answers and the end of its trust are each a [`Change`] given to
+//! [`FsCore::apply`], which alone touches the inode table, listings, listings fetched ahead,
+//! handles and the kernel's caches for them. The feed ([`super::feed`]) only follows the
+//! stream and batches the questions.
+//!
+//! A report never undoes the mount's own work: an answer asked before the mount's own change
+//! of a node is not applied ([`super::inode::InodeTable::rebind_answer`]), and one that a
+//! local change raced drops what it touched instead of recording it.
+
+use super::core::{stale_instant, FsCore};
+use super::inode::{NodeId, RemoteId};
+use crate::remote::{Attr, FileKind, RemotePath, Result};
+
+/// What the sandbox reported.
+pub(super) enum Change<'a> {
+    /// `path` changed in the sandbox; `namespace`: a name was made, removed or renamed.
+    Reported {
+        path: &'a RemotePath,
+        namespace: bool,
+    },
+    /// Anything cached may be stale (events were lost): no listing is trusted any more.
+    AllStale,
+    /// The feed no longer vouches for what is cached: the kernel forgets the attributes it
+    /// was told to keep long.
+    Distrusted,
+    /// A revalidation's answer about a node at `path`, asked at epoch `asked`; `raced`: a
+    /// local change happened while it was on its way.
+    Answered {
+        node: NodeId,
+        path: &'a RemotePath,
+        answer: Result<Attr>,
+        raced: bool,
+        asked: u64,
+    },
+}
+
+/// What applying a change found.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Applied {
+    Nothing,
+    /// The mount has a node for the reported path: ask the sandbox whether it changed.
+    Check(NodeId),
+    /// The node's file changed or went: dropped here and in the kernel.
+    Changed,
+    /// The node is as the mount knew it: trusted afresh.
+    Unchanged,
+}
+
+impl FsCore {
+    pub(super) fn apply(&self, change: Change<'_>) -> Applied {
+        match change {
+            Change::Reported { path, namespace } => self.reported(path, namespace),
+            Change::AllStale => {
+                self.meta.expire_all();
+                self.prefetched.forget_under(&RemotePath::root());
+                Applied::Nothing
+            }
+            Change::Distrusted => {
+                if let Some(k) = self.kernel() {
+                    for (node, _) in self.inodes.known_paths() {
+                        k.invalidate_attr(node);
+                    }
+                }
+                Applied::Nothing
+            }
+            Change::Answered {
+                node,
+                path,
+                answer,
+                raced,
+                asked,
+            } => self.answered(node, path, answer, raced, asked),
+        }
+    }
+
+    /// Every node with a path, for a revalidation.
+    pub(super) fn known_paths(&self) -> Vec<(NodeId, RemotePath)> {
+        self.inodes.known_paths()
+    }
+
+    /// Whether a reported node is left to its staged image (which answers for it; its push
+    /// and conflict check deal with the sandbox's version). Marked first, so that an image
+    /// dropped at any moment after has the sandbox asked again
+    /// ([`Self::staging_ended`]); a node with no image is checked by the caller.
+    pub(super) fn left_to_staging(&self, node: NodeId) -> bool {
+        self.inodes.update(node, |n| n.reported_while_staged = true);
+        if self.staged_of(node).is_some() {
+            return true;
+        }
+        self.inodes
+            .update(node, |n| n.reported_while_staged = false);
+        false
+    }
+
+    /// A node's staged image went with nothing left to push: if the sandbox reported the
+    /// file meanwhile, what is cached of it (here and in the kernel) is asked for again.
+    pub(super) fn staging_ended(&self, node: NodeId) {
+        let reported = self
+            .inodes
+            .update(node, |n| std::mem::take(&mut n.reported_while_staged));
+        if reported != Some(true) {
+            return;
+        }
+        self.inodes.update(node, |n| n.fetched = stale_instant());
+        if let Some(k) = self.kernel() {
+            k.invalidate_data(node);
+        }
+    }
+
+    /// An event about `path`. A node the mount has for it is to be checked (and dropped only
+    /// if it changed: an atime or our own push changes nothing). A namespace change makes the
+    /// parent's listing and attributes stale; so does any change to a name the mount has no
+    /// node for (the parent's listing holds its attributes). A name with no node has no entry
+    /// in the kernel either (a failed lookup is not cached), so none is dropped: dropping the
+    /// entry of a directory that is some process's working directory would cut it off
+    /// (`getcwd` fails).
+    fn reported(&self, path: &RemotePath, namespace: bool) -> Applied {
+        let node = self.inodes.resolve(path);
+        // Listings fetched ahead for directories not entered yet: the parent's is stale, and
+        // so is everything beneath a name made, removed or renamed.
+        if namespace {
+            self.prefetched.forget_under(path);
+        }
+        if let Some((parent_path, _)) = path.split_last() {
+            self.prefetched.forget(&parent_path);
+            if let Some(parent) = self.inodes.resolve(&parent_path) {
+                if namespace {
+                    self.dir_stale(parent);
+                } else if node.is_none() {
+                    self.bump();
+                    self.meta.expire(parent);
+                }
+            }
+        }
+        node.map_or(Applied::Nothing, Applied::Check)
+    }
+
+    /// One node's answer about `path`: unchanged is trusted afresh; changed or gone is
+    /// dropped. The kernel's entry goes only for a name that now leads elsewhere or nowhere,
+    /// only if the node still has that name (a rename through the mount may have moved it
+    /// meanwhile), and never on an answer a local change raced.
+    fn answered(
+        &self,
+        node: NodeId,
+        path: &RemotePath,
+        answer: Result<Attr>,
+        raced: bool,
+        asked: u64,
+    ) -> Applied {
+        let Some(n) = self.inodes.get(node) else {
+            return Applied::Nothing;
+        };
+        let same = |a: &Attr| {
+            RemoteId::of(a) == n.remote
+                && a.version == n.attr.version
+                && a.ctime_ns == n.attr.ctime_ns
+                && a.kind == n.attr.kind
+        };
+        let name_went = match &answer {
+            Ok(a) if same(a) => {
+                if !raced {
+                    let now = self.cfg.clock.now();
+                    self.inodes.update(node, |x| x.fetched = now);
+                }
+                return Applied::Unchanged;
+            }
+            Ok(a) => RemoteId::of(a) != n.remote,
+            Err(_) => true,
+        };
+        match answer {
+            Ok(a) if !raced && !name_went => {
+                // Changed in place (the same file): open handles read its new bytes, as on a
+                // local disk, not pages of the old version (read ahead before the change).
+                if self.inodes.rebind_answer(node, &a, asked) {
+                    self.handles.follow(node, &a);
+                }
+            }
+            // Asked again on next use.
+            _ => {
+                self.inodes.update(node, |x| x.fetched = stale_instant());
+            }
+        }
+        self.meta.expire(node);
+        for (parent, _) in &n.links {
+            self.meta.expire(*parent);
+        }
+        let Some(k) = self.kernel() else {
+            return Applied::Changed;
+        };
+        if n.attr.kind == FileKind::Dir {
+            k.invalidate_attr(node);
+        } else {
+            k.invalidate_data(node);
+        }
+        if name_went && !raced {
+            if let Some((parent_path, name)) = path.split_last() {
+                let parent = self.inodes.resolve(&parent_path);
+                let still = parent.is_some_and(|p| self.inodes.child(p, name) == Some(node));
+                if let (Some(p), true) = (parent, still) {
+                    k.invalidate_entry(p, name);
+                }
+            }
+        }
+        Applied::Changed
+    }
+}
