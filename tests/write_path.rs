@@ -582,3 +582,44 @@ fn a_database_sqlite_creates_stays_writable_on_the_same_connection() {
         String::from_utf8_lossy(&err)
     );
 }
+
+/// A child that inherits a writer's descriptor closes it at `exec` (close-on-exec): the
+/// kernel sends FLUSH for it, and that must not publish the file the parent is still writing.
+fn a_childs_close_at_exec_publishes_nothing_half_written(t: Transport) {
+    let _load = CpuHogs::start();
+    let s = Sandbox::new(t);
+    let script = format!(
+        "import os, subprocess, time\n\
+         f = open({mnt:?}, 'wb')\n\
+         f.write(b'a' * (1 << 20)); f.flush()\n\
+         subprocess.run(['true'], check=True)\n\
+         time.sleep(2)\n\
+         print(os.path.getsize({root:?}) if os.path.exists({root:?}) else 'absent')\n\
+         f.write(b'b' * (1 << 20)); f.close()\n",
+        mnt = s.mnt().join("big.bin").display().to_string(),
+        root = s.root.join("big.bin").display().to_string(),
+    );
+    let (code, out, err) = run(Command::new("python3").arg("-c").arg(script));
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+    let seen = String::from_utf8_lossy(&out).trim().to_string();
+    assert_ne!(
+        seen,
+        (1u64 << 20).to_string(),
+        "the sandbox held the half-written file while its writer still had it open"
+    );
+    assert!(s.flush(), "{}", s.mount.log_text());
+    let landed = fs::read(s.root.join("big.bin")).unwrap();
+    assert_eq!(landed.len(), 2 << 20);
+    assert!(landed[..1 << 20].iter().all(|&b| b == b'a'));
+    assert!(landed[1 << 20..].iter().all(|&b| b == b'b'));
+}
+
+#[test]
+fn a_childs_close_at_exec_publishes_nothing_half_written_agent() {
+    a_childs_close_at_exec_publishes_nothing_half_written(Transport::Agent);
+}
+
+#[test]
+fn a_childs_close_at_exec_publishes_nothing_half_written_shell() {
+    a_childs_close_at_exec_publishes_nothing_half_written(Transport::Shell);
+}

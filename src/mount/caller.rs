@@ -26,6 +26,18 @@ pub async fn interrupted(tid: u32) {
     }
 }
 
+/// The process (thread group) thread `tid` belongs to, while it lives and the daemon can see it.
+pub fn process_of(tid: u32) -> Option<u32> {
+    if tid == 0 {
+        return None;
+    }
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// Whether a `/proc/TID/status` text says the thread is leaving or has a signal to take.
 fn is_interrupted(status: &str) -> bool {
     let mut pending = 0u64;
@@ -89,6 +101,15 @@ mod tests {
             sigint
         )));
         assert!(is_interrupted(&status("Z (zombie)", none, none, none)));
+    }
+
+    #[test]
+    fn a_thread_belongs_to_its_process() {
+        // SAFETY: gettid and getpid have no preconditions.
+        let (tid, pid) = unsafe { (libc::gettid() as u32, libc::getpid() as u32) };
+        assert_eq!(process_of(tid), Some(pid));
+        assert_eq!(process_of(0), None);
+        assert_eq!(process_of(u32::MAX - 1), None);
     }
 
     #[tokio::test]

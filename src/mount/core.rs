@@ -1122,6 +1122,22 @@ impl FsCore {
         Ok(data.len() as u32)
     }
 
+    /// A WRITE on `fh` came from thread `tid` ([`super::handles::OpenFile::written_by`]).
+    pub fn written_by(&self, fh: u64, tid: u32) {
+        if let Ok(h) = self.handles.file(fh) {
+            h.written_by(tid);
+        }
+    }
+
+    /// Whether a FLUSH of `fh` from thread `tid` may be its writer's close: one from a process
+    /// that never wrote through it (a child closing an inherited descriptor at `exec`) leaves
+    /// the push to the writer's own close or the last one (RELEASE).
+    pub fn closed_by_a_writer(&self, fh: u64, tid: u32) -> bool {
+        self.handles
+            .file(fh)
+            .map_or(true, |h| h.closed_by_a_writer(tid))
+    }
+
     /// `close()` of one descriptor. A flush pushes only what this handle wrote since its last
     /// flush: bash's `echo x > f` closes a duplicate before writing, and that must not commit
     /// an empty file. The last close (release) pushes whatever is left. The push is queued

@@ -404,7 +404,7 @@ impl Filesystem for SbxFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -414,22 +414,23 @@ impl Filesystem for SbxFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let data = data.to_vec();
+        let (data, tid) = (data.to_vec(), req.pid());
         self.spawn("write", ino.0, move |fs| async move {
-            reply_written(reply, "write", fs.write(fh.0, offset, &data).await)
+            reply_written(reply, "write", fs.write(fh.0, offset, &data, tid).await)
         });
     }
 
     fn flush(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        let tid = req.pid();
         self.spawn("flush", ino.0, move |fs| async move {
-            reply_empty(reply, "flush", fs.flush(fh.0).await)
+            reply_empty(reply, "flush", fs.flush(fh.0, tid).await)
         });
     }
 

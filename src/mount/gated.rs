@@ -391,11 +391,18 @@ impl GatedFs {
         self.core.read(fh, offset, size).await
     }
 
-    pub async fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+    /// WRITE from thread `tid`.
+    pub async fn write(&self, fh: u64, offset: u64, data: &[u8], tid: u32) -> Result<u32> {
+        self.core.written_by(fh, tid);
         self.core.write(fh, offset, data).await
     }
 
-    pub async fn flush(&self, fh: u64) -> Result<()> {
+    /// FLUSH (a `close` of one descriptor) from thread `tid`: a process that never wrote
+    /// through the handle publishes nothing ([`FsCore::closed_by_a_writer`]).
+    pub async fn flush(&self, fh: u64, tid: u32) -> Result<()> {
+        if !self.core.closed_by_a_writer(fh, tid) {
+            return Ok(());
+        }
         self.core.flush(fh).await
     }
 
@@ -811,7 +818,7 @@ mod tests {
         assert_eq!(made.entry.attr_ttl, Duration::ZERO);
         assert_eq!(made.entry.attr.perm, 0o644);
         assert_eq!(made.entry.attr.ino.0, made.node.0);
-        assert_eq!(fs.write(made.fh, 0, b"abc").await.unwrap(), 3);
+        assert_eq!(fs.write(made.fh, 0, b"abc", 0).await.unwrap(), 3);
         // Reserving space is done; punching a hole is not (it would change content in place).
         fs.fallocate(made.node, made.fh, (0, 4096), libc::FALLOC_FL_KEEP_SIZE)
             .await
@@ -822,7 +829,7 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(e.errno(), libc::EOPNOTSUPP);
-        fs.flush(made.fh).await.unwrap();
+        fs.flush(made.fh, 0).await.unwrap();
         fs.release(made.fh).await;
         let e = fs
             .create(&me, ROOT, b"n", (0o666, 0), flags)

@@ -22,7 +22,23 @@ pub struct OpenFile {
     pub wrote: AtomicBool,
     /// Sequential reads fetch ahead ([`super::readahead`]).
     pub readahead: super::readahead::ReadAhead,
+    /// The processes that wrote through this handle.
+    writers: Mutex<WritingProcesses>,
 }
+
+/// Which processes wrote through a handle, so that a close by one that never wrote (a child
+/// that inherited the descriptor, closing it at `exec`) does not publish a file its writer is
+/// still writing. Unknown when a writer could not be seen (gone, or in another pid namespace):
+/// then every close counts as the writer's, as before.
+#[derive(Default)]
+struct WritingProcesses {
+    last_thread: u32,
+    processes: Vec<u32>,
+    unknown: bool,
+}
+
+/// More writers than this on one handle: stop telling them apart.
+const MAX_WRITING_PROCESSES: usize = 16;
 
 impl OpenFile {
     pub fn new(node: NodeId, attr: &crate::remote::Attr, writable: bool) -> Self {
@@ -33,7 +49,31 @@ impl OpenFile {
             writable,
             wrote: AtomicBool::new(false),
             readahead: super::readahead::ReadAhead::new(attr.size),
+            writers: Mutex::new(WritingProcesses::default()),
         }
+    }
+
+    /// A WRITE through this handle came from thread `tid`.
+    pub fn written_by(&self, tid: u32) {
+        let mut w = self.writers.lock().expect("handle lock");
+        if w.unknown || (tid == w.last_thread && tid != 0) {
+            return;
+        }
+        w.last_thread = tid;
+        match super::caller::process_of(tid) {
+            Some(p) if w.processes.contains(&p) => {}
+            Some(p) if w.processes.len() < MAX_WRITING_PROCESSES => w.processes.push(p),
+            _ => w.unknown = true,
+        }
+    }
+
+    /// Whether a close by thread `tid` may be a writer's (so its FLUSH publishes the file).
+    pub fn closed_by_a_writer(&self, tid: u32) -> bool {
+        let w = self.writers.lock().expect("handle lock");
+        if w.unknown || w.processes.is_empty() {
+            return true;
+        }
+        super::caller::process_of(tid).is_none_or(|p| w.processes.contains(&p))
     }
 
     pub fn version(&self) -> Version {
