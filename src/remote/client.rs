@@ -48,10 +48,12 @@ pub struct AgentClient {
     token: String,
 }
 
-/// A pooled connection is dropped well before the agent closes an idle one
-/// (`agent::server::IDLE_TIMEOUT`, 60 s): reusing one the agent is closing fails a request
-/// that cannot always be retried (a commit).
-const POOL_IDLE: Duration = Duration::from_secs(30);
+/// A pooled connection is dropped well before the agent closes an idle one: reusing one the
+/// agent is closing fails a request that cannot always be retried (a commit). The pool may
+/// hold a connection it opened and never used (a request it was opened for took one that
+/// came free first), and the agent closes such a connection after its first-head timeout
+/// (`agent::server::HEADER_READ_TIMEOUT`, 10 s), not the 60 s idle timeout of a used one.
+const POOL_IDLE: Duration = Duration::from_secs(7);
 
 impl AgentClient {
     /// `base` is the agent's URL, e.g. `http://127.0.0.1:7070`.
