@@ -870,3 +870,70 @@ async fn a_sparse_file_stays_sparse_through_patches_and_linked_commits() {
     );
     assert_eq!(fs::metadata(&path).unwrap().nlink(), 2);
 }
+
+/// The next change of `path`'s content on `feed` (a new file's creation before it is a
+/// namespace event, which says nothing of who made it), within 10 seconds.
+async fn next_about(
+    feed: &mut futures_util::stream::BoxStream<'static, Result<ChangeEvent>>,
+    path: &[u8],
+) -> ChangeEvent {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let ev = feed.next().await.expect("the feed ended").unwrap();
+            if ev.path.0 == path && ev.kind == ChangeKind::Modified {
+                return ev;
+            }
+        }
+    })
+    .await
+    .expect("no event about the path within 10 s")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_is_reported_as_its_own_to_its_client_only() {
+    let (_d, root) = workspace();
+    let agent = AgentProcess::start(&root);
+    let (mine, other) = (agent.client(), agent.client());
+    let mut my_feed = mine.watch(None).await.unwrap();
+    let mut other_feed = other.watch(None).await.unwrap();
+    // Both feeds are subscribed once an event made after them reaches both.
+    fs::write(root.join("mine.txt"), "made in the sandbox\n").unwrap();
+    fs::write(root.join("ready"), "x").unwrap();
+    next_about(&mut my_feed, b"ready").await;
+    next_about(&mut other_feed, b"ready").await;
+    let commit = |c: &AgentClient, name: &'static str| {
+        let c = c.clone();
+        async move {
+            c.commit(
+                &rp(name),
+                CommitContent::Whole(Box::new(std::io::Cursor::new(b"saved\n".to_vec()))),
+                CommitOptions::default(),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    commit(&mine, "mine.txt").await;
+    let ev = next_about(&mut my_feed, b"mine.txt").await;
+    assert!(
+        ev.own,
+        "the committing client is told it is its own: {ev:?}"
+    );
+    let ev = next_about(&mut other_feed, b"mine.txt").await;
+    assert!(!ev.own, "another client is not: {ev:?}");
+    // The other client's commit is its own, not ours.
+    commit(&other, "theirs.txt").await;
+    assert!(!next_about(&mut my_feed, b"theirs.txt").await.own);
+    assert!(next_about(&mut other_feed, b"theirs.txt").await.own);
+    // A sandbox program naming a file as the agent names its temps, and renaming it over a
+    // file, is nobody's commit.
+    let forged = root.join(".mine.txt.sbxfs-agent-0123456789abcdef0123456789abcdef.tmp");
+    fs::write(&forged, "forged\n").unwrap();
+    fs::rename(&forged, root.join("mine.txt")).unwrap();
+    let ev = next_about(&mut my_feed, b"mine.txt").await;
+    assert!(
+        !ev.own,
+        "a rename made in the sandbox is not the client's: {ev:?}"
+    );
+    assert_eq!(fs::read(root.join("mine.txt")).unwrap(), b"forged\n");
+}

@@ -444,3 +444,54 @@ fn a_remote_without_a_feed_keeps_the_ttl() {
     c.memory.sandbox().write("f", b"two").unwrap();
     eventually("the TTL lets the change in", || c.cat("f") == b"two");
 }
+
+fn metadata_requests(agent: &AgentProcess) -> u64 {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let stats = rt.block_on(agent.client().agent_stats()).unwrap();
+    stats["metadata_requests"].as_u64().unwrap()
+}
+
+#[test]
+fn the_mounts_own_saves_come_back_as_its_own_and_cost_no_check() {
+    // Each push's change event used to cost a batched stat, and an event crossing the push's
+    // answer could make the mount's own save look like the sandbox's.
+    let ws = tempfile::tempdir().unwrap();
+    for i in 0..10 {
+        fs::write(ws.path().join(format!("f{i}")), "made in the sandbox\n").unwrap();
+    }
+    let agent = AgentProcess::start(ws.path());
+    let m = MountProcess::start(&agent, &["--attr-ttl-ms", LONG_TTL_MS]);
+    feed_connected(&m);
+    for i in 0..10 {
+        assert_eq!(
+            read(&m.dir.join(format!("f{i}"))).unwrap(),
+            "made in the sandbox\n"
+        );
+    }
+    let before = metadata_requests(&agent);
+    let own_before = status(&m)["feed"]["own_events"].as_u64().unwrap();
+    for i in 0..10 {
+        let mut f = fs::File::create(m.dir.join(format!("f{i}"))).unwrap();
+        f.write_all(format!("saved {i}\n").as_bytes()).unwrap();
+        f.sync_all().unwrap();
+    }
+    eventually("every save comes back as the mount's own", || {
+        status(&m)["feed"]["own_events"].as_u64().unwrap() >= own_before + 10
+    });
+    feed_applied(&m, 0);
+    let checks = metadata_requests(&agent) - before;
+    assert_eq!(
+        checks, 0,
+        "the mount's own saves cost {checks} metadata requests"
+    );
+    for i in 0..10 {
+        let want = format!("saved {i}\n");
+        assert_eq!(read(&ws.path().join(format!("f{i}"))).unwrap(), want);
+        assert_eq!(read(&m.dir.join(format!("f{i}"))).unwrap(), want);
+    }
+    // A change made in the sandbox is still checked and seen.
+    fs::write(ws.path().join("f3"), "changed in the sandbox\n").unwrap();
+    eventually("the sandbox's change", || {
+        read(&m.dir.join("f3")).as_deref() == Some("changed in the sandbox\n")
+    });
+}

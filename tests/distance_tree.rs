@@ -187,20 +187,17 @@ fn a_cold_ls_lr_takes_a_handful_of_requests_and_lists_what_ls_lists_locally() {
     let m = MountProcess::start(&agent, LONG_TTL);
     // `ls -l` asks every file for its security label and ACL (getxattr, listxattr): the tree
     // says which files have none, so those are answered without a round trip.
-    let started = Instant::now();
     let (meta, all, long) = requests_during(&agent, || ls_lr(&m.dir));
-    // The mount's health probe asks once per interval whatever the load: those aside.
-    let probes = started.elapsed().as_secs() / sbxfs::mount::health::PROBE_INTERVAL.as_secs() + 1;
     println!(
-        "cold ls -lR: {meta} metadata requests, {all} in all (up to {probes} health probes); {} bytes listed",
+        "cold ls -lR: {meta} metadata requests, {all} in all; {} bytes listed",
         long.len()
     );
     assert!(meta <= 3, "a cold ls -lR made {meta} metadata requests");
-    // A handful, whatever the tree's size (6,921 when every file's xattrs were asked for).
-    assert!(
-        all <= 3 + probes,
-        "a cold ls -lR made {all} requests in all"
-    );
+    // A handful, whatever the tree's size (6,921 when every file's xattrs were asked for):
+    // the tree, the symlink's target, the root's own labels, and one more now and then
+    // under load (the health probe's `info` is not among them: it is not about the
+    // workspace).
+    assert!(all <= 8, "a cold ls -lR made {all} requests in all");
     assert_eq!(long, ls_lr(ws.path()));
     assert_eq!(ls_r(&m.dir, false), ls_r(ws.path(), false));
 }

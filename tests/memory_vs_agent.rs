@@ -253,7 +253,13 @@ proptest! {
                 let root = dir.path().join("ws");
                 std::fs::create_dir(&root).unwrap();
                 let process = AgentProcess::start(&root);
-                let remote: Arc<dyn Remote> = Arc::new(process.client());
+                // Behind the retry layer, as every mount has it: a pooled connection the agent
+                // closed as a request went out fails that request's transport, and an idempotent
+                // one (the snapshot's tree walk) is asked again. Changes are never retried, so a
+                // step's answer is still the agent's first.
+                let remote: Arc<dyn Remote> = Arc::new(sbxfs::remote::retry::Retrying::new(
+                    Arc::new(process.client()),
+                ));
                 Agent { _process: process, _dir: dir, root, remote }
             });
             empty_the_workspace(&agent.root);

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, RawQuery, Request, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -414,7 +414,7 @@ pub async fn serve(cfg: AgentConfig) -> anyhow::Result<()> {
             );
         }
     });
-    let feed = match watch::ChangeFeed::start(ws.root_path()) {
+    let feed = match watch::ChangeFeed::start(ws.root_path(), ws.authors()) {
         Ok(f) => Some(f),
         Err(e) => {
             tracing::warn!("change feed unavailable: {e}");
@@ -738,9 +738,15 @@ async fn read(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Res
     Ok(resp)
 }
 
+/// The client a request names ([`wire::CLIENT_HEADER`]); none, or one not in its form: nobody.
+fn client_of(headers: &HeaderMap) -> Option<u64> {
+    wire::parse_client_id(headers.get(wire::CLIENT_HEADER)?.as_bytes())
+}
+
 async fn commit(
     State(app): State<Shared>,
     RawQuery(q): RawQuery,
+    headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
     let a = args(&q);
@@ -781,6 +787,7 @@ async fn commit(
         }
     };
     prepared.set_mtime(mtime_ns);
+    prepared.set_author(client_of(&headers));
     let temp = prepared
         .temp
         .try_clone()
@@ -1097,7 +1104,11 @@ async fn fallocate(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResul
 
 /// `copy_range`: an atomic commit of `to` (a copy of its base, the range copied in from `path`
 /// inside the sandbox, the base checked, then the rename), serialised with `to`'s commits.
-async fn copy_range(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+async fn copy_range(
+    State(app): State<Shared>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
     let a = args(&q);
     let (src, dst) = (a.path("path")?, a.path("to")?);
     let src_offset: u64 = a.number("offset")?.unwrap_or(0);
@@ -1121,7 +1132,8 @@ async fn copy_range(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResu
     };
     let _serial = app.ws.commit_lock(&target).lock().await;
     let result = blocking(move || {
-        let prepared = ws.prepare_commit(&target, base, None, Some(u64::MAX))?;
+        let mut prepared = ws.prepare_commit(&target, base, None, Some(u64::MAX))?;
+        prepared.set_author(client_of(&headers));
         let copied = ws.copy_into(&prepared, &src, src_offset, dst_offset, len)?;
         Ok((copied, ws.finish_commit(prepared)?))
     })
@@ -1403,8 +1415,18 @@ async fn edit(
     Ok(Json(json!({ "count": count })).into_response())
 }
 
-async fn watch_feed(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+async fn watch_feed(
+    State(app): State<Shared>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
     let since: Option<u64> = args(&q).number("since")?;
+    let me = client_of(&headers);
+    // Each watcher learns only whether a change is its own, never another client's id.
+    let line = move |mut ev: crate::remote::ChangeEvent| {
+        ev.own = me.is_some() && ev.author == me;
+        json_line(&ev)
+    };
     let Some(feed) = &app.feed else {
         return Err(RemoteError::Unsupported("the change feed is not running".into()).into());
     };
@@ -1422,7 +1444,7 @@ async fn watch_feed(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResu
         let mut last = start;
         for ev in backlog {
             last = last.max(ev.seq);
-            if tx.send(json_line(&ev)).await.is_err() {
+            if tx.send(line(ev)).await.is_err() {
                 return;
             }
         }
@@ -1436,16 +1458,12 @@ async fn watch_feed(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResu
                 Ok(ev) if ev.seq <= last => continue,
                 Ok(ev) => ev,
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                    crate::remote::ChangeEvent {
-                        seq: last,
-                        path: Default::default(),
-                        kind: crate::remote::ChangeKind::Lost,
-                    }
+                    crate::remote::ChangeEvent::lost(last)
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
             };
             last = last.max(ev.seq);
-            if tx.send(json_line(&ev)).await.is_err() {
+            if tx.send(line(ev)).await.is_err() {
                 return;
             }
         }

@@ -26,6 +26,37 @@ use crate::remote::{ChangeEvent, ChangeKind, WireBytes};
 /// `git checkout` may overflow it (then clients get `lost` and revalidate).
 pub const RING_EVENTS: usize = 8192;
 
+/// Named temps the agent's commits are made through, and the client each commit was for
+/// ([`crate::remote::wire::CLIENT_HEADER`]): the feed takes the author when it sees the temp
+/// renamed over its target, and reports the change as that client's own. Only names recorded
+/// here count: a sandbox program that names a file like a temp and renames it is nobody's.
+#[derive(Default)]
+pub struct Authors {
+    names: Mutex<VecDeque<(Vec<u8>, u64)>>,
+}
+
+/// Temps remembered at most: more than commits in flight at once; a rename whose event was
+/// lost leaves its entry, and the oldest go first.
+const MAX_AUTHORS: usize = 1024;
+
+impl Authors {
+    /// The commit through temp `name` is `client`'s.
+    pub fn record(&self, name: &[u8], client: u64) {
+        let mut names = self.names.lock().expect("authors lock");
+        if names.len() == MAX_AUTHORS {
+            names.pop_front();
+        }
+        names.push_back((name.to_vec(), client));
+    }
+
+    /// Whose commit went through temp `name` (forgotten once asked).
+    pub fn take(&self, name: &[u8]) -> Option<u64> {
+        let mut names = self.names.lock().expect("authors lock");
+        let at = names.iter().position(|(n, _)| n == name)?;
+        names.remove(at).map(|(_, client)| client)
+    }
+}
+
 pub struct ChangeFeed {
     inner: Arc<Mutex<Ring>>,
     tx: broadcast::Sender<ChangeEvent>,
@@ -38,7 +69,7 @@ struct Ring {
 }
 
 impl ChangeFeed {
-    pub fn start(root: &Path) -> notify::Result<Self> {
+    pub fn start(root: &Path, authors: Arc<Authors>) -> notify::Result<Self> {
         let (tx, _) = broadcast::channel(RING_EVENTS);
         let inner = Arc::new(Mutex::new(Ring {
             next_seq: 1,
@@ -53,18 +84,19 @@ impl ChangeFeed {
         .map_err(|e| notify::Error::io(e.into()))?;
         let handler = move |res: notify::Result<notify::Event>| match res {
             Ok(ev) => {
-                for kind_path in translate(&root_owned, ev) {
-                    let to_inside = match &kind_path.0 {
+                for change in translate(&root_owned, ev, &authors) {
+                    let to_inside = match &change.kind {
                         ChangeKind::Renamed { to } => beneath(&root_fd, &to.0),
                         _ => true,
                     };
-                    let inside = kind_path.0 == ChangeKind::Lost || beneath(&root_fd, &kind_path.1);
+                    let inside =
+                        change.kind == ChangeKind::Lost || beneath(&root_fd, &change.path.0);
                     if inside && to_inside {
-                        publish(&ring, &sender, kind_path);
+                        publish(&ring, &sender, change);
                     }
                 }
             }
-            Err(_) => publish(&ring, &sender, (ChangeKind::Lost, Vec::new())),
+            Err(_) => publish(&ring, &sender, ChangeEvent::lost(0)),
         };
         let config = notify::Config::default().with_follow_symlinks(false);
         let mut watcher = notify::RecommendedWatcher::new(handler, config)?;
@@ -89,21 +121,13 @@ impl ChangeFeed {
         let mut backlog = Vec::new();
         let last = ring.next_seq - 1;
         if since.is_some_and(|s| s > last) {
-            backlog.push(ChangeEvent {
-                seq: last,
-                path: WireBytes::default(),
-                kind: ChangeKind::Lost,
-            });
+            backlog.push(ChangeEvent::lost(last));
             return (backlog, rx, last);
         }
         if let Some(since) = since {
             let oldest = ring.events.front().map_or(ring.next_seq, |e| e.seq);
             if since + 1 < oldest {
-                backlog.push(ChangeEvent {
-                    seq: since,
-                    path: WireBytes::default(),
-                    kind: ChangeKind::Lost,
-                });
+                backlog.push(ChangeEvent::lost(since));
             }
             backlog.extend(ring.events.iter().filter(|e| e.seq > since).cloned());
         }
@@ -115,24 +139,17 @@ impl ChangeFeed {
     }
 }
 
-fn publish(
-    ring: &Mutex<Ring>,
-    tx: &broadcast::Sender<ChangeEvent>,
-    (kind, path): (ChangeKind, Vec<u8>),
-) {
+/// Number `change` (its `seq` is replaced) and send it.
+fn publish(ring: &Mutex<Ring>, tx: &broadcast::Sender<ChangeEvent>, mut change: ChangeEvent) {
     let mut r = ring.lock().expect("change ring lock");
-    let ev = ChangeEvent {
-        seq: r.next_seq,
-        path: WireBytes(path),
-        kind,
-    };
+    change.seq = r.next_seq;
     r.next_seq += 1;
     if r.events.len() == RING_EVENTS {
         r.events.pop_front();
     }
-    r.events.push_back(ev.clone());
+    r.events.push_back(change.clone());
     // Publish under the lock so subscribers see events in sequence order.
-    let _ = tx.send(ev);
+    let _ = tx.send(change);
 }
 
 /// Does the directory holding `rel` resolve beneath the root through real directories only?
@@ -176,16 +193,18 @@ fn is_temp(p: &Path) -> bool {
     })
 }
 
-fn translate(root: &Path, ev: notify::Event) -> Vec<(ChangeKind, Vec<u8>)> {
+/// The changes one inotify event reports (numbered later, by [`publish`]).
+fn translate(root: &Path, ev: notify::Event, authors: &Authors) -> Vec<ChangeEvent> {
+    let change = |kind: ChangeKind, path: Vec<u8>| ChangeEvent::new(0, path, kind);
     if ev.need_rescan() {
-        return vec![(ChangeKind::Lost, Vec::new())];
+        return vec![ChangeEvent::lost(0)];
     }
     let paths: Vec<PathBuf> = ev.paths;
-    let one = |kind: ChangeKind| -> Vec<(ChangeKind, Vec<u8>)> {
+    let one = |kind: ChangeKind| -> Vec<ChangeEvent> {
         paths
             .iter()
             .filter(|p| !is_temp(p))
-            .filter_map(|p| rel(root, p).map(|r| (kind.clone(), r)))
+            .filter_map(|p| rel(root, p).map(|r| change(kind.clone(), r)))
             .collect()
     };
     match ev.kind {
@@ -198,16 +217,20 @@ fn translate(root: &Path, ev: notify::Event) -> Vec<(ChangeKind, Vec<u8>)> {
             };
             if is_temp(from) {
                 // A commit (or an editor's save) landed: the target's content changed.
-                return vec![(ChangeKind::Modified, to_rel)];
+                let mut landed = change(ChangeKind::Modified, to_rel);
+                landed.author = from
+                    .file_name()
+                    .and_then(|n| authors.take(n.as_encoded_bytes()));
+                return vec![landed];
             }
             match rel(root, from) {
-                Some(from_rel) => vec![(
+                Some(from_rel) => vec![change(
                     ChangeKind::Renamed {
                         to: WireBytes(to_rel),
                     },
                     from_rel,
                 )],
-                None => vec![(ChangeKind::Created, to_rel)],
+                None => vec![change(ChangeKind::Created, to_rel)],
             }
         }
         EventKind::Modify(ModifyKind::Name(RenameMode::From)) => one(ChangeKind::Removed),
@@ -225,7 +248,7 @@ mod tests {
     #[test]
     fn a_since_from_another_agent_is_answered_with_lost_then_everything_new() {
         let dir = tempfile::tempdir().unwrap();
-        let feed = ChangeFeed::start(dir.path()).unwrap();
+        let feed = ChangeFeed::start(dir.path(), Arc::default()).unwrap();
         // A client that followed an earlier agent (numbers far past this one's).
         let (backlog, _rx, start) = feed.subscribe(Some(1_000_000));
         assert_eq!(backlog.len(), 1);

@@ -69,6 +69,8 @@ pub struct Workspace {
     commit_locks: Vec<tokio::sync::Mutex<()>>,
     /// Keep set-user-ID and set-group-ID bits on files ([`Workspace::allow_setid`]).
     allow_setid: bool,
+    /// Whose commit each named temp carries, for the change feed ([`super::watch::Authors`]).
+    authors: std::sync::Arc<super::watch::Authors>,
 }
 
 /// The set-user-ID and set-group-ID bits.
@@ -222,10 +224,17 @@ pub struct PreparedCommit {
     owner: Option<(u32, u32)>,
     /// The modification time the content gets (else the commit's time).
     mtime_ns: Option<i64>,
+    /// The client the commit is for ([`crate::remote::wire::CLIENT_HEADER`]).
+    author: Option<u64>,
     done: bool,
 }
 
 impl PreparedCommit {
+    /// The commit is for this client: the change feed tells that client it is its own.
+    pub fn set_author(&mut self, client: Option<u64>) {
+        self.author = client;
+    }
+
     /// Give the new content this modification time (ns since the epoch).
     pub fn set_mtime(&mut self, ns: Option<i64>) {
         self.mtime_ns = ns;
@@ -274,7 +283,13 @@ impl Workspace {
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),
             allow_setid: false,
+            authors: Default::default(),
         })
+    }
+
+    /// Where commits record their client, for the change feed to read.
+    pub fn authors(&self) -> std::sync::Arc<super::watch::Authors> {
+        self.authors.clone()
     }
 
     /// Keep set-user-ID and set-group-ID bits that requests ask for (`--allow-setid`). Off by
@@ -646,6 +661,7 @@ impl Workspace {
             mode,
             owner,
             mtime_ns: None,
+            author: None,
             done: false,
         };
         if let Some(cut) = copy_base {
@@ -775,6 +791,9 @@ impl Workspace {
                 n
             }
         };
+        if let Some(client) = c.author {
+            self.authors.record(&temp_name, client);
+        }
         if c.base.as_ref().is_some_and(Version::is_absent) {
             // Create only: a file made in the sandbox since the check above is not replaced.
             rfs::renameat_with(

@@ -9,7 +9,9 @@
 //! what it touches: the node's attributes and pages, its parent's listing, the kernel's entry
 //! for a name made, removed or renamed. Whether a node changed is asked of the sandbox, in one
 //! batched stat per burst of events ([`Remote::stat_many`]), and only a changed version is
-//! dropped, so the events of the mount's own writes throw nothing away.
+//! dropped, so the events of the mount's own writes throw nothing away. The agent marks the
+//! commits a mount made itself (its client id, [`crate::remote::wire::CLIENT_HEADER`], on the
+//! request and the watch): those are not checked at all.
 //!
 //! When the feed drops, cannot be reached, or says events were lost, trust ends at once (the
 //! configured TTL applies again, and the kernel forgets what it was told to keep long); once
@@ -69,6 +71,8 @@ struct Status {
     /// The last event whose burst is applied (caches changed, nodes checked).
     applied_seq: Option<u64>,
     events: u64,
+    /// Of which the mount's own commits, reported back (nothing to check).
+    own_events: u64,
     lost_events: u64,
     revalidations: u64,
     last_revalidation: Option<Revalidation>,
@@ -90,6 +94,7 @@ impl Default for FeedState {
                 last_seq: None,
                 applied_seq: None,
                 events: 0,
+                own_events: 0,
                 lost_events: 0,
                 revalidations: 0,
                 last_revalidation: None,
@@ -174,6 +179,7 @@ impl FeedState {
             "last_seq": s.last_seq,
             "applied_seq": s.applied_seq,
             "events": s.events,
+            "own_events": s.own_events,
             "lost_events": s.lost_events,
             "revalidations": s.revalidations,
             "last_revalidation": s.last_revalidation.as_ref().map(|r| json!({
@@ -343,6 +349,10 @@ async fn apply(core: &FsCore, batch: Vec<ChangeEvent>) -> crate::remote::Result<
         };
         match ev.kind {
             ChangeKind::Lost => lost = true,
+            // This mount's own commit: its answer already told the mount what it made, in
+            // whichever order the two arrive. Checking it would cost a stat, and an answer
+            // and an event crossing must never make the mount's own save look foreign.
+            ChangeKind::Modified if ev.own => core.feed.lock().own_events += 1,
             ChangeKind::Modified => touched(core, &path, false, &mut check),
             ChangeKind::Created | ChangeKind::Removed => touched(core, &path, true, &mut check),
             ChangeKind::Renamed { to } => {

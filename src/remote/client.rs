@@ -46,6 +46,22 @@ pub struct AgentClient {
     http: reqwest::Client,
     base: String,
     token: String,
+    /// This client's [`super::wire::CLIENT_HEADER`]: its watch learns which changes its own
+    /// commits made.
+    client: String,
+}
+
+/// A fresh random client id (16 hex digits; the OS seeds `RandomState` per process).
+fn new_client_id() -> String {
+    use std::hash::BuildHasher;
+    static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let id = std::collections::hash_map::RandomState::new().hash_one((
+        std::process::id(),
+        std::time::SystemTime::now(),
+        n,
+    ));
+    format!("{id:016x}")
 }
 
 /// A pooled connection is dropped well before the agent closes an idle one: reusing one the
@@ -86,6 +102,7 @@ impl AgentClient {
             http,
             base: base.trim_end_matches('/').to_string(),
             token: token.to_string(),
+            client: new_client_id(),
         })
     }
 
@@ -105,6 +122,7 @@ impl AgentClient {
             http,
             base: "http://sbxfs-agent".to_string(),
             token: token.to_string(),
+            client: new_client_id(),
         })
     }
 
@@ -116,7 +134,10 @@ impl AgentClient {
             url.push('=');
             url.push_str(&encode_bytes(v));
         }
-        self.http.request(method, url).bearer_auth(&self.token)
+        self.http
+            .request(method, url)
+            .bearer_auth(&self.token)
+            .header(super::wire::CLIENT_HEADER, &self.client)
     }
 
     /// Send once; decode error answers.

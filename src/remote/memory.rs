@@ -492,11 +492,7 @@ impl State {
     }
 
     fn publish(&mut self, feed: &broadcast::Sender<ChangeEvent>, path: &[u8], kind: ChangeKind) {
-        let ev = ChangeEvent {
-            seq: self.next_seq,
-            path: WireBytes(path.to_vec()),
-            kind,
-        };
+        let ev = ChangeEvent::new(self.next_seq, path.to_vec(), kind);
         self.next_seq += 1;
         if self.events.len() >= self.ring {
             self.events.pop_front();
@@ -1535,11 +1531,7 @@ impl Remote for MemoryRemote {
             if let Some(since) = since {
                 let oldest = s.events.front().map_or(s.next_seq, |e| e.seq);
                 if since + 1 < oldest {
-                    backlog.push(ChangeEvent {
-                        seq: since,
-                        path: WireBytes::default(),
-                        kind: ChangeKind::Lost,
-                    });
+                    backlog.push(ChangeEvent::lost(since));
                 }
                 backlog.extend(s.events.iter().filter(|e| e.seq > since).cloned());
             }
@@ -1551,11 +1543,7 @@ impl Remote for MemoryRemote {
                 let ev = match rx.recv().await {
                     Ok(ev) if ev.seq <= last => continue,
                     Ok(ev) => ev,
-                    Err(broadcast::error::RecvError::Lagged(_)) => ChangeEvent {
-                        seq: last,
-                        path: WireBytes::default(),
-                        kind: ChangeKind::Lost,
-                    },
+                    Err(broadcast::error::RecvError::Lagged(_)) => ChangeEvent::lost(last),
                     Err(broadcast::error::RecvError::Closed) => return None,
                 };
                 last = last.max(ev.seq);

@@ -432,6 +432,32 @@ pub struct ChangeEvent {
     pub path: WireBytes,
     #[serde(flatten)]
     pub kind: ChangeKind,
+    /// The change is the watching client's own commit (made in answer to a request carrying
+    /// the same [`wire::CLIENT_HEADER`]): its answer told the client what it made, so there is
+    /// nothing to check. Older agents never say.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub own: bool,
+    /// Which client's commit made it (the agent's own bookkeeping; never sent: a client
+    /// learns only whether a change is its own).
+    #[serde(skip)]
+    pub author: Option<u64>,
+}
+
+impl ChangeEvent {
+    pub fn new(seq: u64, path: Vec<u8>, kind: ChangeKind) -> Self {
+        ChangeEvent {
+            seq,
+            path: WireBytes(path),
+            kind,
+            own: false,
+            author: None,
+        }
+    }
+
+    /// Events after `seq` were dropped: the client revalidates everything.
+    pub fn lost(seq: u64) -> Self {
+        ChangeEvent::new(seq, Vec::new(), ChangeKind::Lost)
+    }
 }
 
 /// One item of a streamed grep: a match, or the summary that ends the stream.

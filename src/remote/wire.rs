@@ -53,6 +53,19 @@ use super::{Attr, RemoteError, RemotePath, WireBytes};
 
 pub const PROTOCOL_VERSION: u32 = 2;
 pub const VERSION_HEADER: &str = "x-sbxfs-version";
+/// A random id one client (one mount's connection to its agent) sends on every request, so
+/// that its watch learns which changes are its own ([`super::ChangeEvent::own`]): 16 hex
+/// digits. Not a credential: it only saves the client a check of a change it made.
+pub const CLIENT_HEADER: &str = "x-sbxfs-client";
+
+/// A [`CLIENT_HEADER`] value as the agent keeps it (exactly 16 lowercase hex digits).
+pub fn parse_client_id(v: &[u8]) -> Option<u64> {
+    let hex = |b: &u8| b.is_ascii_digit() || (b'a'..=b'f').contains(b);
+    if v.len() != 16 || !v.iter().all(hex) {
+        return None;
+    }
+    u64::from_str_radix(std::str::from_utf8(v).ok()?, 16).ok()
+}
 /// Largest read one request may ask for: big enough for read-ahead windows, small enough that
 /// one request cannot pin much memory in the agent.
 pub const MAX_READ_BYTES: u32 = 16 * 1024 * 1024;
