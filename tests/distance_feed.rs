@@ -495,3 +495,55 @@ fn the_mounts_own_saves_come_back_as_its_own_and_cost_no_check() {
         read(&m.dir.join("f3")).as_deref() == Some("changed in the sandbox\n")
     });
 }
+
+#[test]
+fn a_file_reads_back_while_its_push_is_on_the_way() {
+    // The push holds the file's staged image for the whole upload; reads used to wait for
+    // it (a 2 GiB sparse file over `shell:` held `pread` for minutes). The commit here hangs
+    // until released: a slow upload on demand.
+    let c = core_over_memory(Duration::from_secs(1), |_, _| {});
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    let (node, fh) = c.rt.block_on(async {
+        let (made, fh) = c
+            .core
+            .create(ROOT, b"big.bin", 0o644, true, false)
+            .await
+            .unwrap();
+        c.core.write(fh, 0, &data).await.unwrap();
+        (made.node, fh)
+    });
+    c.faults.inject(Op::Commit, Fault::Hang, Some(1));
+    let core = c.core.clone();
+    let pushing = c.rt.spawn(async move { core.fsync(fh).await });
+    eventually("the push is on its way", || c.faults.calls(Op::Commit) >= 1);
+    let back = c.rt.block_on(async {
+        let (reader, _) = c.core.open(node, false, false).await.unwrap();
+        let read = tokio::time::timeout(Duration::from_secs(5), async {
+            let mut all = Vec::new();
+            while all.len() < data.len() {
+                let got = c.core.read(reader, all.len() as u64, 65536).await.unwrap();
+                assert!(!got.is_empty(), "the file ended early");
+                all.extend(got);
+            }
+            all
+        })
+        .await
+        .expect("the read waited for the push");
+        c.core.release(reader).await.unwrap();
+        read
+    });
+    assert!(back == data, "read back other bytes than written");
+    assert!(!pushing.is_finished(), "the push was still on its way");
+    c.faults.release();
+    c.rt.block_on(pushing).unwrap().unwrap();
+    assert_eq!(
+        c.rt.block_on(
+            c.memory
+                .read(&RemotePath::new(b"big.bin".to_vec()).unwrap(), 0, 300_000)
+        )
+        .unwrap()
+        .data,
+        data
+    );
+    c.rt.block_on(c.core.release(fh)).unwrap();
+}

@@ -1039,7 +1039,14 @@ impl FsCore {
         offset: u64,
         size: u64,
     ) -> Result<Vec<u8>> {
-        let mut g = s.lock().await;
+        // While its push holds the image, a read is served from it, not after the upload.
+        let mut g = match s.try_lock() {
+            Some(g) => g,
+            None => match s.read_while_pushing(offset, size) {
+                Some(read) => return read.map_err(|e| local_io(&e)),
+                None => s.lock().await,
+            },
+        };
         self.fill(node, &mut g, offset, size).await?;
         g.read_local(offset, size).map_err(|e| local_io(&e))
     }

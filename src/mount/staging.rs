@@ -303,20 +303,25 @@ impl Staged {
 
     /// Read staged bytes (only from present pages; the caller fetches the rest).
     pub fn read_local(&self, offset: u64, len: u64) -> io::Result<Vec<u8>> {
-        let end = (offset + len).min(self.len);
-        if offset >= end {
-            return Ok(Vec::new());
-        }
-        let mut buf = vec![0u8; (end - offset) as usize];
-        let mut got = 0;
-        while got < buf.len() {
-            match self.file.read_at(&mut buf[got..], offset + got as u64)? {
-                0 => break, // a hole past the file's end reads as zeros
-                n => got += n,
-            }
-        }
-        Ok(buf)
+        read_image(&self.file, self.len, offset, len)
     }
+}
+
+/// Up to `len` bytes at `offset` of a staged image `size` bytes long, read from its file.
+pub fn read_image(file: &File, size: u64, offset: u64, len: u64) -> io::Result<Vec<u8>> {
+    let end = offset.saturating_add(len).min(size);
+    if offset >= end {
+        return Ok(Vec::new());
+    }
+    let mut buf = vec![0u8; (end - offset) as usize];
+    let mut got = 0;
+    while got < buf.len() {
+        match file.read_at(&mut buf[got..], offset + got as u64)? {
+            0 => break, // a hole past the file's end reads as zeros
+            n => got += n,
+        }
+    }
+    Ok(buf)
 }
 
 /// One recorded change to a staged file.

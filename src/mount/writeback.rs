@@ -49,6 +49,22 @@ pub struct StagedEntry {
     dirty: AtomicBool,
     /// Where it is on its way to the sandbox ([`super::lifecycle`]).
     stage: Mutex<Stage>,
+    /// The image being committed, complete and unchanging while its commit is on the way
+    /// (writes wait for the lock the push holds): reads are served from it meanwhile, as a
+    /// local disk serves reads during write-back, instead of waiting for the whole upload.
+    /// Readers hold the read side while they read; the push takes the write side before it
+    /// changes the image again.
+    pushing: std::sync::RwLock<Option<Arc<std::fs::File>>>,
+}
+
+/// Shows a staged image to readers for as long as it lives ([`StagedEntry::show_while_pushing`]).
+pub struct Shown<'a>(&'a StagedEntry);
+
+impl Drop for Shown<'_> {
+    fn drop(&mut self) {
+        // Waits for reads under way: the image may change once this returns.
+        *self.0.pushing.write().expect("pushing lock") = None;
+    }
 }
 
 impl StagedEntry {
@@ -64,7 +80,27 @@ impl StagedEntry {
                 Stage::Clean
             }),
             inner: tokio::sync::Mutex::new(s),
+            pushing: std::sync::RwLock::new(None),
         }
+    }
+
+    /// Let reads use `s`'s file until the guard drops (call with the lock held, the image
+    /// complete: nothing needs fetching to read it).
+    pub fn show_while_pushing(&self, s: &Staged) -> Option<Shown<'_>> {
+        if !s.complete() {
+            return None;
+        }
+        let file = s.file.try_clone().ok()?;
+        *self.pushing.write().expect("pushing lock") = Some(Arc::new(file));
+        Some(Shown(self))
+    }
+
+    /// Bytes of the image a push is committing, if one is (else `None`: take the lock).
+    pub fn read_while_pushing(&self, offset: u64, len: u64) -> Option<std::io::Result<Vec<u8>>> {
+        let shown = self.pushing.read().expect("pushing lock");
+        let file = shown.as_ref()?;
+        let size = self.len.load(Ordering::SeqCst);
+        Some(super::staging::read_image(file, size, offset, len))
     }
 
     pub async fn lock(&self) -> tokio::sync::MutexGuard<'_, Staged> {
@@ -544,6 +580,7 @@ impl FsCore {
             };
             let content_of;
             (content_of, bytes) = content;
+            let shown = staged.show_while_pushing(&s);
             result = self.note(
                 self.remote
                     .commit(
@@ -561,6 +598,7 @@ impl FsCore {
                     )
                     .await,
             );
+            drop(shown);
             if let Err(e) = &result {
                 if unreachable(e) {
                     // The commit may have reached the sandbox: remember what it sent, to
