@@ -47,21 +47,16 @@ pub struct AgentClient {
     base: String,
     token: String,
     /// This client's [`super::wire::CLIENT_HEADER`]: its watch learns which changes its own
-    /// commits made.
-    client: String,
+    /// commits made. `None` when the system gave no randomness: then nothing is its own, and
+    /// every change is checked.
+    client: Option<String>,
 }
 
-/// A fresh random client id (16 hex digits; the OS seeds `RandomState` per process).
-fn new_client_id() -> String {
-    use std::hash::BuildHasher;
-    static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let id = std::collections::hash_map::RandomState::new().hash_one((
-        std::process::id(),
-        std::time::SystemTime::now(),
-        n,
-    ));
-    format!("{id:016x}")
+/// A fresh random client id (16 hex digits), as the other random tokens are drawn.
+fn new_client_id() -> Option<String> {
+    let mut id = [0u8; 8];
+    getrandom::fill(&mut id).ok()?;
+    Some(format!("{:016x}", u64::from_ne_bytes(id)))
 }
 
 /// A pooled connection is dropped well before the agent closes an idle one: reusing one the
@@ -134,10 +129,11 @@ impl AgentClient {
             url.push('=');
             url.push_str(&encode_bytes(v));
         }
-        self.http
-            .request(method, url)
-            .bearer_auth(&self.token)
-            .header(super::wire::CLIENT_HEADER, &self.client)
+        let req = self.http.request(method, url).bearer_auth(&self.token);
+        match &self.client {
+            Some(id) => req.header(super::wire::CLIENT_HEADER, id),
+            None => req,
+        }
     }
 
     /// Send once; decode error answers.
