@@ -564,6 +564,150 @@ fn a_hung_sandbox_still_takes_new_files_in_a_listed_directory() {
     );
 }
 
+/// Stops a process (SIGSTOP) and lets it go on (SIGCONT) when dropped, even if the test fails.
+struct Frozen(i32);
+
+impl Frozen {
+    fn stop(pid: u32) -> Frozen {
+        // SAFETY: a signal to the test's own child process, still running.
+        unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+        Frozen(pid as i32)
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        // SAFETY: as above.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+fn is_mounted(at: &Path) -> bool {
+    let at = fs::canonicalize(at.parent().unwrap())
+        .unwrap()
+        .join(at.file_name().unwrap());
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(at.to_str().unwrap()))
+}
+
+#[test]
+fn umount_of_a_hung_sandbox_waits_saying_why_and_force_is_bounded_and_loses_nothing() {
+    let _load = CpuHogs::start();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    let cache = dir.path().join("cache");
+    fs::create_dir(&root).unwrap();
+    let agent = AgentProcess::start(&root);
+    let mut mount = MountProcess::start_url_cache(&agent.url, &agent.token, &[], Some(&cache));
+    fs::write(mount.dir.join("before.txt"), "pushed before the hang\n").unwrap();
+    let (code, _, _) = run(Command::new(sbxfs_bin())
+        .args(["ctl", "--mount"])
+        .arg(&mount.dir)
+        .arg("flush"));
+    assert_eq!(code, 0);
+    // The sandbox stops answering while a push is on its way (a file big enough that its
+    // upload is still moving when the state is seen; tried again if it landed first).
+    let status = |dir: &Path| -> serde_json::Value {
+        let (_, out, _) = run(Command::new(sbxfs_bin())
+            .args(["ctl", "--json", "--mount"])
+            .arg(dir)
+            .arg("status"));
+        serde_json::from_slice(&out).unwrap_or_default()
+    };
+    let big = vec![7u8; 256 << 20];
+    let mut frozen = None;
+    for _ in 0..5 {
+        fs::write(mount.dir.join("stuck.bin"), &big).unwrap();
+        let until = std::time::Instant::now() + Duration::from_secs(20);
+        while frozen.is_none() && std::time::Instant::now() < until {
+            let st = status(&mount.dir);
+            match st["files"].as_array().map(|f| f.as_slice()) {
+                Some([f]) if f["state"] == "pushing" => {
+                    frozen = Some(Frozen::stop(agent.child.id()))
+                }
+                Some([]) => break, // it landed first
+                _ => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+        if frozen.is_some() {
+            break;
+        }
+        let (code, _, _) = run(Command::new(sbxfs_bin())
+            .args(["ctl", "--mount"])
+            .arg(&mount.dir)
+            .arg("flush"));
+        assert_eq!(code, 0);
+    }
+    let frozen = frozen.expect("the agent was stopped while the push was on its way");
+
+    // Without --force it waits for the push, and says what it waits for.
+    let mut plain = Command::new(sbxfs_bin())
+        .arg("umount")
+        .arg(&mount.dir)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = String::new();
+    let mut pipe = plain.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(&mut pipe), &mut line);
+        line
+    });
+    eventually(
+        "umount says what it waits for",
+        Duration::from_secs(30),
+        || reader.is_finished(),
+    );
+    said.push_str(&reader.join().unwrap());
+    assert!(
+        said.contains("waiting for the sandbox to take 1 file(s)"),
+        "{said}"
+    );
+    assert!(
+        plain.try_wait().unwrap().is_none(),
+        "umount returned while its file was unpushed: {said}"
+    );
+    let _ = plain.kill();
+    let _ = plain.wait();
+    assert!(is_mounted(&mount.dir), "stopping umount unmounted it");
+
+    // --force: a bounded wait, then the unmount, naming what stayed unpushed.
+    let started = std::time::Instant::now();
+    let (code, _, err) = run(Command::new(sbxfs_bin())
+        .args(["umount", "--force"])
+        .arg(&mount.dir));
+    let err = String::from_utf8_lossy(&err);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("not pushed: stuck.bin"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(25),
+        "umount --force took {:?}",
+        started.elapsed()
+    );
+    assert!(!is_mounted(&mount.dir), "{err}");
+    eprintln!("umount --force took {:?}: {err}", started.elapsed());
+
+    // Nothing is lost: once the sandbox answers, the daemon (or, if it gave up, the next
+    // mount of the sandbox over the same staging directory) pushes the file.
+    drop(frozen);
+    eventually("the daemon exits", Duration::from_secs(90), || {
+        mount.child.as_mut().unwrap().try_wait().unwrap().is_some()
+    });
+    let landed = || fs::read(root.join("stuck.bin")).is_ok_and(|b| b == big);
+    if !landed() {
+        let again = MountProcess::start_url_cache(&agent.url, &agent.token, &[], Some(&cache));
+        eventually("the next mount pushes it", Duration::from_secs(30), landed);
+        drop(again);
+    }
+    assert_eq!(
+        fs::read_to_string(root.join("before.txt")).unwrap(),
+        "pushed before the hang\n"
+    );
+}
+
 #[test]
 fn a_database_sqlite_creates_stays_writable_on_the_same_connection() {
     let s = Sandbox::new(Transport::Agent);

@@ -375,7 +375,7 @@ pub(super) fn run_umount(a: UmountArgs) -> i32 {
     }
     // Push first, through the daemon: a write the sandbox refuses (a full disk) is named
     // here, and the mount stays so nothing is lost, unless --force.
-    let flushed = flush_before_unmount(&at);
+    let flushed = flush_before_unmount(&at, a.force);
     let unpushed = &flushed.unpushed;
     for (path, copy) in &flushed.conflicts {
         eprintln!(
@@ -423,12 +423,26 @@ pub(super) fn run_umount(a: UmountArgs) -> i32 {
         }
     };
     // Returns once the daemon is gone, so a mount right after finds the place free.
+    // Forced past unpushed files, it does not wait long: the daemon goes on trying for a
+    // bounded time, and its journals keep the rest for the next mount.
+    let wait = if failed {
+        FORCED_EXIT_WAIT
+    } else {
+        DAEMON_EXIT_WAIT
+    };
     if let Some(daemon) = flushed.daemon {
-        if !daemon.wait_gone(DAEMON_EXIT_WAIT) {
+        let gone = daemon.wait_gone(wait);
+        if !gone && failed {
+            eprintln!(
+                "sbxfs umount: its daemon (pid {}) goes on trying to push them for up to a \
+                 minute; what it cannot push stays staged for the next mount",
+                daemon.pid
+            );
+        } else if !gone {
             eprintln!(
                 "sbxfs umount: unmounted {shown}; its daemon (pid {}) is still finishing after {} s",
                 daemon.pid,
-                DAEMON_EXIT_WAIT.as_secs()
+                wait.as_secs()
             );
         }
     }
@@ -437,6 +451,8 @@ pub(super) fn run_umount(a: UmountArgs) -> i32 {
 
 /// How long `umount` waits for the daemon to exit after the unmount.
 const DAEMON_EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+/// How long `umount --force` waits for it when files stayed unpushed.
+const FORCED_EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What the daemon answered to the flush before an unmount.
 #[derive(Default)]
@@ -474,11 +490,15 @@ impl Process {
         fields.get(19).map(|s| s.to_string())
     }
 
+    fn is_gone(&self) -> bool {
+        let now = Self::start_time(self.pid);
+        now.is_none() || now != self.started
+    }
+
     fn wait_gone(&self, limit: std::time::Duration) -> bool {
         let until = std::time::Instant::now() + limit;
         loop {
-            let now = Self::start_time(self.pid);
-            if now.is_none() || now != self.started {
+            if self.is_gone() {
                 return true;
             }
             if std::time::Instant::now() >= until {
@@ -489,21 +509,79 @@ impl Process {
     }
 }
 
+/// How long `umount` waits for the flush before it says what it waits for.
+const FLUSH_NOTE_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long `umount --force` waits for the flush before it unmounts anyway.
+const FORCE_FLUSH_LIMIT: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// Ask the mount's daemon to push everything now. A daemon that does not answer is left to
-/// push as it unmounts.
-fn flush_before_unmount(at: &std::path::Path) -> Flushed {
+/// push as it unmounts. Without `force` this waits as long as the pushes take (saying so after
+/// a few seconds); with it, at most [`FORCE_FLUSH_LIMIT`], and what is still unpushed then is
+/// named from the mount's status.
+fn flush_before_unmount(at: &std::path::Path, force: bool) -> Flushed {
     let Some(info) = crate::control::client::mount_info(at) else {
         return Flushed::default();
     };
-    let route = crate::control::client::Route {
-        socket: PathBuf::from(&info.socket),
-        path: Vec::new(),
-        info,
-        on: None,
-    };
-    let Ok(v) = super::ask(&route, crate::control::Request::Flush) else {
+    let socket = PathBuf::from(&info.socket);
+    let Ok(mut flush) =
+        crate::control::client::Awaited::send(&socket, crate::control::Request::Flush)
+    else {
         return Flushed::default();
     };
+    let started = std::time::Instant::now();
+    let mut noted = false;
+    let answer = loop {
+        let step = if noted {
+            FORCE_FLUSH_LIMIT
+        } else {
+            FLUSH_NOTE_AFTER
+        };
+        match flush.within(if force {
+            step.min(FORCE_FLUSH_LIMIT.saturating_sub(started.elapsed()))
+        } else {
+            step
+        }) {
+            Ok(Some(v)) => break Some(v),
+            Ok(None) if force && started.elapsed() >= FORCE_FLUSH_LIMIT => break None,
+            Ok(None) => {
+                if !noted {
+                    noted = true;
+                    let waiting = unpushed_now(&socket).len();
+                    eprintln!(
+                        "sbxfs umount: waiting for the sandbox to take {waiting} file(s){}",
+                        if force {
+                            format!(
+                                "; unmounting anyway after {} s",
+                                FORCE_FLUSH_LIMIT.as_secs()
+                            )
+                        } else {
+                            " (Ctrl-C leaves it mounted; --force unmounts after a bounded wait)"
+                                .into()
+                        }
+                    );
+                }
+            }
+            Err(_) => return Flushed::default(),
+        }
+    };
+    let Some(v) = answer else {
+        // The sandbox did not take them in time: name what stays, from what the mount knows.
+        let limit = FORCE_FLUSH_LIMIT.as_secs();
+        return Flushed {
+            unpushed: unpushed_now(&socket)
+                .into_iter()
+                .map(|path| format!("{path}: the sandbox did not take it within {limit} s"))
+                .collect(),
+            conflicts: Vec::new(),
+            daemon: status(&socket)
+                .and_then(|s| s["pid"].as_u64())
+                .map(|p| Process::of(p as u32)),
+        };
+    };
+    if let Some(e) = super::socket_error(&v) {
+        tracing::debug!("flush before unmount: {e}");
+        return Flushed::default();
+    }
     let text = |v: &serde_json::Value| visible(v.as_str().unwrap_or("?"));
     let unpushed = v["failures"]
         .as_array()
@@ -535,6 +613,30 @@ fn flush_before_unmount(at: &std::path::Path) -> Flushed {
         conflicts,
         daemon: v["pid"].as_u64().map(|p| Process::of(p as u32)),
     }
+}
+
+/// The mount's status: answered from what it knows, even while the sandbox hangs.
+fn status(socket: &std::path::Path) -> Option<serde_json::Value> {
+    let mut ask =
+        crate::control::client::Awaited::send(socket, crate::control::Request::Status).ok()?;
+    ask.within(std::time::Duration::from_secs(5)).ok().flatten()
+}
+
+/// The files the mount has not pushed yet (conflict copies are pushed: their files follow
+/// the sandbox), shown safely.
+fn unpushed_now(socket: &std::path::Path) -> Vec<String> {
+    let Some(s) = status(socket) else {
+        return Vec::new();
+    };
+    s["files"]
+        .as_array()
+        .map(|fs| {
+            fs.iter()
+                .filter(|f| f["state"] != "conflict")
+                .map(|f| visible(f["path"].as_str().unwrap_or("?")))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 pub(super) use super::logging::visible;

@@ -83,6 +83,13 @@ pub fn request(
     socket: &Path,
     req: Request,
 ) -> std::io::Result<impl Iterator<Item = std::io::Result<serde_json::Value>>> {
+    let reader = BufReader::new(send(socket, req)?);
+    Ok(reader
+        .lines()
+        .map(|l| l.and_then(|l| parse_line(l.as_bytes()))))
+}
+
+fn send(socket: &Path, req: Request) -> std::io::Result<UnixStream> {
     let mut stream = UnixStream::connect(socket)?;
     let mut line = serde_json::to_vec(&Envelope {
         v: PROTOCOL_VERSION,
@@ -90,11 +97,48 @@ pub fn request(
     })?;
     line.push(b'\n');
     stream.write_all(&line)?;
-    let reader = BufReader::new(stream);
-    Ok(reader.lines().map(|l| {
-        l.and_then(|l| {
-            serde_json::from_str(&l)
-                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+    Ok(stream)
+}
+
+fn parse_line(line: &[u8]) -> std::io::Result<serde_json::Value> {
+    serde_json::from_slice(line)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
+/// A request whose one answer may take long (a flush while the sandbox is slow or hangs):
+/// waited for in steps, so the caller can say what it waits for, or stop waiting.
+pub struct Awaited {
+    reader: BufReader<UnixStream>,
+    line: Vec<u8>,
+}
+
+impl Awaited {
+    pub fn send(socket: &Path, req: Request) -> std::io::Result<Awaited> {
+        Ok(Awaited {
+            reader: BufReader::new(send(socket, req)?),
+            line: Vec::new(),
         })
-    }))
+    }
+
+    /// The answer, if it arrives within `patience`; `Ok(None)` while it has not (what came
+    /// so far is kept for the next call).
+    pub fn within(
+        &mut self,
+        patience: std::time::Duration,
+    ) -> std::io::Result<Option<serde_json::Value>> {
+        use std::io::ErrorKind::{Interrupted, TimedOut, UnexpectedEof, WouldBlock};
+        self.reader
+            .get_ref()
+            .set_read_timeout(Some(patience.max(std::time::Duration::from_millis(1))))?;
+        // read_until keeps every byte it consumed in `line`, even when it fails.
+        match self.reader.read_until(b'\n', &mut self.line) {
+            Ok(_) if self.line.ends_with(b"\n") => parse_line(&self.line).map(Some),
+            Ok(_) => Err(std::io::Error::new(
+                UnexpectedEof,
+                "the mount closed the connection",
+            )),
+            Err(e) if matches!(e.kind(), WouldBlock | TimedOut | Interrupted) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
 }

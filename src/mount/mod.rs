@@ -77,6 +77,10 @@ pub const DEFAULT_CACHE_BYTES: u64 = 512 * 1024 * 1024;
 pub const RETRY_INTERVAL: Duration = Duration::from_secs(1);
 /// FUSE threads: each only decodes and hands off, so a few suffice.
 pub const FUSE_THREADS: usize = 4;
+/// How long the daemon pushes what is staged once its session ended, before it exits
+/// anyway (the journals keep the rest for the next mount).
+const FINAL_PUSH_LIMIT: Duration = Duration::from_secs(60);
+
 /// How often the daemon looks whether its FUSE session ended (an unmount from outside): it only
 /// delays the daemon's exit by as much.
 const SESSION_POLL: Duration = Duration::from_millis(50);
@@ -486,10 +490,27 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
         notify::STOPPING
     ));
     // Push what is staged before the mount goes away.
-    let failures = rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(60), core.flush_all())
-            .await
-            .unwrap_or_default()
+    let failures: Vec<(String, String)> = rt.block_on(async {
+        match tokio::time::timeout(FINAL_PUSH_LIMIT, core.flush_all()).await {
+            Ok(failures) => failures
+                .into_iter()
+                .map(|(path, e)| (path, e.to_string()))
+                .collect(),
+            // A sandbox that hangs does not hold the exit: what is unpushed is named, and its
+            // journals stay for the next mount.
+            Err(_) => core
+                .file_stages()
+                .into_iter()
+                .filter(|(_, stage)| stage.unpushed())
+                .map(|(path, _)| {
+                    let why = format!(
+                        "the sandbox did not take it within {} s",
+                        FINAL_PUSH_LIMIT.as_secs()
+                    );
+                    (path, why)
+                })
+                .collect(),
+        }
     });
     for (path, e) in &failures {
         tracing::error!(file = %path, "could not push before unmounting: {e}");
@@ -497,7 +518,13 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     let saved = if failures.is_empty() {
         Vec::new()
     } else {
-        rt.block_on(core.save_unpushed(&staging_path))
+        // A push still in flight holds its file: the copies are bounded too (the journals
+        // are the durable record either way).
+        rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(15), core.save_unpushed(&staging_path))
+                .await
+                .unwrap_or_default()
+        })
     };
     // Unmount once, ourselves, while our mount is still there (not after `sbxfs umount`).
     let still_ours = mounts::top_at(&mounts::current(), &mountpoint)
