@@ -1317,6 +1317,65 @@ async fn read_all(b: &Backend, path: &str) -> Vec<u8> {
     }
 }
 
+/// A new sparse file is sent as its written ranges: a patch cut to nothing needs no base.
+async fn a_patch_cut_to_nothing_creates_its_file(b: &Backend) {
+    let r = &b.remote;
+    assert!(r.info().await.unwrap().capabilities.patch_new);
+    let created = CommitOptions {
+        base: Some(Version::absent()),
+        create_mode: Some(0o640),
+        ..Default::default()
+    };
+    // One byte far out (the hole is not sent).
+    let a = r
+        .commit(
+            &rp("sparse.bin"),
+            patch(0, 3_000_001, vec![(3_000_000, b"Z")]),
+            created,
+        )
+        .await
+        .unwrap();
+    assert_eq!(a.size, 3_000_001);
+    assert_eq!(a.mode & 0o7777, 0o640);
+    let got = read_all(b, "sparse.bin").await;
+    assert_eq!(got.len(), 3_000_001);
+    assert!(got[..3_000_000].iter().all(|&c| c == 0));
+    assert_eq!(got[3_000_000], b'Z');
+    // `truncate -s 4096` of a new file: no range at all.
+    r.commit(
+        &rp("sized.bin"),
+        patch(0, 4096, vec![]),
+        CommitOptions::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(read_all(b, "sized.bin").await, vec![0; 4096]);
+    // Over a file that is there, a cut to nothing keeps none of it.
+    b.sb.write(b"old.txt", b"old content here");
+    let base = r.stat(&rp("old.txt")).await.unwrap().version;
+    r.commit(
+        &rp("old.txt"),
+        patch(0, 3, vec![(0, b"new")]),
+        based_on(base),
+    )
+    .await
+    .unwrap();
+    assert_eq!(read_all(b, "old.txt").await, b"new");
+    // A patch that keeps bytes of its base still needs one.
+    assert!(r
+        .commit(
+            &rp("missing.bin"),
+            patch(5, 10, vec![]),
+            CommitOptions::default()
+        )
+        .await
+        .is_err());
+    assert!(matches!(
+        r.stat(&rp("missing.bin")).await,
+        Err(RemoteError::NotFound(_))
+    ));
+}
+
 async fn patches_cut_before_they_write(b: &Backend) {
     let r = &b.remote;
     b.sb.write(b"t.bin", &[b'A'; 20_000]);
@@ -2001,6 +2060,7 @@ conformance!(agent_backend:
     create_only_commits_never_replace,
     hard_links_made_in_the_sandbox_share_an_inode,
     patches_cut_before_they_write,
+    a_patch_cut_to_nothing_creates_its_file,
     hard_links_share_content_and_survive_commits,
     mknod_makes_fifos_sockets_and_devices_when_allowed,
     rename_exchanges_and_refuses_to_replace,
@@ -2033,6 +2093,7 @@ conformance!(memory_backend:
     create_only_commits_never_replace,
     hard_links_made_in_the_sandbox_share_an_inode,
     patches_cut_before_they_write,
+    a_patch_cut_to_nothing_creates_its_file,
     hard_links_share_content_and_survive_commits,
     mknod_makes_fifos_sockets_and_devices_when_allowed,
     rename_exchanges_and_refuses_to_replace,
@@ -2100,6 +2161,7 @@ conformance!(https_backend:
     create_only_commits_never_replace,
     hard_links_made_in_the_sandbox_share_an_inode,
     patches_cut_before_they_write,
+    a_patch_cut_to_nothing_creates_its_file,
     hard_links_share_content_and_survive_commits,
     mknod_makes_fifos_sockets_and_devices_when_allowed,
     rename_exchanges_and_refuses_to_replace,
@@ -2200,6 +2262,7 @@ conformance!(shell_backend:
     create_only_commits_never_replace,
     hard_links_made_in_the_sandbox_share_an_inode,
     patches_cut_before_they_write,
+    a_patch_cut_to_nothing_creates_its_file,
     hard_links_share_content_and_survive_commits,
     mknod_makes_fifos_sockets_and_devices_when_allowed,
     rename_exchanges_and_refuses_to_replace,
@@ -2231,6 +2294,7 @@ conformance!(exec_backend:
     create_only_commits_never_replace,
     hard_links_made_in_the_sandbox_share_an_inode,
     patches_cut_before_they_write,
+    a_patch_cut_to_nothing_creates_its_file,
     hard_links_share_content_and_survive_commits,
     mknod_makes_fifos_sockets_and_devices_when_allowed,
     rename_exchanges_and_refuses_to_replace,
@@ -2262,6 +2326,7 @@ conformance!(busybox_shell_backend:
     create_only_commits_never_replace,
     hard_links_made_in_the_sandbox_share_an_inode,
     patches_cut_before_they_write,
+    a_patch_cut_to_nothing_creates_its_file,
     hard_links_share_content_and_survive_commits,
     // mknod_makes_fifos_sockets_and_devices_when_allowed, rename_exchanges_and_refuses_to_replace:
     // sockets and renameat2 need python3, which a busybox-only sandbox has not.
@@ -2316,6 +2381,7 @@ conformance!(ssh_backend:
     create_only_commits_never_replace,
     hard_links_made_in_the_sandbox_share_an_inode,
     patches_cut_before_they_write,
+    a_patch_cut_to_nothing_creates_its_file,
     hard_links_share_content_and_survive_commits,
     mknod_makes_fifos_sockets_and_devices_when_allowed,
     rename_exchanges_and_refuses_to_replace,
@@ -2388,6 +2454,7 @@ conformance_if_available!(agentscope_backend:
     create_only_commits_never_replace,
     hard_links_made_in_the_sandbox_share_an_inode,
     patches_cut_before_they_write,
+    a_patch_cut_to_nothing_creates_its_file,
     hard_links_share_content_and_survive_commits,
 );
 
@@ -2460,6 +2527,7 @@ conformance!(busybox_python_shell_backend:
     create_only_commits_never_replace,
     hard_links_made_in_the_sandbox_share_an_inode,
     patches_cut_before_they_write,
+    a_patch_cut_to_nothing_creates_its_file,
     hard_links_share_content_and_survive_commits,
     mknod_makes_fifos_sockets_and_devices_when_allowed,
     rename_exchanges_and_refuses_to_replace,

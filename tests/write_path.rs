@@ -564,6 +564,61 @@ fn a_hung_sandbox_still_takes_new_files_in_a_listed_directory() {
     );
 }
 
+/// A new file with a byte written at 2 GiB (pjdfstest's open/25.t), and one made by
+/// `truncate -s 1G`: each push sends the written bytes, not gigabytes of zeros, and the
+/// sandbox's copies stay sparse.
+fn a_new_sparse_file_is_pushed_as_its_written_bytes(t: Transport) {
+    use std::os::unix::fs::FileExt;
+    let _load = CpuHogs::start();
+    let s = Sandbox::new(t);
+    let far = 2u64 << 30;
+    let f = fs::File::create(s.mnt().join("sparse.bin")).unwrap();
+    f.write_all_at(b"Z", far).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    let g = fs::File::create(s.mnt().join("sized.bin")).unwrap();
+    g.set_len(1 << 30).unwrap();
+    g.sync_all().unwrap();
+    drop(g);
+    let sparse = fs::File::open(s.root.join("sparse.bin")).unwrap();
+    let meta = sparse.metadata().unwrap();
+    assert_eq!(meta.len(), far + 1);
+    let mut z = [0u8; 1];
+    sparse.read_exact_at(&mut z, far).unwrap();
+    assert_eq!(&z, b"Z");
+    let sized = fs::metadata(s.root.join("sized.bin")).unwrap();
+    assert_eq!(sized.len(), 1 << 30);
+    for (name, m) in [("sparse.bin", &meta), ("sized.bin", &sized)] {
+        assert!(
+            m.blocks() * 512 < 1 << 20,
+            "{name} takes {} bytes in the sandbox: its hole was written",
+            m.blocks() * 512
+        );
+    }
+    let (_, out, _) = run(Command::new(sbxfs_bin())
+        .args(["ctl", "--json", "--mount"])
+        .arg(s.mnt())
+        .arg("status"));
+    let status: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let pushed = status["stats"]["bytes_pushed"].as_u64().unwrap();
+    assert!(pushed < 1 << 20, "{pushed} bytes pushed for two holes");
+    // Read back through the mount: the byte far out, zeros before it.
+    let back = fs::File::open(s.mnt().join("sparse.bin")).unwrap();
+    let mut tail = [9u8; 2];
+    back.read_exact_at(&mut tail, far - 1).unwrap();
+    assert_eq!(&tail, b"\0Z");
+}
+
+#[test]
+fn a_new_sparse_file_is_pushed_as_its_written_bytes_agent() {
+    a_new_sparse_file_is_pushed_as_its_written_bytes(Transport::Agent);
+}
+
+#[test]
+fn a_new_sparse_file_is_pushed_as_its_written_bytes_shell() {
+    a_new_sparse_file_is_pushed_as_its_written_bytes(Transport::Shell);
+}
+
 /// Stops a process (SIGSTOP) and lets it go on (SIGCONT) when dropped, even if the test fails.
 struct Frozen(i32);
 

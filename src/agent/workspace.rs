@@ -636,6 +636,8 @@ impl Workspace {
             }
         }
         check_base(target, base.as_ref(), current.as_ref())?;
+        // A patch cut to nothing (a new sparse file's) starts from an empty temp instead.
+        let copy_base = copy_base.filter(|&cut| cut > 0);
         if copy_base.is_some() && current.is_none() {
             return Err(RemoteError::NotFound(format!(
                 "{}: a patch needs an existing base file",

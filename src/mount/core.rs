@@ -129,6 +129,9 @@ pub struct FsCore {
     /// The transport takes patch commits (its `Capabilities::patch_commits`); without them
     /// every push sends the whole file.
     patch_commits: AtomicBool,
+    /// A new file's push may be a patch over nothing (`Capabilities::patch_new`): off until the
+    /// transport says so.
+    patch_new: AtomicBool,
     /// Whether the change feed vouches for what is cached ([`super::feed`]).
     pub(super) feed: super::feed::FeedState,
     /// The last `statfs` answer and when it came ([`STATFS_TTL`]).
@@ -195,6 +198,7 @@ impl FsCore {
             made_links,
             commit_absent: AtomicBool::new(false),
             patch_commits: AtomicBool::new(true),
+            patch_new: AtomicBool::new(false),
             feed: super::feed::FeedState::default(),
             statfs_seen: Mutex::new(None),
             stats: CoreStats::default(),
@@ -233,6 +237,15 @@ impl FsCore {
 
     pub(super) fn patch_commits(&self) -> bool {
         self.patch_commits.load(Ordering::Relaxed)
+    }
+
+    /// The transport takes a patch that creates its file (`Capabilities::patch_new`).
+    pub fn set_patch_new(&self, yes: bool) {
+        self.patch_new.store(yes, Ordering::Relaxed);
+    }
+
+    pub(super) fn patch_new(&self) -> bool {
+        self.patch_new.load(Ordering::Relaxed)
     }
 
     /// `close` waits for its push (`-o sync_close`) instead of queueing it.

@@ -380,6 +380,7 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     core.set_workspace_id(info.workspace_id.as_deref());
     core.set_commit_absent(info.commit_absent);
     core.set_patch_commits(info.capabilities.patch_commits);
+    core.set_patch_new(info.capabilities.patch_new);
     let fs = fuse::SbxFs {
         fs: Arc::new(gated::GatedFs::new(
             core.clone(),

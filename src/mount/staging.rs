@@ -211,17 +211,22 @@ impl Staged {
 
     /// What to send: a patch over the base, or the whole file.
     pub fn content(&self) -> io::Result<(CommitContent, u64)> {
-        self.content_for(true)
+        self.content_for(true, false)
     }
 
     /// [`Staged::content`] for a transport that takes patches or not: without them the whole
     /// file, which must then be [`Staged::complete`].
-    pub fn content_for(&self, patches: bool) -> io::Result<(CommitContent, u64)> {
+    /// `patches`: the transport takes patches over a base; `patch_new`: also a patch that
+    /// creates its file (cut 0 over nothing), so a new sparse file (a byte written at 2 GiB, a
+    /// `truncate -s 1G`) sends only its written ranges, not gigabytes of zeros.
+    pub fn content_for(&self, patches: bool, patch_new: bool) -> io::Result<(CommitContent, u64)> {
         let dirty = self.dirty_bytes();
-        let whole = self.base.is_none()
-            || (!patches && self.complete())
-            || (self.complete()
-                && (dirty > MAX_PATCH_BYTES || dirty as f64 > self.len as f64 * WHOLE_FILE_SHARE));
+        let sparse = dirty <= MAX_PATCH_BYTES && dirty as f64 <= self.len as f64 * WHOLE_FILE_SHARE;
+        let whole = match self.base {
+            // Every byte of a file made here is in its dirty ranges (its base is empty).
+            None => !(patch_new && self.base_size == 0 && sparse),
+            Some(_) => self.complete() && (!patches || !sparse),
+        };
         if whole {
             return Ok((CommitContent::Whole(Box::new(self.reader()?)), self.len));
         }
@@ -508,6 +513,37 @@ mod tests {
     fn staged(base: &[u8]) -> Staged {
         let f = tempfile::tempfile().unwrap();
         Staged::new(f, Some(Version("v1".into())), base.len() as u64)
+    }
+
+    #[test]
+    fn a_new_sparse_file_is_a_patch_over_nothing_where_the_transport_takes_one() {
+        let mut s = Staged::new(tempfile::tempfile().unwrap(), None, 0);
+        s.write(1 << 31, b"Z").unwrap();
+        match s.content_for(false, true).unwrap() {
+            (
+                CommitContent::Patch {
+                    cut,
+                    new_len,
+                    ranges,
+                },
+                bytes,
+            ) => {
+                assert_eq!((cut, new_len, bytes), (0, (1 << 31) + 1, 1));
+                assert_eq!(ranges, vec![(1 << 31, Bytes::from_static(b"Z"))]);
+            }
+            (CommitContent::Whole(_), _) => panic!("a whole file of zeros"),
+        }
+        // Without the capability, and for a file written mostly full, the whole file.
+        assert!(matches!(
+            s.content_for(true, false).unwrap().0,
+            CommitContent::Whole(_)
+        ));
+        let mut full = Staged::new(tempfile::tempfile().unwrap(), None, 0);
+        full.write(0, &[1u8; 10_000]).unwrap();
+        assert!(matches!(
+            full.content_for(true, true).unwrap().0,
+            CommitContent::Whole(_)
+        ));
     }
 
     #[test]

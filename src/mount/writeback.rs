@@ -570,14 +570,15 @@ impl FsCore {
                     return Err(e);
                 }
             }
-            let content = match s.content_for(self.patch_commits() || !s.complete()) {
-                Ok(c) => c,
-                Err(e) => {
-                    let e = local_io(&e);
-                    self.push_failed(&staged, node, &path.display(), &e);
-                    return Err(e);
-                }
-            };
+            let content =
+                match s.content_for(self.patch_commits() || !s.complete(), self.patch_new()) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let e = local_io(&e);
+                        self.push_failed(&staged, node, &path.display(), &e);
+                        return Err(e);
+                    }
+                };
             let content_of;
             (content_of, bytes) = content;
             let shown = staged.show_while_pushing(&s);
@@ -1119,7 +1120,9 @@ impl FsCore {
         s: &mut Staged,
         mode: Option<u32>,
     ) -> Result<()> {
-        let (content, _) = s.content().map_err(|e| local_io(&e))?;
+        let (content, _) = s
+            .content_for(true, self.patch_new())
+            .map_err(|e| local_io(&e))?;
         let r = self.note(
             self.remote
                 .commit(

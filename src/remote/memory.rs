@@ -1025,9 +1025,12 @@ impl Remote for MemoryRemote {
                 bytes
             }
             Err((cut, new_len, ranges)) => {
-                let Some(ino) = slot.ino else {
-                    // A patch needs its base file (the agent says ENOENT too).
-                    return Err(RemoteError::NotFound(shown(p)));
+                // A patch needs its base file (the agent says ENOENT too), unless it cuts it
+                // to nothing (a new sparse file).
+                let base = match slot.ino {
+                    Some(ino) if cut > 0 => Some(ino),
+                    None if cut > 0 => return Err(RemoteError::NotFound(shown(p))),
+                    _ => None,
                 };
                 let mut end = new_len;
                 for (off, data) in &ranges {
@@ -1042,7 +1045,12 @@ impl Remote for MemoryRemote {
                         "commits are limited to {MAX_MEMORY_COMMIT_BYTES} bytes"
                     )));
                 }
-                apply_patch(s.file_bytes(ino, p)?, cut, new_len, &ranges)
+                let nothing = Vec::new();
+                let base = match base {
+                    Some(ino) => s.file_bytes(ino, p)?,
+                    None => &nothing,
+                };
+                apply_patch(base, cut, new_len, &ranges)
             }
         };
         let created = slot.ino.is_none();

@@ -536,6 +536,10 @@ pub struct Capabilities {
     pub feed: bool,
     /// Commits may be patches (ranges over the base) rather than whole files.
     pub patch_commits: bool,
+    /// A patch with cut 0 may create its file (nothing to cut from), so a new sparse file is
+    /// sent as its written ranges. Agents before it say nothing: false.
+    #[serde(default)]
+    pub patch_new: bool,
     /// grep/glob/fuzzy run in the sandbox, only results cross.
     pub server_search: bool,
     /// A cancelled remote command is stopped (its process group killed).
@@ -548,6 +552,7 @@ impl Default for Capabilities {
         Capabilities {
             feed: true,
             patch_commits: true,
+            patch_new: true,
             server_search: true,
             kill: true,
         }

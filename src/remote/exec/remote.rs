@@ -502,6 +502,8 @@ impl Remote for ScriptRemote {
             capabilities: Capabilities {
                 feed: false,
                 patch_commits: false,
+                // The commit script starts a cut-0 patch from an empty file.
+                patch_new: true,
                 // grep runs in the sandbox where rg is (glob and fuzzy: only paths cross).
                 server_search: probe.tools.iter().any(|t| t == "rg"),
                 kill: true,
@@ -832,10 +834,16 @@ impl Remote for ScriptRemote {
                 if new_len > i64::MAX as u64 {
                     return Err(RemoteError::FileTooBig(path.display()));
                 }
-                let mut f = String::from("content() {\ncat -- \"$P\" >\"$1\" || return 1\n");
-                f.push_str(&format!(
-                    "s=$(wc -c <\"$1\") || return 1\n[ \"$s\" -le {cut} ] || truncate -s {cut} -- \"$1\" || return 1\n"
-                ));
+                // Cut to nothing: no base is read (a new file has none).
+                let mut f = if cut == 0 {
+                    String::from("content() {\n: >\"$1\" || return 1\n")
+                } else {
+                    let mut f = String::from("content() {\ncat -- \"$P\" >\"$1\" || return 1\n");
+                    f.push_str(&format!(
+                        "s=$(wc -c <\"$1\") || return 1\n[ \"$s\" -le {cut} ] || truncate -s {cut} -- \"$1\" || return 1\n"
+                    ));
+                    f
+                };
                 for (off, bytes) in &ranges {
                     let (bs, seek) = dd_at(*off);
                     f.push_str(&format!(
