@@ -1617,6 +1617,48 @@ async fn modes_are_exactly_those_asked(b: &Backend) {
     assert_eq!((f.mode, f.gid), (0o644, parent.gid));
 }
 
+/// A file another user owns keeps its owner when new content replaces it (a whole file and a
+/// patch), where the sandbox may give files away (it runs as root).
+async fn commits_keep_the_owner(b: &Backend) {
+    let r = &b.remote;
+    b.sb.write(b"owned.txt", b"v1");
+    let given = r
+        .setattr(
+            &rp("owned.txt"),
+            SetAttr {
+                uid: Some(65534),
+                gid: Some(65534),
+                ..Default::default()
+            },
+        )
+        .await;
+    let Ok(a) = given else {
+        return; // not root in the sandbox: files cannot be given away
+    };
+    assert_eq!((a.uid, a.gid), (65534, 65534));
+    let w = r
+        .commit(
+            &rp("owned.txt"),
+            whole(b"version two".to_vec()),
+            based_on(a.version),
+        )
+        .await
+        .unwrap();
+    assert_eq!((w.uid, w.gid), (65534, 65534), "after a whole-file commit");
+    let p = r
+        .commit(
+            &rp("owned.txt"),
+            patch(u64::MAX, 11, vec![(0, b"V")]),
+            based_on(w.version),
+        )
+        .await
+        .unwrap();
+    assert_eq!((p.uid, p.gid), (65534, 65534), "after a patch");
+    let now = r.stat(&rp("owned.txt")).await.unwrap();
+    assert_eq!((now.uid, now.gid), (65534, 65534));
+    assert_eq!(read_all(b, "owned.txt").await, b"Version two");
+}
+
 async fn setattr_owners_symlink_times_and_limits(b: &Backend) {
     let r = &b.remote;
     b.sb.write(b"f", b"data");
@@ -2066,6 +2108,7 @@ conformance!(agent_backend:
     rename_exchanges_and_refuses_to_replace,
     modes_are_exactly_those_asked,
     setattr_owners_symlink_times_and_limits,
+    commits_keep_the_owner,
     xattrs_round_trip_without_following_symlinks,
     fallocate_grows_or_keeps_the_size,
     copy_range_is_an_atomic_commit_of_the_destination,
@@ -2099,6 +2142,7 @@ conformance!(memory_backend:
     rename_exchanges_and_refuses_to_replace,
     modes_are_exactly_those_asked,
     setattr_owners_symlink_times_and_limits,
+    commits_keep_the_owner,
     xattrs_round_trip_without_following_symlinks,
     fallocate_grows_or_keeps_the_size,
     copy_range_is_an_atomic_commit_of_the_destination,
@@ -2167,6 +2211,7 @@ conformance!(https_backend:
     rename_exchanges_and_refuses_to_replace,
     modes_are_exactly_those_asked,
     setattr_owners_symlink_times_and_limits,
+    commits_keep_the_owner,
     xattrs_round_trip_without_following_symlinks,
     fallocate_grows_or_keeps_the_size,
     copy_range_is_an_atomic_commit_of_the_destination,
@@ -2268,6 +2313,7 @@ conformance!(shell_backend:
     rename_exchanges_and_refuses_to_replace,
     modes_are_exactly_those_asked,
     setattr_owners_symlink_times_and_limits,
+    commits_keep_the_owner,
     xattrs_round_trip_without_following_symlinks,
     fallocate_grows_or_keeps_the_size,
     copy_range_is_an_atomic_commit_of_the_destination,
@@ -2300,6 +2346,7 @@ conformance!(exec_backend:
     rename_exchanges_and_refuses_to_replace,
     modes_are_exactly_those_asked,
     setattr_owners_symlink_times_and_limits,
+    commits_keep_the_owner,
     xattrs_round_trip_without_following_symlinks,
     fallocate_grows_or_keeps_the_size,
     copy_range_is_an_atomic_commit_of_the_destination,
@@ -2387,6 +2434,7 @@ conformance!(ssh_backend:
     rename_exchanges_and_refuses_to_replace,
     modes_are_exactly_those_asked,
     setattr_owners_symlink_times_and_limits,
+    commits_keep_the_owner,
     xattrs_round_trip_without_following_symlinks,
     fallocate_grows_or_keeps_the_size,
     copy_range_is_an_atomic_commit_of_the_destination,

@@ -23,6 +23,9 @@ if [ "$cur" = absent ]; then
 else
   # The new content keeps the file's extended attributes where cp can copy them (GNU).
   cp --attributes-only --preserve=xattr -- "$P" "$T" 2>/dev/null || :
+  # And its owner, where the shell may give it (as root): before the mode, which a chown
+  # would strip of its set-id bits.
+  o=$(stat -c %u:%g -- "$P") && chown "$o" -- "$T" 2>/dev/null || :
   m=$(stat -c %a -- "$P") && chmod "$m" -- "$T" || fail EIO "$T: chmod failed"
 fi
 if [ "$cur" = absent ]; then
