@@ -83,7 +83,8 @@
 //! fetching nothing. `close` (of a descriptor that wrote) and the last close queue a push
 //! ([`mount::pushq`]: up to 16 in flight, in order per file; `-o sync_close` waits), `fsync`
 //! pushes and waits ([`mount::writeback`]): [`remote::Remote::commit`] streams a patch — where the file was cut,
-//! its final length, the dirty ranges — or the whole file, naming the base version; the agent
+//! its final length, the dirty ranges — or the whole file, naming the base version (a new
+//! sparse file is a patch cut to nothing where the transport says `patch_new`); the agent
 //! writes a temp file beside the target, fsyncs it, checks the base version once more and
 //! renames it over the target (a file with several hard links is written in place). Readers in the sandbox see the old or the new file, never a mix; a stale base is a
 //! conflict that changes nothing, and the mount saves the user's version as a conflict copy.
