@@ -105,6 +105,44 @@ fn a_symlink_out_of_the_workspace_never_reaches_a_local_file() {
     assert_eq!(fs::read_link(s.root.join("evil")).unwrap(), secret);
 }
 
+/// A hostile shell (`exec:` whose output is rewritten) answers the link target `..X` as
+/// `..\0`: the kernel would read that as `..`, the mountpoint's parent on the laptop.
+#[test]
+fn a_symlink_target_with_a_nul_never_reaches_a_local_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    fs::create_dir(&root).unwrap();
+    std::os::unix::fs::symlink("..X", root.join("evil")).unwrap();
+    // base64 of "..X" is "Li5Y"; of "..\0", "Li4A".
+    let mount = MountProcess::start_url(
+        &format!("exec:{}", root.display()),
+        "unused",
+        &["--exec", "sh -c 'sh | sed -u s/Li5Y/Li4A/g'"],
+    );
+    let m = &mount.dir;
+    // The mountpoint's parent holds the daemon's token file and log: a laptop directory.
+    let laptop = m.parent().unwrap();
+    assert!(laptop.join("token").exists());
+    let shown = fs::read_link(m.join("evil")).unwrap();
+    assert!(
+        shown.starts_with("/dev/null/sbxfs-outside"),
+        "evil shows {}",
+        shown.display()
+    );
+    assert!(!shown.as_os_str().as_encoded_bytes().contains(&0));
+    assert!(
+        fs::read_dir(m.join("evil")).is_err(),
+        "listed a laptop directory"
+    );
+    assert!(
+        fs::read(m.join("evil/token")).is_err(),
+        "read a laptop file"
+    );
+    let (code, _, _) = sh(m, "echo x > evil/pwned");
+    assert_ne!(code, 0, "wrote through the link");
+    assert!(!laptop.join("pwned").exists());
+}
+
 /// Removes a laptop file the test made outside its temp dir, even when the test fails.
 struct RemoveAfter(std::path::PathBuf);
 

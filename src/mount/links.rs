@@ -25,6 +25,11 @@ pub fn present_target(root: Option<&[u8]>, link: &[u8], target: &[u8]) -> Vec<u8
     if target.is_empty() {
         return Vec::new();
     }
+    // The kernel reads a target only up to its first NUL: judged whole, `..\0x` would pass
+    // for one name and lead to `..`.
+    if target.contains(&0) {
+        return outside(target);
+    }
     let depth = link.split(|&b| b == b'/').filter(|c| !c.is_empty()).count();
     let depth = depth.saturating_sub(1);
     let shown = if target.first() == Some(&b'/') {
@@ -57,7 +62,13 @@ fn outside(target: &[u8]) -> Vec<u8> {
     if target.first() != Some(&b'/') {
         v.push(b'/');
     }
-    v.extend_from_slice(target);
+    // A NUL would end the path the kernel sees: shown as `\0`.
+    for &b in target {
+        match b {
+            0 => v.extend_from_slice(b"\\0"),
+            b => v.push(b),
+        }
+    }
     v
 }
 
@@ -196,6 +207,23 @@ mod tests {
     }
 
     #[test]
+    fn a_target_with_a_nul_cannot_resolve() {
+        // The kernel would follow `..\0x` as `..`: the mountpoint's parent, a laptop directory.
+        assert_eq!(
+            shown("/ws", "evil", "..\0x"),
+            "/dev/null/sbxfs-outside/..\\0x"
+        );
+        assert_eq!(
+            shown("/ws", "a/b/evil", "../../..\0"),
+            "/dev/null/sbxfs-outside/../../..\\0"
+        );
+        assert_eq!(
+            shown("/ws", "evil", "/ws/a\0/../../etc"),
+            "/dev/null/sbxfs-outside/ws/a\\0/../../etc"
+        );
+    }
+
+    #[test]
     fn a_relative_target_that_climbs_out_cannot_resolve() {
         assert_eq!(
             shown("/ws", "a/b/l", "../../../etc"),
@@ -226,6 +254,8 @@ mod tests {
     /// Where `target`, read from a link in the directory `dir` (components), leads when every
     /// name is a plain directory: `None` if it climbs above the root.
     fn resolve(dir: &[&[u8]], target: &[u8]) -> Option<Vec<Vec<u8>>> {
+        // As the kernel reads it: up to the first NUL.
+        let target = target.split(|&b| b == 0).next().unwrap_or_default();
         let mut at: Vec<Vec<u8>> = if target.first() == Some(&b'/') {
             Vec::new()
         } else {
@@ -247,7 +277,7 @@ mod tests {
         #[test]
         fn a_shown_target_stays_in_the_mount_or_cannot_resolve(
             link in proptest::collection::vec("[a-c]{1,2}", 1..5),
-            target in "[/.a-c]{0,24}",
+            target in "[/.a-c\x00]{0,24}",
         ) {
             let link = link.join("/");
             let shown = present_target(Some(b"/ws"), link.as_bytes(), target.as_bytes());
@@ -281,8 +311,10 @@ mod tests {
             target in proptest::collection::vec(any::<u8>(), 0..60),
         ) {
             let shown = present_target(Some(&root), &link, &target);
-            // Never an absolute path of the laptop's, whatever the root.
+            // Never an absolute path of the laptop's, whatever the root, and never a NUL
+            // (which would end the path the kernel follows).
             prop_assert!(shown.first() != Some(&b'/') || shown.starts_with(OUTSIDE_PREFIX));
+            prop_assert!(!shown.contains(&0));
         }
     }
 }
