@@ -349,9 +349,14 @@ struct HostileAgent {
 
 impl HostileAgent {
     fn start() -> Option<HostileAgent> {
+        Self::start_with(&[])
+    }
+
+    fn start_with(env: &[(&str, &str)]) -> Option<HostileAgent> {
         let python = require_tool("python3")?;
         let mut child = Command::new(python)
             .arg(repo_root().join("tests/hostile/agent.py"))
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
@@ -372,6 +377,34 @@ impl Drop for HostileAgent {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// What an agent says about itself reaches the terminal escaped: a mount refused for its
+/// protocol quotes the agent's version, which here is a terminal escape.
+#[test]
+fn an_agents_words_reach_the_terminal_escaped() {
+    let Some(agent) =
+        HostileAgent::start_with(&[("HOSTILE_VERSION", "\u{1b}]0;PWNED\u{7}\u{1b}[2J")])
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (mnt, token) = (dir.path().join("mnt"), dir.path().join("token"));
+    fs::create_dir(&mnt).unwrap();
+    fs::write(&token, "unused").unwrap();
+    let (code, out, err) = run(Command::new(sbxfs_bin())
+        .arg("mount")
+        .arg(&agent.url)
+        .arg(&mnt)
+        .arg("--token-file")
+        .arg(&token)
+        .arg("--foreground"));
+    let _ = Command::new("fusermount3").arg("-uz").arg(&mnt).status();
+    let text = String::from_utf8_lossy(&err);
+    assert_ne!(code, 0, "{text}");
+    assert!(text.contains("PWNED"), "{text}");
+    assert!(!err.contains(&0x1b) && !out.contains(&0x1b), "{text}");
+    assert!(!err.contains(&0x07), "{text}");
 }
 
 /// The daemon's peak resident memory (`VmHWM`), in KiB.

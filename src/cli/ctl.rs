@@ -63,7 +63,7 @@ pub(super) enum CtlAction {
 
 pub(super) fn run_ctl(a: CtlArgs) -> i32 {
     let fail = |m: String| {
-        eprintln!("sbxfs ctl: {m}");
+        eprintln!("sbxfs ctl: {}", super::logging::visible(&m));
         ERROR
     };
     let route_args = RouteArgs {

@@ -39,6 +39,9 @@ pub fn filter_spec(sbxfs_log: Option<&str>, rust_log: Option<&str>) -> String {
 /// A line for the user on stderr (an error that ends the program, a warning), with its syslog
 /// priority (3 error, 4 warning) in front when stderr is the journal, as log lines have.
 pub fn user_line(priority: u8, line: &str) {
+    // Errors quote what the sandbox said (an agent's version, a file name): never a raw
+    // escape on the terminal.
+    let line = visible(line);
     if crate::mount::notify::stderr_is_journal() {
         eprintln!("<{priority}>{line}");
     } else {

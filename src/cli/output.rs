@@ -219,7 +219,8 @@ impl Printer {
             }
             self.json_line(&v);
         } else {
-            eprintln!("sbxfs: {e}");
+            // The message may quote the sandbox (its names, its agent's words).
+            eprintln!("sbxfs: {}", super::logging::visible(&e.to_string()));
         }
         self.flush();
         2

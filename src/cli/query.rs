@@ -510,7 +510,7 @@ pub(super) fn run_grep(a: GrepArgs) -> i32 {
         match result {
             Ok(s) => {
                 for e in &s.errors {
-                    eprintln!("sbxfs grep: {e}");
+                    eprintln!("sbxfs grep: {}", super::logging::visible(&e.to_string()));
                 }
                 total.matches += s.matches;
                 total.files_searched += s.files_searched;

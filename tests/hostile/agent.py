@@ -2,6 +2,7 @@
 hostile answers (an endless body to a read, a size of 2^63 - 1, a listing of millions of
 entries, impossible names). Prints its port on stdout once listening."""
 import json
+import os
 import sys
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -68,6 +69,10 @@ class Handler(BaseHTTPRequestHandler):
         path = q.get("path", [""])[0]
         op = url.path.removeprefix("/v1/")
         if op == "info":
+            if "HOSTILE_VERSION" in os.environ:
+                # Another protocol, and a version that is a terminal escape.
+                return self.json({"protocol": 999, "agent_version": os.environ["HOSTILE_VERSION"],
+                                  "root": "/ws"})
             return self.json({"protocol": 2, "agent_version": "hostile", "root": "/ws"})
         if op == "stat":
             if path in FILES:
