@@ -531,6 +531,22 @@ fn a_conflicting_save_keeps_both_versions() {
         "mine\n"
     );
     assert!(s.mount.log_text().contains("conflict"));
+    // The sandbox may delete its copy (`git clean`, or a sandbox that forced the conflict):
+    // the user's version is kept on the laptop too, under the staging directory's conflicts/.
+    fs::remove_file(s.root.join(&copies[0])).unwrap();
+    let cache = s.mount.log.parent().unwrap().join("cache");
+    let (_, found, _) = run(Command::new("find").arg(&cache).args([
+        "-path",
+        "*/conflicts/*",
+        "-name",
+        "notes.txt.sbxfs-conflict-*",
+    ]));
+    let found = String::from_utf8_lossy(&found);
+    let kept: Vec<&str> = found.lines().collect();
+    assert_eq!(kept.len(), 1, "{found}");
+    assert_eq!(fs::read_to_string(kept[0]).unwrap(), "mine\n");
+    let mode = fs::metadata(kept[0]).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
     // `ctl status` lists the copy, and `sbxfs umount` names it (exit 0: nothing is unpushed).
     let (_, out, _) = run(Command::new(sbxfs_bin())
         .args(["ctl", "--json", "--mount"])

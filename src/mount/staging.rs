@@ -257,6 +257,13 @@ impl Staged {
         ))
     }
 
+    /// The whole staged content, read blocking from its own open file description.
+    pub fn image(&self) -> io::Result<impl std::io::Read> {
+        use std::os::fd::AsRawFd;
+        let f = File::open(format!("/proc/self/fd/{}", self.file.as_raw_fd()))?;
+        Ok(std::io::Read::take(f, self.len))
+    }
+
     /// The push of the current content succeeded: it is the new base.
     pub fn pushed(&mut self, version: Version, size: u64) {
         // Pages wholly past the old cut hold only local bytes: they stay local under the new

@@ -866,6 +866,17 @@ impl FsCore {
             s.fill_page(page, &data).map_err(|e| local_io(&e))?;
         }
         let (copy, version) = self.create_conflict_name(path, 0o600).await?;
+        // And one kept here: the sandbox's copy is the sandbox's to delete (`git clean`, or a
+        // hostile sandbox forcing the conflict), and the staged image follows its version next.
+        let mut image = s.image().map_err(|e| local_io(&e))?;
+        match write_unique(&self.cfg.staging_dir.join("conflicts"), &copy, &mut image) {
+            Ok(local) => {
+                tracing::info!(file = %path.display(), kept = %local.display(), "a copy of your version is kept locally too")
+            }
+            Err(e) => {
+                tracing::error!(file = %path.display(), "could not keep a local copy of your version: {e}")
+            }
+        }
         let reader = s.reader().map_err(|e| local_io(&e))?;
         self.note(
             self.remote
@@ -1030,10 +1041,9 @@ impl FsCore {
             }
             let len = g.len;
             let _ = self.fill(node, &mut g, 0, len).await;
-            match g
-                .read_local(0, len)
-                .and_then(|data| write_unique(&dir.join("unpushed"), &n.last_path, &data))
-            {
+            match g.read_local(0, len).and_then(|data| {
+                write_unique(&dir.join("unpushed"), &n.last_path, &mut data.as_slice())
+            }) {
                 Ok(p) => saved.push(p),
                 Err(e) => {
                     tracing::error!(file = %n.last_path.display(), "could not save a copy: {e}")
@@ -1089,7 +1099,11 @@ impl FsCore {
                     // journal kept for ever would be retried by no one and shown nowhere. The
                     // bytes go where a stop while unreachable puts them, and the log says where.
                     let saved = s.read_local(0, s.len).and_then(|data| {
-                        write_unique(&self.cfg.staging_dir.join("unpushed"), &path, &data)
+                        write_unique(
+                            &self.cfg.staging_dir.join("unpushed"),
+                            &path,
+                            &mut data.as_slice(),
+                        )
                     });
                     match saved {
                         Ok(copy) => {
@@ -1156,7 +1170,11 @@ impl FsCore {
 
 /// Write `data` at `root/path` (directories made as needed, 0700; files 0600, never
 /// overwriting: `name.1`, `name.2`, … when taken). Answers the file written.
-fn write_unique(root: &Path, path: &RemotePath, data: &[u8]) -> std::io::Result<PathBuf> {
+fn write_unique(
+    root: &Path,
+    path: &RemotePath,
+    data: &mut dyn std::io::Read,
+) -> std::io::Result<PathBuf> {
     use std::io::Write;
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -1197,7 +1215,8 @@ fn write_unique(root: &Path, path: &RemotePath, data: &[u8]) -> std::io::Result<
             .open(&candidate)
         {
             Ok(mut f) => {
-                f.write_all(data)?;
+                std::io::copy(data, &mut f)?;
+                f.flush()?;
                 return Ok(candidate);
             }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
@@ -1242,9 +1261,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let a = RemotePath::new(b"a/b.txt".to_vec()).unwrap();
         let b = RemotePath::new(b"a%2Fb.txt".to_vec()).unwrap();
-        let p1 = write_unique(dir.path(), &a, b"one").unwrap();
-        let p2 = write_unique(dir.path(), &b, b"two").unwrap();
-        let p3 = write_unique(dir.path(), &a, b"three").unwrap();
+        let p1 = write_unique(dir.path(), &a, &mut &b"one"[..]).unwrap();
+        let p2 = write_unique(dir.path(), &b, &mut &b"two"[..]).unwrap();
+        let p3 = write_unique(dir.path(), &a, &mut &b"three"[..]).unwrap();
         assert_ne!(p1, p2);
         assert_ne!(p1, p3);
         assert_eq!(std::fs::read(&p1).unwrap(), b"one");
@@ -1256,7 +1275,7 @@ mod tests {
             .chain(*b"f")
             .collect();
         let deep = RemotePath::new(deep).unwrap();
-        let p4 = write_unique(dir.path(), &deep, b"deep").unwrap();
+        let p4 = write_unique(dir.path(), &deep, &mut &b"deep"[..]).unwrap();
         assert_eq!(std::fs::read(p4).unwrap(), b"deep");
     }
 
