@@ -434,8 +434,8 @@ pub(super) fn run_umount(a: UmountArgs) -> i32 {
         let gone = daemon.wait_gone(wait);
         if !gone && failed {
             eprintln!(
-                "sbxfs umount: its daemon (pid {}) goes on trying to push them for up to a \
-                 minute; what it cannot push stays staged for the next mount",
+                "sbxfs umount: its daemon (pid {}) is still finishing: it tries to push them \
+                 for up to a minute, then keeps what it could not push for the next mount",
                 daemon.pid
             );
         } else if !gone {

@@ -369,6 +369,13 @@ pub struct Journal {
     meta: JournalMeta,
 }
 
+/// A journal is its daemon's while that daemon has it open: an exclusive lock on its log,
+/// released with the file (at exit, however the daemon ends).
+fn hold(log: &File) -> io::Result<()> {
+    rustix::fs::flock(log, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+        .map_err(io::Error::from)
+}
+
 fn create_private(path: &std::path::Path) -> io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new()
@@ -393,6 +400,7 @@ impl Journal {
                 Err(e) => return Err(e),
             };
             let log = create_private(&dir.join(format!("{id}.log")))?;
+            hold(&log)?;
             let j = Journal {
                 dir: dir.to_path_buf(),
                 id,
@@ -476,6 +484,11 @@ impl Journal {
             let Ok(meta) = serde_json::from_slice::<JournalMeta>(&meta) else {
                 continue;
             };
+            // Another live daemon of the same sandbox owns it (its file is still being
+            // written): never taken over.
+            if hold(&log).is_err() {
+                continue;
+            }
             let text = std::fs::read_to_string(dir.join(format!("{id}.log"))).unwrap_or_default();
             let ops = text
                 .lines()
@@ -577,6 +590,24 @@ mod tests {
             CommitContent::Patch { cut, new_len, .. } => assert_eq!((cut, new_len), (100, 30_010)),
             CommitContent::Whole(_) => {}
         }
+    }
+
+    #[test]
+    fn a_journal_a_live_daemon_holds_is_never_recovered_by_another() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = JournalMeta {
+            path: crate::remote::WireBytes(b"open.txt".to_vec()),
+            base: None,
+            base_size: 0,
+            mode: None,
+            sandbox: None,
+        };
+        let (live, _file) = Journal::create(dir.path(), meta).unwrap();
+        // A second mount of the same sandox looks while the first still writes the file.
+        assert!(Journal::recover(dir.path()).is_empty());
+        // Once its daemon is gone (the journal closed), the next one takes it.
+        drop(live);
+        assert_eq!(Journal::recover(dir.path()).len(), 1);
     }
 
     #[test]

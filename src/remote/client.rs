@@ -340,33 +340,36 @@ async fn decode_error(resp: reqwest::Response) -> RemoteError {
 /// Split a streamed answer into JSON values, one per line.
 fn json_lines(resp: reqwest::Response) -> BoxStream<'static, Result<serde_json::Value>> {
     let body = resp.bytes_stream();
+    // `scanned`: how much of `buf` is known to hold no newline, so a line that arrives a byte
+    // at a time is searched once, not once per byte.
     futures_util::stream::unfold(
-        (body, Vec::<u8>::new(), false),
-        |(mut body, mut buf, done)| async move {
+        (body, Vec::<u8>::new(), 0usize, false),
+        |(mut body, mut buf, mut scanned, done)| async move {
             if done {
                 return None;
             }
             loop {
-                if let Some(nl) = buf.iter().position(|&b| b == b'\n') {
-                    let line: Vec<u8> = buf.drain(..=nl).collect();
+                if let Some(i) = buf[scanned..].iter().position(|&b| b == b'\n') {
+                    let line: Vec<u8> = buf.drain(..=scanned + i).collect();
                     let item = serde_json::from_slice::<serde_json::Value>(&line[..line.len() - 1])
                         .map_err(|e| RemoteError::Transport(format!("bad stream line: {e}")));
-                    return Some((item, (body, buf, false)));
+                    return Some((item, (body, buf, 0, false)));
                 }
+                scanned = buf.len();
                 if buf.len() as u64 > MAX_JSON_ANSWER {
                     let e = RemoteError::Transport(format!(
                         "a line of the agent's answer is longer than {MAX_JSON_ANSWER} bytes"
                     ));
-                    return Some((Err(e), (body, Vec::new(), true)));
+                    return Some((Err(e), (body, Vec::new(), 0, true)));
                 }
                 match body.next().await {
                     Some(Ok(chunk)) => buf.extend_from_slice(&chunk),
-                    Some(Err(e)) => return Some((Err(transport(e)), (body, buf, true))),
+                    Some(Err(e)) => return Some((Err(transport(e)), (body, buf, 0, true))),
                     None if buf.is_empty() => return None,
                     None => {
                         return Some((
                             Err(RemoteError::Transport("stream ended mid-line".into())),
-                            (body, buf, true),
+                            (body, buf, 0, true),
                         ))
                     }
                 }
