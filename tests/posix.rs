@@ -829,6 +829,21 @@ fn unpushed_edits_never_go_to_a_new_workspace_that_took_the_old_ones_inode_numbe
     }
     assert_eq!(fs::read_to_string(root2.join("f")).unwrap(), "two: theirs");
     assert!(leftovers(&root2).is_empty(), "{:?}", leftovers(&root2));
+    // `ctl status` and `umount` name what stays kept (umount succeeds: it is not this
+    // mount's to push).
+    let (_, out, _) = run(Command::new(sbxfs_bin())
+        .args(["ctl", "--json", "--mount"])
+        .arg(&m.dir)
+        .arg("status"));
+    let status: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(status["kept_from_earlier"][0]["path"], "f", "{status}");
+    let (code, _, err) = run(Command::new(sbxfs_bin()).arg("umount").arg(&m.dir));
+    let err = String::from_utf8_lossy(&err);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("note: f: an edit from an earlier mount is kept unpushed"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -377,6 +377,12 @@ pub(super) fn run_umount(a: UmountArgs) -> i32 {
     // here, and the mount stays so nothing is lost, unless --force.
     let flushed = flush_before_unmount(&at, a.force);
     let unpushed = &flushed.unpushed;
+    for (path, why) in &flushed.kept {
+        eprintln!(
+            "sbxfs umount: note: {path}: an edit from an earlier mount is kept unpushed in the \
+             staging directory ({why})"
+        );
+    }
     for (path, copy) in &flushed.conflicts {
         eprintln!(
             "sbxfs umount: conflict: {path} changed in the sandbox while it had unpushed edits; \
@@ -461,6 +467,8 @@ struct Flushed {
     unpushed: Vec<String>,
     /// Each conflict copy the mount made: the file and the copy's name.
     conflicts: Vec<(String, String)>,
+    /// Edits an earlier mount left that stay unpushed: the file and why.
+    kept: Vec<(String, String)>,
     daemon: Option<Process>,
 }
 
@@ -573,6 +581,7 @@ fn flush_before_unmount(at: &std::path::Path, force: bool) -> Flushed {
                 .map(|path| format!("{path}: the sandbox did not take it within {limit} s"))
                 .collect(),
             conflicts: Vec::new(),
+            kept: Vec::new(),
             daemon: status(&socket)
                 .and_then(|s| s["pid"].as_u64())
                 .map(|p| Process::of(p as u32)),
@@ -608,9 +617,18 @@ fn flush_before_unmount(at: &std::path::Path, force: bool) -> Flushed {
                 .collect()
         })
         .unwrap_or_default();
+    let kept = v["kept_from_earlier"]
+        .as_array()
+        .map(|ks| {
+            ks.iter()
+                .map(|k| (text(&k["path"]), text(&k["why"])))
+                .collect()
+        })
+        .unwrap_or_default();
     Flushed {
         unpushed,
         conflicts,
+        kept,
         daemon: v["pid"].as_u64().map(|p| Process::of(p as u32)),
     }
 }

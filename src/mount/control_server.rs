@@ -425,6 +425,7 @@ pub async fn answer(control: &Control, request: Request) -> Result<serde_json::V
                 "flushed": failures.is_empty(),
                 "failures": failures.iter().map(|(p, e)| json!({"path": p, "error": e.to_string()})).collect::<Vec<_>>(),
                 "conflicts": core.conflict_copies(),
+                "kept_from_earlier": core.kept_from_earlier(),
                 "pid": std::process::id(),
             }))
         }
@@ -456,6 +457,7 @@ pub async fn answer(control: &Control, request: Request) -> Result<serde_json::V
                 .map(|(path, state)| json!({"path": path, "state": state}))
                 .collect::<Vec<_>>());
             v["conflicts"] = json!(core.conflict_copies());
+            v["kept_from_earlier"] = json!(core.kept_from_earlier());
             v["pid"] = json!(std::process::id());
             v["stats"] = json!(&core.stats);
             v["feed"] = core.feed_status();

@@ -172,6 +172,15 @@ pub struct ConflictCopy {
     pub saved_as: String,
 }
 
+/// An edit an earlier mount left that this one could not push (staged for another sandbox at
+/// this address, or the sandbox still refuses it): kept in the staging directory, and named by
+/// `ctl status`, `flush` and `umount` so it is not forgotten there.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct KeptEdit {
+    pub path: String,
+    pub why: String,
+}
+
 /// Conflict copies remembered for `ctl status`, `flush` and `umount` (the oldest forgotten).
 const MAX_CONFLICTS: usize = 1000;
 
@@ -182,6 +191,7 @@ pub struct Failures {
     conflicts: Mutex<Vec<ConflictCopy>>,
     /// What the unanswered commits of a node sent (any of them may have landed).
     attempts: Mutex<HashMap<NodeId, Vec<Attempt>>>,
+    kept: Mutex<Vec<KeptEdit>>,
 }
 
 /// A fingerprint of what a commit sent: the resulting length and a keyed hash of the bytes
@@ -333,6 +343,20 @@ impl Failures {
 
     pub fn conflicts(&self) -> Vec<ConflictCopy> {
         self.conflicts.lock().expect("conflicts lock").clone()
+    }
+
+    fn note_kept(&self, path: &[u8], why: impl std::fmt::Display) {
+        let mut k = self.kept.lock().expect("kept lock");
+        if k.len() < MAX_CONFLICTS {
+            k.push(KeptEdit {
+                path: String::from_utf8_lossy(path).into_owned(),
+                why: why.to_string(),
+            });
+        }
+    }
+
+    pub fn kept(&self) -> Vec<KeptEdit> {
+        self.kept.lock().expect("kept lock").clone()
     }
 
     pub fn list(&self) -> Vec<PushFailure> {
@@ -1001,6 +1025,11 @@ impl FsCore {
     }
 
     /// Every conflict copy this mount made (`ctl status`, `flush`, `umount`).
+    /// Edits left by an earlier mount that are kept, not pushed ([`KeptEdit`]).
+    pub fn kept_from_earlier(&self) -> Vec<KeptEdit> {
+        self.failures.kept()
+    }
+
     pub fn conflict_copies(&self) -> Vec<ConflictCopy> {
         self.failures.conflicts()
     }
@@ -1067,6 +1096,8 @@ impl FsCore {
                 // Staged against another sandbox that answered at this URL before: never
                 // pushed here (it would put one sandbox's edits, maybe secrets, in another).
                 left += 1;
+                self.failures
+                    .note_kept(&meta.path.0, "staged for another sandbox at this address");
                 tracing::warn!(
                     file = %String::from_utf8_lossy(&meta.path.0),
                     kept_in = %self.cfg.staging_dir.display(),
@@ -1115,12 +1146,14 @@ impl FsCore {
                         }
                         Err(io) => {
                             left += 1;
+                            self.failures.note_kept(path.as_bytes(), &e);
                             tracing::error!(file = %path.display(), "unpushed edit from an earlier mount still not pushed (kept): {e}; no copy either: {io}");
                         }
                     }
                 }
                 Err(e) => {
                     left += 1;
+                    self.failures.note_kept(path.as_bytes(), &e);
                     tracing::error!(file = %path.display(), "unpushed edit from an earlier mount still not pushed (kept): {e}");
                 }
             }
