@@ -450,6 +450,19 @@ fn a_full_sandbox_disk_is_enospc_and_umount_says_what_stayed(t: Transport) {
         "log: {}",
         s.mount.log_text()
     );
+    // The refused file is there, with no extended attributes (the sandbox has no such file):
+    // `ls -la` asks each file for its ACL and must print no error.
+    let (code, _, err) = run(Command::new("ls").arg("-la").arg(s.mnt()));
+    assert_eq!((code, String::from_utf8_lossy(&err).as_ref()), (0, ""));
+    let (code, out, err) = run(Command::new("python3").arg("-c").arg(format!(
+        "import os\nprint(os.listxattr({p:?}))\ntry:\n    os.getxattr({p:?}, 'user.x')\nexcept OSError as e:\n    print('errno', e.errno)\n",
+        p = big.display().to_string()
+    )));
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+    assert_eq!(
+        String::from_utf8_lossy(&out).trim(),
+        format!("[]\nerrno {}", libc::ENODATA)
+    );
     // `sbxfs umount` names what it could not push and leaves the mount up: nothing is lost.
     let (code, _, err) = run(Command::new(sbxfs_bin()).arg("umount").arg(s.mnt()));
     let err = String::from_utf8_lossy(&err);
@@ -737,6 +750,14 @@ fn umount_of_a_hung_sandbox_waits_saying_why_and_force_is_bounded_and_loses_noth
     let err = String::from_utf8_lossy(&err);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("not pushed: stuck.bin"), "{err}");
+    // Where they are kept, by name.
+    assert!(
+        err.contains(&format!(
+            "kept in {}",
+            cache.join("sbxfs/staging").display()
+        )),
+        "{err}"
+    );
     assert!(
         started.elapsed() < Duration::from_secs(25),
         "umount --force took {:?}",

@@ -412,9 +412,13 @@ pub(super) fn run_umount(a: UmountArgs) -> i32 {
     {
         Ok(s) if s.success() && failed => {
             eprintln!(
-                "sbxfs umount: unmounted {shown}; {} file(s) not pushed are kept in the daemon's \
-                 staging directory (its log names it) for the next mount",
-                unpushed.len()
+                "sbxfs umount: unmounted {shown}; {} file(s) not pushed are kept in {} for the \
+                 next mount",
+                unpushed.len(),
+                flushed
+                    .staging
+                    .as_deref()
+                    .unwrap_or("the daemon's staging directory (its log names it)")
             );
             ERROR
         }
@@ -469,7 +473,21 @@ struct Flushed {
     conflicts: Vec<(String, String)>,
     /// Edits an earlier mount left that stay unpushed: the file and why.
     kept: Vec<(String, String)>,
+    /// The daemon's staging directory, where unpushed files are kept.
+    staging: Option<String>,
     daemon: Option<Process>,
+}
+
+impl Flushed {
+    /// No answer to the flush: the daemon still pushes as it unmounts, and is waited for.
+    fn only_daemon(socket: &std::path::Path) -> Flushed {
+        Flushed {
+            daemon: status(socket)
+                .and_then(|s| s["pid"].as_u64())
+                .map(|p| Process::of(p as u32)),
+            ..Flushed::default()
+        }
+    }
 }
 
 /// A process known by pid and start time (a pid reused by another process is not it).
@@ -569,12 +587,13 @@ fn flush_before_unmount(at: &std::path::Path, force: bool) -> Flushed {
                     );
                 }
             }
-            Err(_) => return Flushed::default(),
+            Err(_) => return Flushed::only_daemon(&socket),
         }
     };
     let Some(v) = answer else {
         // The sandbox did not take them in time: name what stays, from what the mount knows.
         let limit = FORCE_FLUSH_LIMIT.as_secs();
+        let now = status(&socket);
         return Flushed {
             unpushed: unpushed_now(&socket)
                 .into_iter()
@@ -582,14 +601,19 @@ fn flush_before_unmount(at: &std::path::Path, force: bool) -> Flushed {
                 .collect(),
             conflicts: Vec::new(),
             kept: Vec::new(),
-            daemon: status(&socket)
+            staging: now
+                .as_ref()
+                .and_then(|s| s["staging"].as_str())
+                .map(visible),
+            daemon: now
+                .as_ref()
                 .and_then(|s| s["pid"].as_u64())
                 .map(|p| Process::of(p as u32)),
         };
     };
     if let Some(e) = super::socket_error(&v) {
         tracing::debug!("flush before unmount: {e}");
-        return Flushed::default();
+        return Flushed::only_daemon(&socket);
     }
     let text = |v: &serde_json::Value| visible(v.as_str().unwrap_or("?"));
     let unpushed = v["failures"]
@@ -629,6 +653,7 @@ fn flush_before_unmount(at: &std::path::Path, force: bool) -> Flushed {
         unpushed,
         conflicts,
         kept,
+        staging: v["staging"].as_str().map(visible),
         daemon: v["pid"].as_u64().map(|p| Process::of(p as u32)),
     }
 }

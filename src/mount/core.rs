@@ -1808,6 +1808,9 @@ impl FsCore {
             Err(e) if unreachable(&e) && self.offline_without_xattrs(node) => {
                 Err(RemoteError::NoAttr(path.display()))
             }
+            Err(RemoteError::NotFound(_)) if self.only_here(node) => {
+                Err(RemoteError::NoAttr(path.display()))
+            }
             r => r,
         }
     }
@@ -1819,8 +1822,15 @@ impl FsCore {
         }
         match self.note(self.or_offline(self.remote.listxattr(&path)).await) {
             Err(e) if unreachable(&e) && self.offline_without_xattrs(node) => Ok(Vec::new()),
+            Err(RemoteError::NotFound(_)) if self.only_here(node) => Ok(Vec::new()),
             r => r,
         }
+    }
+
+    /// The file has unpushed content the sandbox may not have at all yet (a new file whose
+    /// push waits or was refused): it exists here, with no extended attributes.
+    fn only_here(&self, node: NodeId) -> bool {
+        self.staged_of(node).is_some_and(|s| s.is_dirty())
     }
 
     pub async fn setxattr(
