@@ -482,12 +482,24 @@ impl Flushed {
     /// No answer to the flush: the daemon still pushes as it unmounts, and is waited for.
     fn only_daemon(socket: &std::path::Path) -> Flushed {
         Flushed {
-            daemon: status(socket)
-                .and_then(|s| s["pid"].as_u64())
-                .map(|p| Process::of(p as u32)),
+            daemon: status(socket).as_ref().and_then(daemon_of),
             ..Flushed::default()
         }
     }
+}
+
+/// The daemon a flush or status answer names (`pid`).
+fn daemon_of(v: &serde_json::Value) -> Option<Process> {
+    v["pid"].as_u64().map(|p| Process::of(p as u32))
+}
+
+/// Each `{a, b}` object of the list `v[key]`, shown safely (names are the sandbox's).
+fn pairs(v: &serde_json::Value, key: &str, a: &str, b: &str) -> Vec<(String, String)> {
+    let text = |v: &serde_json::Value| visible(v.as_str().unwrap_or("?"));
+    v[key]
+        .as_array()
+        .map(|xs| xs.iter().map(|x| (text(&x[a]), text(&x[b]))).collect())
+        .unwrap_or_default()
 }
 
 /// A process known by pid and start time (a pid reused by another process is not it).
@@ -554,25 +566,23 @@ fn flush_before_unmount(at: &std::path::Path, force: bool) -> Flushed {
     else {
         return Flushed::default();
     };
-    let started = std::time::Instant::now();
+    let give_up = force.then(|| std::time::Instant::now() + FORCE_FLUSH_LIMIT);
     let mut noted = false;
     let answer = loop {
-        let step = if noted {
-            FORCE_FLUSH_LIMIT
-        } else {
-            FLUSH_NOTE_AFTER
+        // The first wait ends at the note; after it, the rest of --force's bound (or as long
+        // as it takes).
+        let step = match give_up {
+            Some(t) if noted => t.saturating_duration_since(std::time::Instant::now()),
+            None if noted => FORCE_FLUSH_LIMIT,
+            _ => FLUSH_NOTE_AFTER,
         };
-        match flush.within(if force {
-            step.min(FORCE_FLUSH_LIMIT.saturating_sub(started.elapsed()))
-        } else {
-            step
-        }) {
+        match flush.within(step) {
             Ok(Some(v)) => break Some(v),
-            Ok(None) if force && started.elapsed() >= FORCE_FLUSH_LIMIT => break None,
+            Ok(None) if give_up.is_some_and(|t| std::time::Instant::now() >= t) => break None,
             Ok(None) => {
                 if !noted {
                     noted = true;
-                    let waiting = unpushed_now(&socket).len();
+                    let waiting = status(&socket).map_or(0, |s| unpushed_in(&s).len());
                     eprintln!(
                         "sbxfs umount: waiting for the sandbox to take {waiting} file(s){}",
                         if force {
@@ -593,68 +603,43 @@ fn flush_before_unmount(at: &std::path::Path, force: bool) -> Flushed {
     let Some(v) = answer else {
         // The sandbox did not take them in time: name what stays, from what the mount knows.
         let limit = FORCE_FLUSH_LIMIT.as_secs();
-        let now = status(&socket);
+        let Some(now) = status(&socket) else {
+            return Flushed::default();
+        };
         return Flushed {
-            unpushed: unpushed_now(&socket)
+            unpushed: unpushed_in(&now)
                 .into_iter()
                 .map(|path| format!("{path}: the sandbox did not take it within {limit} s"))
                 .collect(),
-            conflicts: Vec::new(),
-            kept: Vec::new(),
-            staging: now
-                .as_ref()
-                .and_then(|s| s["staging"].as_str())
-                .map(visible),
-            daemon: now
-                .as_ref()
-                .and_then(|s| s["pid"].as_u64())
-                .map(|p| Process::of(p as u32)),
+            staging: now["staging"].as_str().map(visible),
+            daemon: daemon_of(&now),
+            ..Flushed::default()
         };
     };
     if let Some(e) = super::socket_error(&v) {
         tracing::debug!("flush before unmount: {e}");
         return Flushed::only_daemon(&socket);
     }
-    let text = |v: &serde_json::Value| visible(v.as_str().unwrap_or("?"));
-    let unpushed = v["failures"]
-        .as_array()
-        .map(|fs| {
-            fs.iter()
-                .map(|f| {
-                    // The error names the file already ("PATH: cause").
-                    let (path, error) = (text(&f["path"]), text(&f["error"]));
-                    if error.starts_with(&path) {
-                        error
-                    } else {
-                        format!("{path}: {error}")
-                    }
-                })
-                .collect()
+    // The error names the file already ("PATH: cause").
+    let unpushed = pairs(&v, "failures", "path", "error")
+        .into_iter()
+        .map(|(path, error)| {
+            if error.starts_with(&path) {
+                error
+            } else {
+                format!("{path}: {error}")
+            }
         })
-        .unwrap_or_default();
+        .collect();
     // Names are the sandbox's: never a raw escape on the terminal.
-    let conflicts = v["conflicts"]
-        .as_array()
-        .map(|cs| {
-            cs.iter()
-                .map(|c| (text(&c["path"]), text(&c["saved_as"])))
-                .collect()
-        })
-        .unwrap_or_default();
-    let kept = v["kept_from_earlier"]
-        .as_array()
-        .map(|ks| {
-            ks.iter()
-                .map(|k| (text(&k["path"]), text(&k["why"])))
-                .collect()
-        })
-        .unwrap_or_default();
+    let conflicts = pairs(&v, "conflicts", "path", "saved_as");
+    let kept = pairs(&v, "kept_from_earlier", "path", "why");
     Flushed {
         unpushed,
         conflicts,
         kept,
         staging: v["staging"].as_str().map(visible),
-        daemon: v["pid"].as_u64().map(|p| Process::of(p as u32)),
+        daemon: daemon_of(&v),
     }
 }
 
@@ -665,13 +650,10 @@ fn status(socket: &std::path::Path) -> Option<serde_json::Value> {
     ask.within(std::time::Duration::from_secs(5)).ok().flatten()
 }
 
-/// The files the mount has not pushed yet (conflict copies are pushed: their files follow
-/// the sandbox), shown safely.
-fn unpushed_now(socket: &std::path::Path) -> Vec<String> {
-    let Some(s) = status(socket) else {
-        return Vec::new();
-    };
-    s["files"]
+/// The files a status answer names as not pushed yet (conflict copies are pushed: their
+/// files follow the sandbox), shown safely.
+fn unpushed_in(status: &serde_json::Value) -> Vec<String> {
+    status["files"]
         .as_array()
         .map(|fs| {
             fs.iter()
