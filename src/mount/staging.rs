@@ -249,19 +249,20 @@ impl Staged {
     /// A stream of the whole staged content from its own open file description (reopened
     /// through /proc), so its offset is shared with no other reader of the staging file.
     pub fn reader(&self) -> io::Result<impl tokio::io::AsyncRead + Send + Unpin + 'static> {
-        use std::os::fd::AsRawFd;
-        let f = File::open(format!("/proc/self/fd/{}", self.file.as_raw_fd()))?;
         Ok(tokio::io::AsyncReadExt::take(
-            tokio::fs::File::from_std(f),
+            tokio::fs::File::from_std(self.reopen()?),
             self.len,
         ))
     }
 
+    fn reopen(&self) -> io::Result<File> {
+        use std::os::fd::AsRawFd;
+        File::open(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+    }
+
     /// The whole staged content, read blocking from its own open file description.
     pub fn image(&self) -> io::Result<impl std::io::Read> {
-        use std::os::fd::AsRawFd;
-        let f = File::open(format!("/proc/self/fd/{}", self.file.as_raw_fd()))?;
-        Ok(std::io::Read::take(f, self.len))
+        Ok(std::io::Read::take(self.reopen()?, self.len))
     }
 
     /// The push of the current content succeeded: it is the new base.
@@ -603,7 +604,7 @@ mod tests {
             sandbox: None,
         };
         let (live, _file) = Journal::create(dir.path(), meta).unwrap();
-        // A second mount of the same sandox looks while the first still writes the file.
+        // A second mount of the same sandbox looks while the first still writes the file.
         assert!(Journal::recover(dir.path()).is_empty());
         // Once its daemon is gone (the journal closed), the next one takes it.
         drop(live);

@@ -1070,9 +1070,10 @@ impl FsCore {
             }
             let len = g.len;
             let _ = self.fill(node, &mut g, 0, len).await;
-            match g.read_local(0, len).and_then(|data| {
-                write_unique(&dir.join("unpushed"), &n.last_path, &mut data.as_slice())
-            }) {
+            match g
+                .image()
+                .and_then(|mut image| write_unique(&dir.join("unpushed"), &n.last_path, &mut image))
+            {
                 Ok(p) => saved.push(p),
                 Err(e) => {
                     tracing::error!(file = %n.last_path.display(), "could not save a copy: {e}")
@@ -1129,12 +1130,8 @@ impl FsCore {
                     // Refused for good (its directory is gone, no permission, too large): a
                     // journal kept for ever would be retried by no one and shown nowhere. The
                     // bytes go where a stop while unreachable puts them, and the log says where.
-                    let saved = s.read_local(0, s.len).and_then(|data| {
-                        write_unique(
-                            &self.cfg.staging_dir.join("unpushed"),
-                            &path,
-                            &mut data.as_slice(),
-                        )
+                    let saved = s.image().and_then(|mut image| {
+                        write_unique(&self.cfg.staging_dir.join("unpushed"), &path, &mut image)
                     });
                     match saved {
                         Ok(copy) => {
