@@ -522,10 +522,16 @@ impl Process {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
         let rest = &stat[stat.rfind(')')? + 1..];
         let fields: Vec<&str> = rest.split_whitespace().collect();
-        if fields.first() == Some(&"Z") {
+        // A zombie leader whose other threads are still exiting (one blocked on the FUSE
+        // device, say) has not exited yet: only once it is alone is it gone.
+        if fields.first() == Some(&"Z") && Self::threads(pid) <= 1 {
             return None;
         }
         fields.get(19).map(|s| s.to_string())
+    }
+
+    fn threads(pid: u32) -> usize {
+        std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count())
     }
 
     fn is_gone(&self) -> bool {
