@@ -632,6 +632,73 @@ fn a_new_sparse_file_is_pushed_as_its_written_bytes_shell() {
     a_new_sparse_file_is_pushed_as_its_written_bytes(Transport::Shell);
 }
 
+/// A byte changed in place in the middle of a big sparse file of the sandbox: the push sends
+/// that byte (a patch applied in the sandbox), not the whole file fetched first and sent
+/// back; every other byte stays, and the holes stay holes.
+fn an_edit_in_a_big_file_pushes_only_its_bytes(t: Transport) {
+    use std::os::unix::fs::FileExt;
+    let _load = CpuHogs::start();
+    let s = Sandbox::new(t);
+    let size = 1u64 << 30;
+    {
+        let f = fs::File::create(s.root.join("big.bin")).unwrap();
+        f.set_len(size).unwrap();
+        f.write_all_at(b"head", 0).unwrap();
+        f.write_all_at(b"tail", size - 4).unwrap();
+    }
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .open(s.mnt().join("big.bin"))
+        .unwrap();
+    f.write_all_at(b"M", size / 2).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    let (code, _, err) = run(Command::new(sbxfs_bin())
+        .args(["ctl", "--mount"])
+        .arg(s.mnt())
+        .arg("flush"));
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+    let back = fs::File::open(s.root.join("big.bin")).unwrap();
+    let meta = back.metadata().unwrap();
+    assert_eq!(meta.len(), size);
+    for (at, want) in [
+        (0, &b"head"[..]),
+        (size / 2 - 1, b"\0M\0"),
+        (size - 4, b"tail"),
+    ] {
+        let mut got = vec![9u8; want.len()];
+        back.read_exact_at(&mut got, at).unwrap();
+        assert_eq!(got, want, "bytes at {at} in the sandbox");
+    }
+    assert!(
+        meta.blocks() * 512 < 1 << 20,
+        "big.bin takes {} bytes in the sandbox: its holes were written",
+        meta.blocks() * 512
+    );
+    let (_, out, _) = run(Command::new(sbxfs_bin())
+        .args(["ctl", "--json", "--mount"])
+        .arg(s.mnt())
+        .arg("status"));
+    let status: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let pushed = status["stats"]["bytes_pushed"].as_u64().unwrap();
+    let read = status["stats"]["bytes_read"].as_u64().unwrap();
+    assert!(pushed < 1 << 20, "{pushed} bytes pushed for one byte");
+    assert!(
+        read < 16 << 20,
+        "{read} bytes read from the sandbox for one byte"
+    );
+}
+
+#[test]
+fn an_edit_in_a_big_file_pushes_only_its_bytes_agent() {
+    an_edit_in_a_big_file_pushes_only_its_bytes(Transport::Agent);
+}
+
+#[test]
+fn an_edit_in_a_big_file_pushes_only_its_bytes_shell() {
+    an_edit_in_a_big_file_pushes_only_its_bytes(Transport::Shell);
+}
+
 /// Stops a process (SIGSTOP) and lets it go on (SIGCONT) when dropped, even if the test fails.
 struct Frozen(i32);
 

@@ -14,9 +14,10 @@
 //! python (`scripts/pystat.sh`): one precision, one version for a file whatever answered.
 //!
 //! What the transport lacks natively: no change feed (`watch` is `Unsupported`; the mount
-//! revalidates by polling), whole-file commits (patches are accepted and applied in the
-//! sandbox on a temp copy), and queries run here over what the scripts list (glob/fuzzy: only
-//! paths and ignore files cross; grep: rg in the sandbox where it is, else the bytes of the
+//! revalidates by polling); patches applied in the sandbox to a copy of the base (taken only
+//! where versions have nanoseconds, else the mount pushes whole files); and queries run here
+//! over what the scripts list (glob/fuzzy: only paths and ignore files cross; grep: rg in the
+//! sandbox where it is, else the bytes of the
 //! files that may match cross) — see [`super::query`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -501,7 +502,10 @@ impl Remote for ScriptRemote {
             commit_absent: true,
             capabilities: Capabilities {
                 feed: false,
-                patch_commits: false,
+                // Patches are applied in the sandbox to a copy of the base, checked by its
+                // version; a version of whole seconds could miss a change made within the
+                // same second, which a patch would then be mixed into.
+                patch_commits: probe.precision == Precision::Nanos,
                 // The commit script starts a cut-0 patch from an empty file.
                 patch_new: true,
                 // grep runs in the sandbox where rg is (glob and fuzzy: only paths cross).
@@ -838,7 +842,10 @@ impl Remote for ScriptRemote {
                 let mut f = if cut == 0 {
                     String::from("content() {\n: >\"$1\" || return 1\n")
                 } else {
-                    let mut f = String::from("content() {\ncat -- \"$P\" >\"$1\" || return 1\n");
+                    // The base is copied in the sandbox (its holes kept where cp can: GNU).
+                    let mut f = String::from(
+                        "content() {\ncp --sparse=always -- \"$P\" \"$1\" 2>/dev/null || cat -- \"$P\" >\"$1\" || return 1\n",
+                    );
                     f.push_str(&format!(
                         "s=$(wc -c <\"$1\") || return 1\n[ \"$s\" -le {cut} ] || truncate -s {cut} -- \"$1\" || return 1\n"
                     ));
