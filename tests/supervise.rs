@@ -451,3 +451,62 @@ async fn secrets_travel_by_upload_where_the_transport_has_one_and_never_in_a_pro
     assert!(!uploads[0].exists(), "the secrets file outlived the run");
     assert_eq!(job_files(&job.id), Vec::<String>::new());
 }
+
+/// Files a job leaves when its supervisor dies with the channel (its `.pgid`, `.prog`, `.env`)
+/// and cancel markers that came after their job ended are swept once 10 minutes old; the
+/// files of a job whose process group still runs, and young markers, stay.
+#[tokio::test]
+async fn leftovers_of_dead_jobs_are_swept_and_live_jobs_kept() {
+    use std::os::unix::process::CommandExt;
+    for (name, argv) in shells() {
+        let sup = supervised(argv);
+        // Make sure the directory exists before the leftovers are planted in it.
+        sup.run("true\n", &RunControl::default()).await.unwrap();
+        let dir = job_dir();
+        let tag = format!("sweeptest{:x}", std::process::id());
+        let mut live = std::process::Command::new("sleep")
+            .arg("300")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        let gone_pid = gone.id();
+        gone.wait().unwrap();
+        let plant = |file: &str, body: String, old: bool| {
+            let p = dir.join(format!("{tag}-{file}"));
+            std::fs::write(&p, body).unwrap();
+            if old {
+                let ok = std::process::Command::new("touch")
+                    .args(["-d", "20 minutes ago"])
+                    .arg(&p)
+                    .status()
+                    .unwrap();
+                assert!(ok.success());
+            }
+        };
+        plant("dead.pgid", format!("{gone_pid}\n"), true);
+        plant("dead.prog", "sleep 1\n".into(), true);
+        plant("dead.env", "TOKEN='x'\n".into(), true);
+        plant("late.cancel", String::new(), true);
+        plant("live.pgid", format!("{}\n", live.id()), true);
+        plant("live.prog", "sleep 300\n".into(), true);
+        plant("fresh.cancel", String::new(), false);
+        // Every 16th job sweeps.
+        for _ in 0..17 {
+            sup.run("true\n", &RunControl::default()).await.unwrap();
+        }
+        let mut left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter_map(|n| n.strip_prefix(&format!("{tag}-")).map(str::to_string))
+            .collect();
+        left.sort();
+        let _ = live.kill();
+        let _ = live.wait();
+        for f in &left {
+            let _ = std::fs::remove_file(dir.join(format!("{tag}-{f}")));
+        }
+        assert_eq!(left, ["fresh.cancel", "live.pgid", "live.prog"], "{name}");
+    }
+}

@@ -31,5 +31,23 @@ sbxfs_stop_group() {
   kill -KILL -"$1" 2>/dev/null
   return 0
 }
+# What jobs leave when their supervisor dies with its channel (a dropped ssh, a killed
+# `docker exec`), and the markers of cancels that came after their job ended: swept by every
+# 16th job, once 10 minutes old, never the files of a job whose process group still runs.
+sbxfs_sweep() {
+  find "$root" -maxdepth 1 -type f -mmin +10 2>/dev/null | while IFS= read -r f; do
+    case $f in
+      *.pgid)
+        pg=
+        read -r pg <"$f" 2>/dev/null
+        case $pg in '' | *[!0-9]* | 0 | 1) ;; *) kill -0 -"$pg" 2>/dev/null && continue ;; esac
+        b=${f%.pgid}
+        rm -f "$b.pgid" "$b.prog" "$b.env" "$b.cancel" "$b.pgid.new"
+        ;;
+      *.prog | *.env | *.cancel | *.pgid.new) [ -e "${f%.*}.pgid" ] || rm -f "$f" ;;
+    esac
+  done
+}
 sbxfs_jobs
+case $j in *0) sbxfs_sweep ;; esac
 p=$root/$j
