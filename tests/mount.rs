@@ -835,3 +835,58 @@ fn rsync_into_and_out_of_the_mount() {
     let (code, _, _) = sh(out.path(), &format!("diff -r {src} ."));
     assert_eq!(code, 0, "rsync out of the mount changed the files");
 }
+
+/// A plain http mount reads no certificate store: one that cannot be read (here a FIFO
+/// nobody writes, standing in for a disk busy for a minute) does not hold its start.
+#[test]
+fn a_plain_http_mount_reads_no_certificate_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    fs::create_dir(&root).unwrap();
+    fs::write(root.join("a.txt"), "here\n").unwrap();
+    let fifo = dir.path().join("certs.pem");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let certs_dir = dir.path().join("certs");
+    fs::create_dir(&certs_dir).unwrap();
+    // The watchdog: a start held by the store is let go after 30 s, and the test fails.
+    let released = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicBool::new(false));
+    let watchdog = {
+        let (fifo, released, done) = (fifo.clone(), released.clone(), done.clone());
+        std::thread::spawn(move || {
+            let until = std::time::Instant::now() + Duration::from_secs(30);
+            while std::time::Instant::now() < until && !done.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            while !done.load(Ordering::Relaxed) {
+                use std::os::unix::fs::OpenOptionsExt;
+                if fs::OpenOptions::new()
+                    .write(true)
+                    .custom_flags(libc::O_NONBLOCK)
+                    .open(&fifo)
+                    .is_ok()
+                {
+                    released.store(true, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    let agent = AgentProcess::start(&root);
+    let store = [
+        ("SSL_CERT_FILE", fifo.to_str().unwrap()),
+        ("SSL_CERT_DIR", certs_dir.to_str().unwrap()),
+    ];
+    let mut mount = MountProcess::start_url_env(&agent.url, &agent.token, &[], &store);
+    let read = fs::read_to_string(mount.dir.join("a.txt"));
+    mount.stop();
+    done.store(true, Ordering::Relaxed);
+    watchdog.join().unwrap();
+    assert_eq!(read.unwrap(), "here\n");
+    assert!(
+        !released.load(Ordering::Relaxed),
+        "the mount waited for the certificate store"
+    );
+}

@@ -465,6 +465,7 @@ pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Connected> {
             // request goes out on one it is closing.
             .pool_idle_timeout(Duration::from_secs(3))
             .redirect(reqwest::redirect::Policy::none()),
+        &base,
     );
     let http = builder
         .build()

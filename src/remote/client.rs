@@ -90,7 +90,7 @@ impl AgentClient {
             // on this machine, say): the 3xx is an error.
             .redirect(reqwest::redirect::Policy::none());
         let http = setup
-            .apply(builder)
+            .apply(builder, base)
             .build()
             .map_err(|e| RemoteError::Transport(e.to_string()))?;
         Ok(AgentClient {
@@ -105,7 +105,7 @@ impl AgentClient {
     /// nothing on the way but this machine's kernel.
     pub fn over_unix_socket(socket: &std::path::Path, token: &str) -> Result<Self> {
         install_tls();
-        let http = reqwest::Client::builder()
+        let http = super::httpsetup::plain_http(reqwest::Client::builder())
             .unix_socket(socket)
             .connect_timeout(CONNECT_TIMEOUT)
             .pool_max_idle_per_host(64)

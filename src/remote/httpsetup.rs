@@ -54,12 +54,27 @@ impl HttpSetup {
         Ok(setup)
     }
 
-    /// `builder` with these roots trusted and these headers sent on every request.
-    pub fn apply(&self, builder: reqwest::ClientBuilder) -> reqwest::ClientBuilder {
-        builder
-            .tls_certs_merge(self.roots.iter().cloned())
-            .default_headers(self.headers.clone())
+    /// `builder` for requests to `url`, with these roots trusted and these headers sent on
+    /// every request.
+    pub fn apply(&self, builder: reqwest::ClientBuilder, url: &str) -> reqwest::ClientBuilder {
+        let builder = if is_plain_http(url) {
+            plain_http(builder)
+        } else {
+            builder.tls_certs_merge(self.roots.iter().cloned())
+        };
+        builder.default_headers(self.headers.clone())
     }
+}
+
+/// A client that only ever speaks plain http (it follows no redirect) loads no trust store:
+/// reading the system's certificates costs a start seconds on a machine busy with I/O.
+pub fn plain_http(builder: reqwest::ClientBuilder) -> reqwest::ClientBuilder {
+    builder.tls_certs_only(std::iter::empty())
+}
+
+fn is_plain_http(url: &str) -> bool {
+    url.get(..7)
+        .is_some_and(|s| s.eq_ignore_ascii_case("http://"))
 }
 
 /// Every certificate in a PEM file (one or more).

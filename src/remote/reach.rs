@@ -311,7 +311,7 @@ pub async fn first_contact_with(
         .connect_timeout(timeout)
         .redirect(reqwest::redirect::Policy::none());
     let http = setup
-        .apply(builder)
+        .apply(builder, url)
         .build()
         .map_err(|e| ReachError::Other {
             url: base.clone(),
