@@ -503,3 +503,41 @@ fn ssh_scripts_only_serve_what_they_know_while_sshd_is_down() {
 fn ssh_with_the_deployed_agent_serves_what_it_knows_while_sshd_is_down() {
     over_ssh("", SshCut::Stopped);
 }
+
+/// A sandbox that turns slow (a busy machine: every program now starts 4 s late) is slow, not
+/// gone: a read with nothing cached to serve instead waits for its answer instead of failing
+/// with EIO when the probe beside it is late too.
+#[test]
+fn a_sandbox_slowed_by_load_still_answers_reads_that_only_it_can() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    fs::create_dir(&root).unwrap();
+    fs::write(root.join("cold.txt"), "only the sandbox has this\n").unwrap();
+    fs::write(root.join("warm.txt"), "cached\n").unwrap();
+    let slow = dir.path().join("slow");
+    let shell = format!(
+        "sh -c 'if [ -e {} ]; then sleep 4; fi; exec sh'",
+        slow.display()
+    );
+    let mount = MountProcess::start_url(
+        &format!("exec:{}", root.display()),
+        "unused",
+        &["--exec", &shell, "--attr-ttl-ms", "600000"],
+    );
+    let m = &mount.dir;
+    assert_eq!(fs::read_to_string(m.join("warm.txt")).unwrap(), "cached\n");
+    assert_eq!(fs::metadata(m.join("cold.txt")).unwrap().len(), 26);
+    fs::write(&slow, "").unwrap();
+    let t = Instant::now();
+    let read = fs::read_to_string(m.join("cold.txt"));
+    let took = t.elapsed();
+    // Opens ask the sandbox (no change feed here), which now takes its time.
+    let warm = fs::read_to_string(m.join("warm.txt"));
+    let _ = fs::remove_file(&slow);
+    assert_eq!(
+        read.map_err(|e| e.raw_os_error()),
+        Ok("only the sandbox has this\n".to_string()),
+        "after {took:?}"
+    );
+    assert_eq!(warm.unwrap(), "cached\n");
+}

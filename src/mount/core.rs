@@ -296,13 +296,16 @@ impl FsCore {
         ok
     }
 
-    /// A remote call that has an answer from what the mount knows if the sandbox gives none
-    /// (a lookup, stat, or listing). Past [`STALL`] the sandbox is asked whether it answers at
-    /// all; if it does not within [`STALL_PROBE`], the call is given up as unreachable (the
-    /// caller serves what it knows) and the mount is offline until a probe says otherwise.
+    /// A remote call that may have an answer from what the mount knows if the sandbox gives
+    /// none (a lookup, stat, or listing). Past [`STALL`] the sandbox is asked whether it
+    /// answers at all; if it does not within [`STALL_PROBE`], the mount is offline until a
+    /// probe says otherwise, and the call is given up as unreachable when `known` says the
+    /// caller has something to serve instead. Otherwise it goes on to its own deadline: a
+    /// sandbox slowed by load answers late, and an error would be all the caller had.
     pub(super) async fn or_offline<T>(
         &self,
         call: impl std::future::Future<Output = Result<T>>,
+        known: impl FnOnce() -> bool,
     ) -> Result<T> {
         let (stall, stall_probe) = self.stall_limits();
         tokio::pin!(call);
@@ -325,7 +328,11 @@ impl FsCore {
                         tracing::warn!("the sandbox does not answer: serving what the mount knows until it does");
                     }
                     self.reachable.store(false, Ordering::Relaxed);
-                    Err(e)
+                    if known() {
+                        Err(e)
+                    } else {
+                        call.await
+                    }
                 }
             },
         }
@@ -484,7 +491,8 @@ impl FsCore {
     /// while the answer was on its way (then the node's own, newer, attributes).
     async fn stat_node(&self, node: NodeId, path: &RemotePath) -> Result<Attr> {
         let asked = self.epoch();
-        let a = self.note(self.or_offline(self.remote.stat(path)).await)?;
+        // The node's own attributes are the answer while the sandbox gives none.
+        let a = self.note(self.or_offline(self.remote.stat(path), || true).await)?;
         if self.inodes.rebind_answer(node, &a, asked) {
             return Ok(a);
         }
@@ -499,15 +507,17 @@ impl FsCore {
     }
 
     /// A remote stat that no local change raced: retried while the epoch moves under it.
-    async fn stable_stat(&self, path: &RemotePath) -> Result<Attr> {
+    /// `known`: the caller has an answer of its own if the sandbox gives none
+    /// ([`Self::or_offline`]).
+    async fn stable_stat(&self, path: &RemotePath, known: impl Fn() -> bool) -> Result<Attr> {
         for _ in 0..4 {
             let before = self.epoch.load(Ordering::SeqCst);
-            let a = self.note(self.or_offline(self.remote.stat(path)).await)?;
+            let a = self.note(self.or_offline(self.remote.stat(path), &known).await)?;
             if self.epoch.load(Ordering::SeqCst) == before {
                 return Ok(a);
             }
         }
-        self.note(self.or_offline(self.remote.stat(path)).await)
+        self.note(self.or_offline(self.remote.stat(path), &known).await)
     }
 
     pub(super) fn staged_of(&self, node: NodeId) -> Option<Arc<StagedEntry>> {
@@ -581,7 +591,13 @@ impl FsCore {
             None if self.vouched_child(parent, name).is_some() => {
                 self.vouched_child(parent, name).expect("checked")
             }
-            None => match self.stable_stat(&path).await {
+            None => match self
+                .stable_stat(&path, || {
+                    self.meta.entry(parent, name, self.ttl(), true).is_some()
+                        || self.inodes.child(parent, name).is_some()
+                })
+                .await
+            {
                 Ok(a) => a,
                 Err(e) if unreachable(&e) => {
                     // Offline: what we knew, however old.
@@ -636,7 +652,7 @@ impl FsCore {
             Some(id) => Ok(self.getattr(id).await?.attr),
             None => {
                 let path = self.path_of(parent)?.join(name)?;
-                self.stable_stat(&path).await
+                self.stable_stat(&path, || false).await
             }
         }
     }
@@ -826,7 +842,10 @@ impl FsCore {
             Some(Err(e)) => return Err(e),
         }
         let before = self.epoch.load(Ordering::SeqCst);
-        match self.note(self.or_offline(self.remote.list(&path)).await) {
+        let listed = self.or_offline(self.remote.list(&path), || {
+            self.meta.listing(dir, self.ttl(), true).is_some()
+        });
+        match self.note(listed.await) {
             Ok(fetched) => {
                 let entries: Vec<(Vec<u8>, Attr)> =
                     fetched.into_iter().map(|e| (e.name.0, e.attr)).collect();
@@ -946,9 +965,12 @@ impl FsCore {
         offset: u64,
         len: u32,
     ) -> Result<(Bytes, crate::remote::Version)> {
-        // A read of a hung sandbox fails in about a second and a half, not after every
-        // retry's deadline.
-        let r = self.note(self.or_offline(self.remote.read(path, offset, len)).await)?;
+        // Nothing else to serve: a hung sandbox's read ends at its deadline, and a slow one's
+        // answer is taken when it comes.
+        let r = self.note(
+            self.or_offline(self.remote.read(path, offset, len), || false)
+                .await,
+        )?;
         if r.data.len() as u64 > u64::from(len) {
             return Err(RemoteError::Io(
                 path.display(),
@@ -1011,7 +1033,7 @@ impl FsCore {
                         // in place, it is still this handle's file: its new bytes are what a
                         // local disk would show. Replaced by another file, its old bytes are
                         // gone: answer that, never a mix of two files.
-                        let a = self.stable_stat(&path).await?;
+                        let a = self.stable_stat(&path, || false).await?;
                         if RemoteId::of(&a) != h.remote() {
                             return Err(RemoteError::Stale(path.display()));
                         }
@@ -1290,7 +1312,8 @@ impl FsCore {
                 return self.made_new(parent, name, mode).await;
             }
             if self.commit_absent() {
-                match self.stable_stat(&path).await {
+                // Out of reach, the file is made here (below).
+                match self.stable_stat(&path, || true).await {
                     Err(RemoteError::NotFound(_)) => {
                         return self.made_new(parent, name, mode).await
                     }
@@ -1305,7 +1328,9 @@ impl FsCore {
             Err(e) if unreachable(&e) && self.inodes.child(parent, name).is_none() => {
                 return self.made_new(parent, name, mode).await
             }
-            Err(RemoteError::Exists(_)) if !exclusive => (self.stable_stat(&path).await?, false),
+            Err(RemoteError::Exists(_)) if !exclusive => {
+                (self.stable_stat(&path, || false).await?, false)
+            }
             Err(e) => return Err(e),
         };
         self.dir_changed(parent);
@@ -1784,7 +1809,8 @@ impl FsCore {
                 return Ok(s.clone());
             }
         }
-        let s = match self.note(self.or_offline(self.remote.statfs()).await) {
+        let known = || self.statfs_seen.lock().expect("statfs lock").is_some();
+        let s = match self.note(self.or_offline(self.remote.statfs(), known).await) {
             Ok(s) => s,
             // Out of reach: the last answer, however old (`df` keeps working).
             Err(e) if unreachable(&e) => {
@@ -1804,7 +1830,11 @@ impl FsCore {
         if self.known_without_xattrs(node) || self.offline_without_xattrs(node) {
             return Err(RemoteError::NoAttr(path.display()));
         }
-        match self.note(self.or_offline(self.remote.getxattr(&path, name)).await) {
+        let known = || self.offline_without_xattrs(node);
+        match self.note(
+            self.or_offline(self.remote.getxattr(&path, name), known)
+                .await,
+        ) {
             Err(e) if unreachable(&e) && self.offline_without_xattrs(node) => {
                 Err(RemoteError::NoAttr(path.display()))
             }
@@ -1820,7 +1850,8 @@ impl FsCore {
         if self.known_without_xattrs(node) || self.offline_without_xattrs(node) {
             return Ok(Vec::new());
         }
-        match self.note(self.or_offline(self.remote.listxattr(&path)).await) {
+        let known = || self.offline_without_xattrs(node);
+        match self.note(self.or_offline(self.remote.listxattr(&path), known).await) {
             Err(e) if unreachable(&e) && self.offline_without_xattrs(node) => Ok(Vec::new()),
             Err(RemoteError::NotFound(_)) if self.only_here(node) => Ok(Vec::new()),
             r => r,

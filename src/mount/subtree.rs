@@ -141,7 +141,8 @@ impl FsCore {
         let deadline = tokio::time::Instant::now() + SUBTREE_DEADLINE;
         let started = tokio::time::timeout_at(
             deadline,
-            self.or_offline(self.remote.tree_listings(path, self.cfg.tree_max)),
+            // Given up offline, the directory is listed on its own, which serves what is known.
+            self.or_offline(self.remote.tree_listings(path, self.cfg.tree_max), || true),
         );
         let collected = match started.await.map(|r| self.note(r)) {
             Ok(Ok(stream)) => self.collect(path, stream, deadline).await,
