@@ -497,6 +497,71 @@ fn the_mounts_own_saves_come_back_as_its_own_and_cost_no_check() {
 }
 
 #[test]
+fn the_mounts_own_names_come_back_as_its_own_and_cost_no_check() {
+    // A name the mount made, removed or renamed came back as a foreign change: its parent's
+    // listing dropped and fetched again, its node checked.
+    let ws = tempfile::tempdir().unwrap();
+    fs::write(ws.path().join("old.txt"), "x\n").unwrap();
+    fs::write(ws.path().join("gone.txt"), "x\n").unwrap();
+    fs::create_dir(ws.path().join("full")).unwrap();
+    fs::write(ws.path().join("full/theirs"), "x\n").unwrap();
+    let agent = AgentProcess::start(ws.path());
+    let m = MountProcess::start(&agent, &["--attr-ttl-ms", LONG_TTL_MS]);
+    feed_connected(&m);
+    assert_eq!(fs::read_dir(&m.dir).unwrap().count(), 3);
+    let before = metadata_requests(&agent);
+    let own_before = status(&m)["feed"]["own_events"].as_u64().unwrap();
+    fs::create_dir(m.dir.join("d")).unwrap();
+    std::os::unix::fs::symlink("old.txt", m.dir.join("link")).unwrap();
+    fs::remove_file(m.dir.join("gone.txt")).unwrap();
+    fs::remove_dir(m.dir.join("d")).unwrap();
+    fs::hard_link(m.dir.join("old.txt"), m.dir.join("hard")).unwrap();
+    // Last: a rename (and a link) lists its directories again at their next look, for the
+    // link counts and ctime the sandbox gives the names.
+    fs::rename(m.dir.join("old.txt"), m.dir.join("new.txt")).unwrap();
+    // mkdir, symlink, unlink, rmdir, link, and the rename's three events.
+    eventually("every change comes back as the mount's own", || {
+        status(&m)["feed"]["own_events"].as_u64().unwrap() >= own_before + 8
+    });
+    feed_applied(&m, 0);
+    let checks = metadata_requests(&agent) - before;
+    assert_eq!(
+        checks, 0,
+        "the mount's own names cost {checks} metadata requests"
+    );
+    let listed = |dir: &std::path::Path| {
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(listed(&m.dir), ["full", "hard", "link", "new.txt"]);
+    assert_eq!(listed(ws.path()), ["full", "hard", "link", "new.txt"]);
+    // A change the sandbox refused is withdrawn: the same change made there later is the
+    // sandbox's, and is seen.
+    assert_eq!(
+        fs::remove_dir(m.dir.join("full"))
+            .unwrap_err()
+            .raw_os_error(),
+        Some(libc::ENOTEMPTY)
+    );
+    let own_now = status(&m)["feed"]["own_events"].as_u64().unwrap();
+    fs::remove_file(ws.path().join("full/theirs")).unwrap();
+    fs::remove_dir(ws.path().join("full")).unwrap();
+    fs::create_dir(ws.path().join("theirs")).unwrap();
+    eventually("the sandbox's changes", || {
+        m.dir.join("theirs").is_dir() && !m.dir.join("full").exists()
+    });
+    assert_eq!(
+        status(&m)["feed"]["own_events"].as_u64().unwrap(),
+        own_now,
+        "a change made in the sandbox counted as the mount's"
+    );
+}
+
+#[test]
 fn a_file_reads_back_while_its_push_is_on_the_way() {
     // The push holds the file's staged image for the whole upload; reads used to wait for
     // it (a 2 GiB sparse file over `shell:` held `pread` for minutes). The commit here hangs

@@ -537,7 +537,8 @@ fn a_sandbox_slowed_by_load_still_answers_reads_that_only_it_can() {
     assert_eq!(
         read.map_err(|e| e.raw_os_error()),
         Ok("only the sandbox has this\n".to_string()),
-        "after {took:?}"
+        "after {took:?}: {}",
+        mount.log_text()
     );
     assert_eq!(warm.unwrap(), "cached\n");
 }

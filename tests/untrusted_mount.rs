@@ -725,3 +725,33 @@ fn attack_private_state(
         }
     }
 }
+
+/// Search results name files beneath the searched directory only: a sandbox that answers
+/// `grep -l`, `glob` or `fuzzy` with a laptop path (`/etc/passwd`, `../../x`), or prints a line
+/// more than ripgrep would, has its answer refused, so `sbxfs grep -l … | xargs sed -i` never
+/// reaches a file outside the mount.
+#[test]
+fn search_results_never_name_a_file_outside_the_mount() {
+    let Some(agent) = HostileAgent::start() else {
+        return;
+    };
+    let mount = MountProcess::start_url(&agent.url, "unused", &[]);
+    let m = &mount.dir;
+    for args in [
+        &["grep", "-l", "forgedpath"][..],
+        &["grep", "-l", "forgedline"],
+        &["grep", "forgedline"],
+        &["glob", "*"],
+        &["fuzzy", "x"],
+    ] {
+        let (code, out, err) = run(Command::new(sbxfs_bin()).current_dir(m).args(args));
+        let (out, err) = (String::from_utf8_lossy(&out), String::from_utf8_lossy(&err));
+        assert_eq!(code, 2, "{args:?}: {out} / {err}");
+        assert!(
+            !out.contains("/etc/") && !out.contains(".."),
+            "{args:?} printed {out:?}"
+        );
+        assert!(err.contains("refused its answer"), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+    }
+}

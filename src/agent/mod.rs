@@ -253,6 +253,30 @@ async fn blocking<T: Send + 'static>(
         .map_err(ApiError)
 }
 
+/// `op` (a namespace change: `made`), for the request's client: recorded first, so the feed
+/// reports its events as that client's own ([`watch::Authors`]), and withdrawn if it fails.
+async fn as_author<T: Send + 'static>(
+    app: &Shared,
+    headers: &HeaderMap,
+    made: Vec<watch::Made>,
+    op: impl FnOnce() -> crate::remote::Result<T> + Send + 'static,
+) -> ApiResult<T> {
+    let Some(client) = client_of(headers) else {
+        return blocking(op).await;
+    };
+    let authors = app.ws.authors();
+    for m in &made {
+        authors.record_made(m.clone(), client);
+    }
+    let r = blocking(op).await;
+    if r.is_err() {
+        for m in &made {
+            authors.take_made(m);
+        }
+    }
+    r
+}
+
 async fn require_token(State(app): State<Shared>, req: Request, next: Next) -> Response {
     app.stats.requests.fetch_add(1, Ordering::Relaxed);
     let presented = req
@@ -969,35 +993,61 @@ async fn write_patch(
     Ok(written)
 }
 
-async fn create(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+async fn create(
+    State(app): State<Shared>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
     let a = args(&q);
     let (path, mode) = (a.path("path")?, a.number("mode")?.unwrap_or(0o644));
     let ws = app.ws.clone();
-    Ok(Json(blocking(move || ws.create(&path, mode)).await?).into_response())
+    let made = vec![watch::Made::Created(path.as_bytes().to_vec())];
+    let attr = as_author(&app, &headers, made, move || ws.create(&path, mode)).await?;
+    Ok(Json(attr).into_response())
 }
 
-async fn mkdir(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+async fn mkdir(
+    State(app): State<Shared>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
     let a = args(&q);
     let (path, mode) = (a.path("path")?, a.number("mode")?.unwrap_or(0o755));
     let ws = app.ws.clone();
-    Ok(Json(blocking(move || ws.mkdir(&path, mode)).await?).into_response())
+    let made = vec![watch::Made::Created(path.as_bytes().to_vec())];
+    let attr = as_author(&app, &headers, made, move || ws.mkdir(&path, mode)).await?;
+    Ok(Json(attr).into_response())
 }
 
-async fn unlink(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+async fn unlink(
+    State(app): State<Shared>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
     let path = args(&q).path("path")?;
     let ws = app.ws.clone();
-    blocking(move || ws.unlink(&path)).await?;
+    let made = vec![watch::Made::Removed(path.as_bytes().to_vec())];
+    as_author(&app, &headers, made, move || ws.unlink(&path)).await?;
     Ok(Json(json!({})).into_response())
 }
 
-async fn rmdir(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+async fn rmdir(
+    State(app): State<Shared>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
     let path = args(&q).path("path")?;
     let ws = app.ws.clone();
-    blocking(move || ws.rmdir(&path)).await?;
+    let made = vec![watch::Made::Removed(path.as_bytes().to_vec())];
+    as_author(&app, &headers, made, move || ws.rmdir(&path)).await?;
     Ok(Json(json!({})).into_response())
 }
 
-async fn rename(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+async fn rename(
+    State(app): State<Shared>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
     let a = args(&q);
     let (from, to) = (a.path("path")?, a.path("to")?);
     let mode = match (a.flag("noreplace"), a.flag("exchange")) {
@@ -1011,11 +1061,26 @@ async fn rename(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<R
         }
     };
     let ws = app.ws.clone();
-    blocking(move || ws.rename(&from, &to, mode)).await?;
+    // inotify reports a rename as its old name removed, its new one made, and the pair. An
+    // exchange's events are nobody's: each name changed, and both are checked.
+    let (f, t) = (from.as_bytes().to_vec(), to.as_bytes().to_vec());
+    let made = match mode {
+        RenameMode::Exchange => Vec::new(),
+        _ => vec![
+            watch::Made::Removed(f.clone()),
+            watch::Made::Created(t.clone()),
+            watch::Made::Renamed { from: f, to: t },
+        ],
+    };
+    as_author(&app, &headers, made, move || ws.rename(&from, &to, mode)).await?;
     Ok(Json(json!({})).into_response())
 }
 
-async fn mknod(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+async fn mknod(
+    State(app): State<Shared>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
     let a = args(&q);
     let path = a.path("path")?;
     let kind = match a.bytes("kind").unwrap_or_default() {
@@ -1034,14 +1099,25 @@ async fn mknod(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Re
     let mode: u32 = a.number("mode")?.unwrap_or(0o644);
     let rdev: u64 = a.number("rdev")?.unwrap_or(0);
     let ws = app.ws.clone();
-    Ok(Json(blocking(move || ws.mknod(&path, kind, mode, rdev)).await?).into_response())
+    let made = vec![watch::Made::Created(path.as_bytes().to_vec())];
+    let attr = as_author(&app, &headers, made, move || {
+        ws.mknod(&path, kind, mode, rdev)
+    })
+    .await?;
+    Ok(Json(attr).into_response())
 }
 
-async fn link(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+async fn link(
+    State(app): State<Shared>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
     let a = args(&q);
     let (existing, new) = (a.path("path")?, a.path("to")?);
     let ws = app.ws.clone();
-    Ok(Json(blocking(move || ws.link(&existing, &new)).await?).into_response())
+    let made = vec![watch::Made::Created(new.as_bytes().to_vec())];
+    let attr = as_author(&app, &headers, made, move || ws.link(&existing, &new)).await?;
+    Ok(Json(attr).into_response())
 }
 
 fn xattr_name_arg(a: &QueryArgs) -> ApiResult<Vec<u8>> {
@@ -1146,12 +1222,18 @@ async fn copy_range(
     Ok(Json(wire::CopyRangeAnswer { copied, attr }).into_response())
 }
 
-async fn symlink(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+async fn symlink(
+    State(app): State<Shared>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
     let a = args(&q);
     let path = a.path("path")?;
     let target = a.bytes("target").unwrap_or_default().to_vec();
     let ws = app.ws.clone();
-    Ok(Json(blocking(move || ws.symlink(&path, &target)).await?).into_response())
+    let made = vec![watch::Made::Created(path.as_bytes().to_vec())];
+    let attr = as_author(&app, &headers, made, move || ws.symlink(&path, &target)).await?;
+    Ok(Json(attr).into_response())
 }
 
 async fn readlink(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Response> {

@@ -30,9 +30,22 @@ pub const RING_EVENTS: usize = 8192;
 /// ([`crate::remote::wire::CLIENT_HEADER`]): the feed takes the author when it sees the temp
 /// renamed over its target, and reports the change as that client's own. Only names recorded
 /// here count: a sandbox program that names a file like a temp and renames it is nobody's.
+///
+/// Names a client makes, removes or renames are recorded the same way, before the call, and
+/// withdrawn if it fails: the event inotify then gives for that name (of that kind) is the
+/// client's own. Each record is taken by one event at most.
 #[derive(Default)]
 pub struct Authors {
     names: Mutex<VecDeque<(Vec<u8>, u64)>>,
+    made: Mutex<VecDeque<(Made, u64)>>,
+}
+
+/// A namespace change a client asked for, as the event for it will show it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Made {
+    Created(Vec<u8>),
+    Removed(Vec<u8>),
+    Renamed { from: Vec<u8>, to: Vec<u8> },
 }
 
 /// Temps remembered at most: more than commits in flight at once; a rename whose event was
@@ -54,6 +67,22 @@ impl Authors {
         let mut names = self.names.lock().expect("authors lock");
         let at = names.iter().position(|(n, _)| n == name)?;
         names.remove(at).map(|(_, client)| client)
+    }
+
+    /// `client` is about to make `change` (withdrawn with [`Self::take_made`] if it fails).
+    pub fn record_made(&self, change: Made, client: u64) {
+        let mut made = self.made.lock().expect("authors lock");
+        if made.len() == MAX_AUTHORS {
+            made.pop_front();
+        }
+        made.push_back((change, client));
+    }
+
+    /// Whose change `change` was (forgotten once asked).
+    pub fn take_made(&self, change: &Made) -> Option<u64> {
+        let mut made = self.made.lock().expect("authors lock");
+        let at = made.iter().position(|(m, _)| m == change)?;
+        made.remove(at).map(|(_, client)| client)
     }
 }
 
@@ -204,7 +233,17 @@ fn translate(root: &Path, ev: notify::Event, authors: &Authors) -> Vec<ChangeEve
         paths
             .iter()
             .filter(|p| !is_temp(p))
-            .filter_map(|p| rel(root, p).map(|r| change(kind.clone(), r)))
+            .filter_map(|p| rel(root, p))
+            .map(|r| {
+                let made = match kind {
+                    ChangeKind::Created => Some(Made::Created(r.clone())),
+                    ChangeKind::Removed => Some(Made::Removed(r.clone())),
+                    _ => None,
+                };
+                let mut ev = change(kind.clone(), r);
+                ev.author = made.and_then(|m| authors.take_made(&m));
+                ev
+            })
             .collect()
     };
     match ev.kind {
@@ -224,12 +263,20 @@ fn translate(root: &Path, ev: notify::Event, authors: &Authors) -> Vec<ChangeEve
                 return vec![landed];
             }
             match rel(root, from) {
-                Some(from_rel) => vec![change(
-                    ChangeKind::Renamed {
-                        to: WireBytes(to_rel),
-                    },
-                    from_rel,
-                )],
+                Some(from_rel) => {
+                    let made = Made::Renamed {
+                        from: from_rel.clone(),
+                        to: to_rel.clone(),
+                    };
+                    let mut ev = change(
+                        ChangeKind::Renamed {
+                            to: WireBytes(to_rel),
+                        },
+                        from_rel,
+                    );
+                    ev.author = authors.take_made(&made);
+                    vec![ev]
+                }
                 None => vec![change(ChangeKind::Created, to_rel)],
             }
         }

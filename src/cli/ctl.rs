@@ -103,7 +103,10 @@ pub(super) fn run_ctl(a: CtlArgs) -> i32 {
                 let _ = std::io::stdout().lock().write_all(text.as_bytes());
             };
             if a.json {
-                quiet(serde_json::to_string_pretty(&v).unwrap_or_default() + "\n");
+                quiet(
+                    super::output::json_text(&serde_json::to_string_pretty(&v).unwrap_or_default())
+                        + "\n",
+                );
             } else if matches!(a.action, CtlAction::Readlink { .. }) {
                 print_target(&v);
             } else {

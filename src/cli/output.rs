@@ -79,7 +79,7 @@ impl Printer {
     }
 
     fn json_line<T: serde::Serialize>(&mut self, v: &T) -> bool {
-        let mut line = serde_json::to_string(v).expect("results serialise");
+        let mut line = json_text(&serde_json::to_string(v).expect("results serialise"));
         line.push('\n');
         self.write(line.as_bytes())
     }
@@ -238,4 +238,34 @@ impl Printer {
 fn stopped_short(r: &ScanResult, requested_end: Option<u64>) -> Option<u64> {
     let wanted = requested_end.map_or(r.total_lines, |e| e.min(r.total_lines));
     (!r.lines.is_empty() && r.end_line < wanted).then_some(wanted)
+}
+
+/// JSON as serde writes it, with the C1 controls (U+0080–U+009F: CSI among them, which some
+/// terminals act on in UTF-8) escaped as `\u00XX`, as the C0 controls already are: a
+/// sandbox's names reach a terminal as text. (They occur only inside strings.)
+pub fn json_text(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
+        if ('\u{80}'..='\u{9f}').contains(&c) {
+            out.push_str(&format!("\\u{:04x}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod json_tests {
+    #[test]
+    fn c1_controls_are_escaped_and_the_json_means_the_same() {
+        let v = serde_json::json!({"path": "a\u{9b}31mb\u{85}\u{7f}é\u{a0}"});
+        let text = super::json_text(&serde_json::to_string(&v).unwrap());
+        assert!(
+            !text.chars().any(|c| ('\u{80}'..='\u{9f}').contains(&c)),
+            "{text}"
+        );
+        assert!(text.contains("\\u009b") && text.contains("\\u0085"));
+        assert_eq!(serde_json::from_str::<serde_json::Value>(&text).unwrap(), v);
+    }
 }

@@ -305,6 +305,22 @@ pub(super) struct EditArgs {
     route: RouteArgs,
 }
 
+/// The sandbox's answer names something a search of the directory could not find.
+fn refused(why: String) -> SearchError {
+    SearchError::Io("sandbox".into(), format!("refused its answer: {why}"))
+}
+
+/// A path the sandbox answered, below the searched directory: relative and clean (`..` or
+/// an absolute path would name a file elsewhere on this machine).
+fn outside(path: &str) -> Result<(), SearchError> {
+    match crate::remote::RemotePath::new(path.as_bytes().to_vec()) {
+        Ok(_) => Ok(()),
+        Err(_) => Err(refused(format!(
+            "a path outside the searched directory: {path}"
+        ))),
+    }
+}
+
 /// Run grep in the sandbox through the mount's socket, printing as it streams.
 fn remote_grep(
     route: &crate::control::client::Route,
@@ -340,6 +356,7 @@ fn remote_grep(
                 ));
             }
             Ok(crate::remote::GrepEvent::Match(mut m)) => {
+                outside(&m.path)?;
                 if let Some(pre) = prefix {
                     m.path = output::join_display(pre, &m.path, root_is_dir);
                 }
@@ -348,6 +365,9 @@ fn remote_grep(
                 }
             }
             Ok(crate::remote::GrepEvent::Printed(f)) => {
+                if let Some(print) = &opts.print {
+                    search::print::check_printed(print, &f).map_err(refused)?;
+                }
                 if !p.printed_file(&f) {
                     return Ok(gone());
                 }
@@ -565,6 +585,10 @@ pub(super) fn run_glob(a: GlobArgs) -> i32 {
         }),
         Ok(None) => search::glob::glob(&a.dir, &a.pattern),
     };
+    let result = result.and_then(|paths: Vec<String>| {
+        paths.iter().try_for_each(|path| outside(path))?;
+        Ok(paths)
+    });
     match result {
         Ok(paths) => {
             for path in &paths {
@@ -608,6 +632,10 @@ pub(super) fn run_fuzzy(a: FuzzyArgs) -> i32 {
         }),
         Ok(None) => search::fuzzy::fuzzy(&a.dir, &a.query, &a.walk_options(), Some(a.limit)),
     };
+    let result = result.and_then(|matches: Vec<search::fuzzy::FuzzyMatch>| {
+        matches.iter().try_for_each(|m| outside(&m.path))?;
+        Ok(matches)
+    });
     match result {
         Ok(matches) => {
             for m in &matches {

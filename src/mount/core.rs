@@ -113,6 +113,8 @@ pub struct FsCore {
     kernel: Mutex<Option<Arc<dyn KernelCache>>>,
     /// The last remote call reached the sandbox (for `ctl status` and logs).
     reachable: AtomicBool,
+    /// Since when [`FsCore::or_offline`] has found it not answering.
+    offline_since: Mutex<Option<Instant>>,
     /// How long the sandbox's slowest recent `info` answer took (ns), decaying towards faster
     /// ones: the pace [`FsCore::or_offline`] allows for.
     pace_ns: AtomicU64,
@@ -159,6 +161,9 @@ const STALL: Duration = Duration::from_millis(500);
 /// How long that question waits. An `info` answer is one small round trip, so a sandbox
 /// that gives none in this time is taken as gone until the retry loop's probe says otherwise.
 const STALL_PROBE: Duration = Duration::from_secs(1);
+/// How much longer a call with nothing else to serve waits for that question's answer: a
+/// sandbox whose every program starts seconds late on a loaded machine is slow, not gone.
+const SLOW_GRACE: Duration = Duration::from_secs(5);
 /// Both grow with the sandbox's own pace: this many of its slowest recent `info` answers. A
 /// sandbox that answers in 0.8 s (`shell:` on a loaded machine starts a process per call) is
 /// slow, not gone.
@@ -192,6 +197,7 @@ impl FsCore {
             me: me.clone(),
             kernel: Mutex::new(None),
             reachable: AtomicBool::new(true),
+            offline_since: Mutex::new(None),
             pace_ns: AtomicU64::new(0),
             workspace_root: OnceLock::new(),
             workspace_id: OnceLock::new(),
@@ -300,42 +306,65 @@ impl FsCore {
     /// none (a lookup, stat, or listing). Past [`STALL`] the sandbox is asked whether it
     /// answers at all; if it does not within [`STALL_PROBE`], the mount is offline until a
     /// probe says otherwise, and the call is given up as unreachable when `known` says the
-    /// caller has something to serve instead. Otherwise it goes on to its own deadline: a
-    /// sandbox slowed by load answers late, and an error would be all the caller had.
+    /// caller has something to serve instead. With nothing else to serve, a sandbox slowed by
+    /// load gets [`SLOW_GRACE`] more for its probe (an error would be all the caller had):
+    /// answered, the call goes on to its own deadline; not, it is given up too. Once the
+    /// sandbox has not answered for longer than that, calls get no grace: a hung sandbox
+    /// costs each 1.5 s.
     pub(super) async fn or_offline<T>(
         &self,
         call: impl std::future::Future<Output = Result<T>>,
         known: impl FnOnce() -> bool,
     ) -> Result<T> {
+        // Known to hang: no probe has answered for longer than a slow sandbox takes.
+        let hung = self.offline()
+            && self
+                .offline_since
+                .lock()
+                .expect("offline lock")
+                .is_some_and(|t| t.elapsed() > SLOW_GRACE);
         let (stall, stall_probe) = self.stall_limits();
         tokio::pin!(call);
         tokio::select! {
             r = &mut call => return r,
             _ = tokio::time::sleep(stall) => {}
         }
-        let probe = tokio::time::timeout(stall_probe, self.timed_info());
+        let probe = self.timed_info();
+        tokio::pin!(probe);
+        let answered = |p: &Result<crate::remote::RemoteInfo>| match p {
+            Ok(_) => true,
+            Err(e) => !unreachable(e),
+        };
         tokio::select! {
-            r = &mut call => r,
-            p = probe => match p {
-                Ok(Ok(_)) => call.await,
-                Ok(Err(e)) if !unreachable(&e) => call.await,
-                _ => {
-                    let e = RemoteError::Transport(format!(
-                        "no answer within {} ms, nor to a probe",
-                        (stall + stall_probe).as_millis()
-                    ));
-                    if self.is_reachable() {
-                        tracing::warn!("the sandbox does not answer: serving what the mount knows until it does");
-                    }
-                    self.reachable.store(false, Ordering::Relaxed);
-                    if known() {
-                        Err(e)
-                    } else {
-                        call.await
-                    }
-                }
+            r = &mut call => return r,
+            p = tokio::time::timeout(stall_probe, &mut probe) => match p {
+                Ok(p) if answered(&p) => return call.await,
+                _ => {}
             },
         }
+        let waited = stall + stall_probe;
+        if self.is_reachable() {
+            tracing::warn!(
+                "the sandbox does not answer: serving what the mount knows until it does"
+            );
+        }
+        self.set_reachable(false);
+        if !known() && !hung {
+            tokio::select! {
+                r = &mut call => return r,
+                p = tokio::time::timeout(SLOW_GRACE, &mut probe) => match p {
+                    Ok(p) if answered(&p) => {
+                        self.set_reachable(true);
+                        return call.await;
+                    }
+                    _ => {}
+                },
+            }
+        }
+        Err(RemoteError::Transport(format!(
+            "no answer within {} ms, nor to a probe",
+            waited.as_millis()
+        )))
     }
 
     /// Does the sandbox answer a probe within the time its pace allows?
@@ -382,12 +411,20 @@ impl FsCore {
         self.kernel.lock().expect("kernel lock").clone()
     }
 
+    /// Whether the sandbox answered, and since when it has not.
+    fn set_reachable(&self, yes: bool) {
+        let was = self.reachable.swap(yes, Ordering::Relaxed);
+        if was != yes {
+            *self.offline_since.lock().expect("offline lock") = (!yes).then(Instant::now);
+        }
+    }
+
     /// Count a remote call and note whether the sandbox answered.
     pub(super) fn note<T>(&self, r: Result<T>) -> Result<T> {
         self.stats.remote_calls.fetch_add(1, Ordering::Relaxed);
         match &r {
-            Err(e) if unreachable(e) => self.reachable.store(false, Ordering::Relaxed),
-            _ => self.reachable.store(true, Ordering::Relaxed),
+            Err(e) if unreachable(e) => self.set_reachable(false),
+            _ => self.set_reachable(true),
         }
         r
     }
@@ -480,6 +517,18 @@ impl FsCore {
     pub(super) fn entry_made(&self, dir: NodeId, name: &[u8], attr: Attr) {
         self.bump();
         self.meta.upsert(dir, name, attr);
+        self.forget_prefetched(dir);
+        self.inodes.update(dir, |n| n.fetched = stale_instant());
+        if let Some(k) = self.kernel() {
+            k.invalidate_attr(dir);
+        }
+    }
+
+    /// `name` was removed from `dir` through the mount: its listing drops it in place instead
+    /// of being fetched again; the directory's own attributes are stale.
+    pub(super) fn entry_removed(&self, dir: NodeId, name: &[u8]) {
+        self.bump();
+        self.meta.remove(dir, name);
         self.forget_prefetched(dir);
         self.inodes.update(dir, |n| n.fetched = stale_instant());
         if let Some(k) = self.kernel() {
@@ -1333,7 +1382,7 @@ impl FsCore {
             }
             Err(e) => return Err(e),
         };
-        self.dir_changed(parent);
+        self.entry_made(parent, name, attr.clone());
         let node = self.inodes.remember(parent, name, attr.clone(), true, None);
         self.own_change(node, &attr);
         let (fh, _) = self.open(node, true, truncate).await?;
@@ -1392,7 +1441,7 @@ impl FsCore {
         let path = self.path_of(parent)?.join(name)?;
         self.bump();
         let attr = self.note(self.remote.create(&path, mode & 0o7777).await)?;
-        self.dir_changed(parent);
+        self.entry_made(parent, name, attr.clone());
         let node = self.inodes.remember(parent, name, attr.clone(), true, None);
         self.own_change(node, &attr);
         Ok(NodeAttr { node, attr })
@@ -1449,7 +1498,7 @@ impl FsCore {
         let path = self.path_of(parent)?.join(name)?;
         self.bump();
         let attr = self.note(self.remote.mknod(&path, kind, mode & 0o7777, rdev).await)?;
-        self.dir_changed(parent);
+        self.entry_made(parent, name, attr.clone());
         let node = self.inodes.remember(parent, name, attr.clone(), true, None);
         self.own_change(node, &attr);
         Ok(NodeAttr { node, attr })
@@ -1461,7 +1510,7 @@ impl FsCore {
         let attr = self.note(self.remote.symlink(&path, target).await)?;
         self.made_links
             .made(&self.sandbox_id(), path.as_bytes(), target);
-        self.dir_changed(parent);
+        self.entry_made(parent, name, attr.clone());
         let node = self.inodes.remember(parent, name, attr.clone(), true, None);
         self.own_change(node, &attr);
         let attr = self.with_staged(node, attr);
@@ -1475,13 +1524,23 @@ impl FsCore {
         self.push(node).await?;
         self.bump();
         let attr = self.note(self.remote.link(&existing, &path).await)?;
-        self.dir_changed(parent);
         self.inodes.link(node, parent, name);
         self.inodes.update(node, |n| {
             n.attr = attr.clone();
             n.fetched = self.cfg.clock.now();
             n.lookups += 1;
         });
+        // Every name of the file shows its new link count: in place where the mount knows
+        // them all, else its directory is listed again.
+        let names = self.inodes.get(node).map(|n| n.links).unwrap_or_default();
+        if names.len() as u64 == attr.nlink {
+            for (dir, other) in &names {
+                self.meta.upsert(*dir, other, attr.clone());
+            }
+            self.entry_made(parent, name, attr.clone());
+        } else {
+            self.dir_changed(parent);
+        }
         Ok(NodeAttr {
             node,
             attr: self.with_staged(node, attr),
@@ -1544,7 +1603,16 @@ impl FsCore {
             }
             r => r,
         };
-        self.dir_changed(parent);
+        // A name of a file with others: their entries' link counts change too (and a failure
+        // says the listing was wrong): listed again.
+        let linked = node
+            .and_then(|n| self.inodes.get(n))
+            .is_none_or(|n| n.attr.nlink != 1);
+        if r.is_ok() && !linked {
+            self.entry_removed(parent, name);
+        } else {
+            self.dir_changed(parent);
+        }
         r?;
         self.made_links.forget(&self.sandbox_id(), path.as_bytes());
         if let Some(n) = self.inodes.unlink(parent, name) {
@@ -1572,7 +1640,11 @@ impl FsCore {
         self.pushq.wait_all().await;
         self.bump();
         let r = self.note(self.remote.rmdir(&path).await);
-        self.dir_changed(parent);
+        if r.is_ok() {
+            self.entry_removed(parent, name);
+        } else {
+            self.dir_changed(parent);
+        }
         r?;
         if let Some(n) = self.inodes.unlink(parent, name) {
             self.meta.invalidate(n);

@@ -10,8 +10,9 @@
 //! for a name made, removed or renamed. Whether a node changed is asked of the sandbox, in one
 //! batched stat per burst of events ([`Remote::stat_many`]), and only a changed version is
 //! dropped, so the events of the mount's own writes throw nothing away. The agent marks the
-//! commits a mount made itself (its client id, [`crate::remote::wire::CLIENT_HEADER`], on the
-//! request and the watch): those are not checked at all.
+//! commits, and the names made, removed and renamed, that a mount asked for itself (its
+//! client id, [`crate::remote::wire::CLIENT_HEADER`], on the request and the watch): those
+//! are not checked at all.
 //!
 //! When the feed drops, cannot be reached, or says events were lost, trust ends at once (the
 //! configured TTL applies again, and the kernel forgets what it was told to keep long); once
@@ -71,7 +72,7 @@ struct Status {
     /// The last event whose burst is applied (caches changed, nodes checked).
     applied_seq: Option<u64>,
     events: u64,
-    /// Of which the mount's own commits, reported back (nothing to check).
+    /// Of which the mount's own changes (commits, names), reported back (nothing to check).
     own_events: u64,
     lost_events: u64,
     revalidations: u64,
@@ -352,7 +353,10 @@ async fn apply(core: &FsCore, batch: Vec<ChangeEvent>) -> crate::remote::Result<
             // This mount's own commit: its answer already told the mount what it made, in
             // whichever order the two arrive. Checking it would cost a stat, and an answer
             // and an event crossing must never make the mount's own save look foreign.
-            ChangeKind::Modified if ev.own => core.feed.lock().own_events += 1,
+            //
+            // So are the names it made, removed or renamed: its own answer already changed
+            // the listing in place, and dropping it now could lose a name staged since.
+            _ if ev.own => core.feed.lock().own_events += 1,
             ChangeKind::Modified => touched(core, &path, false, &mut check),
             ChangeKind::Created | ChangeKind::Removed => touched(core, &path, true, &mut check),
             ChangeKind::Renamed { to } => {

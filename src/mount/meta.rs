@@ -124,6 +124,24 @@ impl MetaCache {
         }
     }
 
+    /// One name removed through the mount: a cached listing drops it in place and keeps its
+    /// age, as [`Self::upsert`] does for a name made.
+    pub fn remove(&self, dir: NodeId, name: &[u8]) {
+        let mut l = self.listings.lock().expect("listings lock");
+        if let Some(x) = l.get_mut(&dir) {
+            if let Some(i) = x.by_name.remove(name) {
+                let entries = Arc::make_mut(&mut x.entries);
+                entries.remove(i);
+                for (n, at) in x.by_name.iter_mut() {
+                    if *at > i {
+                        *at -= 1;
+                    }
+                    debug_assert_eq!(&entries[*at].0, n);
+                }
+            }
+        }
+    }
+
     /// The listing is no longer trusted, but kept to be served while the sandbox does not
     /// answer (as one past its TTL is).
     pub fn expire(&self, dir: NodeId) {
@@ -236,5 +254,33 @@ mod tests {
         assert_eq!(got(b"b").has_xattrs, Some(false));
         // A listing already handed out is not changed under its reader.
         assert_eq!(held[0].1.has_xattrs, Some(false));
+    }
+
+    #[test]
+    fn a_name_removed_leaves_the_rest_of_the_listing_and_its_age() {
+        let m = MetaCache::new();
+        let names: Vec<(Vec<u8>, Attr)> = [&b"a"[..], b"b", b"c", b"d"]
+            .iter()
+            .map(|n| (n.to_vec(), attr()))
+            .collect();
+        m.put(NodeId(1), Arc::new(names));
+        m.remove(NodeId(1), b"b");
+        m.remove(NodeId(1), b"never");
+        m.remove(NodeId(2), b"a");
+        let ttl = Duration::from_secs(60);
+        let listed: Vec<Vec<u8>> = m
+            .listing(NodeId(1), ttl, false)
+            .expect("still trusted")
+            .iter()
+            .map(|(n, _)| n.clone())
+            .collect();
+        assert_eq!(listed, [b"a".to_vec(), b"c".to_vec(), b"d".to_vec()]);
+        for n in [&b"a"[..], b"c", b"d"] {
+            assert!(m.entry(NodeId(1), n, ttl, false).unwrap().is_some());
+        }
+        assert_eq!(m.entry(NodeId(1), b"b", ttl, false), Some(None));
+        // Removed then made again: one entry.
+        m.upsert(NodeId(1), b"b", attr());
+        assert_eq!(m.listing(NodeId(1), ttl, false).unwrap().len(), 4);
     }
 }

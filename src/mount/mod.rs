@@ -170,12 +170,20 @@ impl MountConfig {
 }
 
 /// The staging directory: private, and the same for every mount of this remote (a daemon that
-/// was killed leaves its unpushed edits there, and the next mount pushes them).
+/// was killed leaves its unpushed edits there, and the next mount pushes them). An `exec:`
+/// remote is its command as much as its URL: `exec:/workspace` through two containers' `docker
+/// exec` is two sandboxes, whose edits must never be pushed into each other.
 fn staging_dir(
     configured: Option<&Path>,
     remote_url: &str,
+    exec: Option<&str>,
     created: &mut state::Created,
 ) -> anyhow::Result<PathBuf> {
+    let remote_key = match exec {
+        Some(cmd) => format!("{remote_url}\0exec={cmd}"),
+        None => remote_url.to_string(),
+    };
+    let remote_url = remote_key.as_str();
     match configured {
         Some(d) => {
             created
@@ -340,7 +348,12 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
         let _enter = rt.enter();
         control_server::bind(&socket).context("control socket")?
     };
-    let staging_path = staging_dir(cfg.staging_dir.as_deref(), &cfg.remote_url, &mut created)?;
+    let staging_path = staging_dir(
+        cfg.staging_dir.as_deref(),
+        &cfg.remote_url,
+        cfg.connect.exec.as_deref(),
+        &mut created,
+    )?;
     // Already wrapped in the retry and deadline wrapper every transport gets.
     let remote: Arc<dyn Remote> = connected.remote;
     let health = Health::new();

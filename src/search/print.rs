@@ -62,6 +62,80 @@ pub struct PrintOptions {
 pub struct PrintedFile {
     pub printed: WireBytes,
     pub matches: u64,
+    /// The path the file is printed as ([`PrintOptions::shown_path`]): what the laptop checks
+    /// the printed lines against ([`check_printed`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<WireBytes>,
+}
+
+/// Whether a file's printed output, as the sandbox answered it, is what ripgrep could print
+/// for a file beneath the searched directory: its path is the shown root joined with a clean
+/// relative path, and every line that names a file names that one. (A hostile sandbox could
+/// otherwise print `/home/me/.bashrc` into `sbxfs grep -l … | xargs sed -i`.) Lines of the
+/// file's own content are the file's, as with rg.
+pub fn check_printed(print: &PrintOptions, f: &PrintedFile) -> Result<(), String> {
+    let Some(path) = f.path.as_ref().map(|p| p.0.as_slice()) else {
+        return Err("printed output that names no file".into());
+    };
+    let root = print.shown_root.0.as_slice();
+    let below = if root.is_empty() {
+        Some(path)
+    } else if path == root {
+        None
+    } else {
+        let sep = usize::from(!root.ends_with(b"/"));
+        path.strip_prefix(root)
+            .filter(|rest| sep == 0 || rest.first() == Some(&b'/'))
+            .map(|rest| &rest[sep..])
+    };
+    let clean = |p: &[u8]| crate::remote::RemotePath::new(p.to_vec()).is_ok() && !p.is_empty();
+    if path.contains(&b'\n') || !below.is_none_or(clean) {
+        return Err(format!(
+            "a path outside the searched directory: {}",
+            String::from_utf8_lossy(path)
+        ));
+    }
+    if print.color || f.printed.0.is_empty() {
+        return Ok(());
+    }
+    let out = f.printed.0.as_slice();
+    let named = |line: &[u8], after: &[u8]| {
+        line.strip_prefix(path)
+            .is_some_and(|rest| rest.first().is_some_and(|b| after.contains(b)))
+    };
+    let lines = out
+        .strip_suffix(b"\n")
+        .unwrap_or(out)
+        .split(|&b| b == b'\n');
+    let ok = match print.kind {
+        PrintKind::Files | PrintKind::FilesWithMatches | PrintKind::FilesWithoutMatch => {
+            out.strip_suffix(b"\n") == Some(path)
+        }
+        PrintKind::Count => {
+            let mut all = lines;
+            let line = all.next().unwrap_or_default();
+            let number = match line.strip_prefix(path) {
+                Some(rest) => rest.strip_prefix(b":"),
+                None => Some(line),
+            };
+            all.next().is_none()
+                && number.is_some_and(|n| !n.is_empty() && n.iter().all(u8::is_ascii_digit))
+        }
+        PrintKind::Lines if print.heading => out.split(|&b| b == b'\n').next() == Some(path),
+        PrintKind::Lines if print.with_filename.unwrap_or(below.is_some()) => {
+            let mut all = lines;
+            all.all(|l| l == b"--" || named(l, b":-"))
+        }
+        PrintKind::Lines => true,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "printed output that is not ripgrep's for {}",
+            String::from_utf8_lossy(path)
+        ))
+    }
 }
 
 /// Where a file's bytes come from.
@@ -210,9 +284,11 @@ pub fn print_file(
             (printer.into_inner(), matched)
         }
     };
+    use std::os::unix::ffi::OsStrExt;
     Ok(PrintedFile {
         printed: WireBytes(buf.into_inner()),
         matches,
+        path: Some(WireBytes(shown.as_os_str().as_bytes().to_vec())),
     })
 }
 

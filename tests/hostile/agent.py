@@ -1,6 +1,6 @@
 """A malicious sbxfs agent for tests/untrusted_mount.rs: answers /v1/info properly, then
 hostile answers (an endless body to a read, a size of 2^63 - 1, a listing of millions of
-entries, impossible names). Prints its port on stdout once listening."""
+entries, impossible names, search results naming laptop files). Prints its port on stdout once listening."""
 import json
 import os
 import sys
@@ -124,6 +124,35 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.write(body)
                 return
         return self.json({"error": "ENOENT", "message": path}, 404)
+
+
+    def do_POST(self):
+        url = urlparse(self.path)
+        op = url.path.removeprefix("/v1/")
+        length = int(self.headers.get("content-length") or 0)
+        body = json.loads(self.rfile.read(length) or b"{}")
+        if op == "grep":
+            # Printed output naming a laptop file: as the file's own path, or as a line more.
+            if body.get("pattern") == "forgedpath":
+                printed = {"printed": "/etc/passwd\n", "matches": 1, "path": "/etc/passwd"}
+            else:
+                printed = {"printed": "fine.txt\n/etc/passwd\n", "matches": 1,
+                           "path": "fine.txt"}
+            summary = {"summary": {"matches": 1, "files_searched": 1, "files_matched": 1,
+                                   "bytes": 0, "truncated": False, "errors": []},
+                       "truncated": False}
+            lines = b"".join(json.dumps(v).encode() + b"\n" for v in (printed, summary))
+            self.send_response(200)
+            self.send_header("content-type", "application/x-ndjson")
+            self.send_header("content-length", str(len(lines)))
+            self.end_headers()
+            self.wfile.write(lines)
+            return
+        if op == "glob":
+            return self.json({"paths": ["fine.txt", "../../etc/passwd"]})
+        if op == "fuzzy":
+            return self.json({"matches": [{"path": "/etc/shadow", "score": 9, "positions": []}]})
+        return self.json({"error": "ENOENT", "message": op}, 404)
 
 
 def varint(n):

@@ -48,7 +48,10 @@ fn time_ns(s: &str) -> Result<i64, RemoteError> {
     }
     let nanos: i64 = num::<i64>(frac)? * 10i64.pow(9 - frac.len() as u32);
     let sign = if s.starts_with('-') { -1 } else { 1 };
-    Ok(secs * 1_000_000_000 + sign * nanos)
+    // A time past what nanoseconds in 64 bits hold (year 2262) is refused, not wrapped.
+    secs.checked_mul(1_000_000_000)
+        .and_then(|ns| ns.checked_add(sign * nanos))
+        .ok_or_else(|| malformed("a stat time out of range"))
 }
 
 fn version(dev: u64, ino: u64, size: u64, mtime_ns: i64) -> Version {
@@ -146,6 +149,19 @@ pub fn version_fields(v: &Version, precision: Precision) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_time_past_64_bits_of_nanoseconds_is_refused_not_a_panic() {
+        for t in [
+            "99999999999999999999.999999999",
+            "-9223372036854775808.5",
+            "9223372037.0",
+        ] {
+            assert!(time_ns(t).is_err(), "{t}");
+        }
+        assert_eq!(time_ns("-1.5").unwrap(), -1_500_000_000);
+        assert_eq!(time_ns("9223372036.854775807").unwrap(), i64::MAX);
+    }
 
     #[test]
     fn a_version_turns_back_into_its_fields() {
