@@ -298,7 +298,7 @@ fn exec_serves_what_it_knows_while_its_command_cannot_connect() {
             "--attr-ttl-ms",
             TTL_MS,
             "-o",
-            "timeout_ms=1500",
+            "timeout_ms=3000",
         ],
     );
     offline_scenario(&root, &mount, &mut FlagFile(flag));

@@ -129,7 +129,7 @@ fn real_tools_work_over_the_shell_transport() {
     );
     assert!(
         st.lines()
-            .any(|l| l.starts_with("mount.capabilities.patch_commits") && l.ends_with("false")),
+            .any(|l| l.starts_with("mount.capabilities.patch_commits") && l.ends_with("true")),
         "{st}"
     );
 }
