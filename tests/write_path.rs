@@ -84,6 +84,15 @@ impl Sandbox {
     }
 }
 
+/// The mount's `ctl status --json` answer (null if it gave none).
+fn status_json(mnt: &Path) -> serde_json::Value {
+    let (_, out, _) = run(Command::new(sbxfs_bin())
+        .args(["ctl", "--json", "--mount"])
+        .arg(mnt)
+        .arg("status"));
+    serde_json::from_slice(&out).unwrap_or_default()
+}
+
 fn bash(dir: &Path, script: &str) -> (i32, String, String) {
     let (code, out, err) = run(Command::new("bash").arg("-c").arg(script).current_dir(dir));
     (
@@ -474,11 +483,7 @@ fn a_full_sandbox_disk_is_enospc_and_umount_says_what_stayed(t: Transport) {
     assert!(err.contains("stays mounted"), "{err}");
     assert_eq!(fs::metadata(&big).unwrap().len(), 12 << 20);
     // `ctl status` names the file and its state: refused by the sandbox, kept in the mount.
-    let (_, out, _) = run(Command::new(sbxfs_bin())
-        .args(["ctl", "--json", "--mount"])
-        .arg(s.mnt())
-        .arg("status"));
-    let status: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let status = status_json(s.mnt());
     assert_eq!(
         status["files"],
         serde_json::json!([{"path": "big.bin", "state": "refused-kept"}]),
@@ -608,11 +613,7 @@ fn a_new_sparse_file_is_pushed_as_its_written_bytes(t: Transport) {
             m.blocks() * 512
         );
     }
-    let (_, out, _) = run(Command::new(sbxfs_bin())
-        .args(["ctl", "--json", "--mount"])
-        .arg(s.mnt())
-        .arg("status"));
-    let status: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let status = status_json(s.mnt());
     let pushed = status["stats"]["bytes_pushed"].as_u64().unwrap();
     assert!(pushed < 1 << 20, "{pushed} bytes pushed for two holes");
     // Read back through the mount: the byte far out, zeros before it.
@@ -675,11 +676,7 @@ fn an_edit_in_a_big_file_pushes_only_its_bytes(t: Transport) {
         "big.bin takes {} bytes in the sandbox: its holes were written",
         meta.blocks() * 512
     );
-    let (_, out, _) = run(Command::new(sbxfs_bin())
-        .args(["ctl", "--json", "--mount"])
-        .arg(s.mnt())
-        .arg("status"));
-    let status: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let status = status_json(s.mnt());
     let pushed = status["stats"]["bytes_pushed"].as_u64().unwrap();
     let read = status["stats"]["bytes_read"].as_u64().unwrap();
     assert!(pushed < 1 << 20, "{pushed} bytes pushed for one byte");
@@ -744,13 +741,7 @@ fn umount_of_a_hung_sandbox_waits_saying_why_and_force_is_bounded_and_loses_noth
     assert_eq!(code, 0);
     // The sandbox stops answering while a push is on its way (a file big enough that its
     // upload is still moving when the state is seen; tried again if it landed first).
-    let status = |dir: &Path| -> serde_json::Value {
-        let (_, out, _) = run(Command::new(sbxfs_bin())
-            .args(["ctl", "--json", "--mount"])
-            .arg(dir)
-            .arg("status"));
-        serde_json::from_slice(&out).unwrap_or_default()
-    };
+    let status = status_json;
     let big = vec![7u8; 256 << 20];
     let mut frozen = None;
     for _ in 0..5 {
