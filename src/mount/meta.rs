@@ -1,7 +1,8 @@
 //! The metadata cache: directory listings (every entry with its attributes, from one round
 //! trip), keyed by the directory's node so a renamed directory keeps its listing. Trusted for
 //! the attribute TTL, served past it only while the sandbox does not answer. Bounded by a
-//! count of directories; a node's own attributes live in the inode table.
+//! count of directories and of entries over all; a node's own attributes live in the inode
+//! table.
 
 use std::collections::BTreeMap;
 use std::num::NonZeroUsize;
@@ -13,9 +14,12 @@ use lru::LruCache;
 use super::inode::NodeId;
 use crate::remote::Attr;
 
-/// Directories whose listings are kept: a large source tree's worth, a few hundred MB at most
-/// even for big directories (listings themselves are bounded by the agent).
+/// Directories whose listings are kept: a large source tree's worth.
 const MAX_LISTINGS: usize = 4096;
+/// Entries kept over all listings (a few hundred MB at most): a sandbox answering every
+/// directory with a huge listing costs the laptop this much, never more. The oldest listings
+/// go first; the one just fetched always stays (one listing is bounded on its own).
+const MAX_ENTRIES: usize = 1_000_000;
 
 /// A directory's entries (name, attributes), sorted by name.
 pub type Entries = Arc<Vec<(Vec<u8>, Attr)>>;
@@ -63,7 +67,8 @@ impl MetaCache {
             .enumerate()
             .map(|(i, (n, _))| (n.clone(), i))
             .collect();
-        self.listings.lock().expect("listings lock").put(
+        let mut l = self.listings.lock().expect("listings lock");
+        l.put(
             dir,
             Listing {
                 entries,
@@ -71,6 +76,13 @@ impl MetaCache {
                 fetched,
             },
         );
+        let mut total: usize = l.iter().map(|(_, x)| x.entries.len()).sum();
+        while total > MAX_ENTRIES && l.len() > 1 {
+            match l.pop_lru() {
+                Some((_, x)) => total -= x.entries.len(),
+                None => break,
+            }
+        }
     }
 
     /// The listing, if fresh (or at any age with `stale_ok`).
@@ -282,5 +294,30 @@ mod tests {
         // Removed then made again: one entry.
         m.upsert(NodeId(1), b"b", attr());
         assert_eq!(m.listing(NodeId(1), ttl, false).unwrap().len(), 4);
+    }
+
+    #[test]
+    fn listings_are_bounded_by_their_entries_over_all_oldest_first() {
+        let m = MetaCache::new();
+        let big = |n: usize| -> Entries {
+            Arc::new(
+                (0..n)
+                    .map(|i| (format!("f{i}").into_bytes(), attr()))
+                    .collect(),
+            )
+        };
+        m.put(NodeId(1), big(MAX_ENTRIES / 2));
+        m.put(NodeId(2), big(MAX_ENTRIES / 2));
+        let ttl = Duration::from_secs(60);
+        // A third pushes the total past the bound: the least recently used goes.
+        m.put(NodeId(3), big(10));
+        assert!(m.listing(NodeId(1), ttl, false).is_none());
+        assert!(m.listing(NodeId(2), ttl, false).is_some());
+        assert!(m.listing(NodeId(3), ttl, false).is_some());
+        // One listing past the bound on its own stays, alone.
+        m.put(NodeId(4), big(MAX_ENTRIES + 1));
+        assert!(m.listing(NodeId(4), ttl, false).is_some());
+        assert!(m.listing(NodeId(2), ttl, false).is_none());
+        assert!(m.listing(NodeId(3), ttl, false).is_none());
     }
 }

@@ -193,6 +193,9 @@ impl FsCore {
         let mut first: Option<Entries> = None;
         let mut ids: HashMap<RemotePath, RemoteId> = HashMap::new();
         let mut rest = Vec::new();
+        // Entries taken beyond the directory's own listing: no more than were asked for,
+        // whatever the sandbox sends (the rest is listed when entered).
+        let mut taken = 0usize;
         loop {
             let Ok(next) = tokio::time::timeout_at(deadline, stream.next()).await else {
                 // Past the deadline: what came is used, the rest is listed when entered.
@@ -212,6 +215,13 @@ impl FsCore {
                 Err(e) => return Err(e),
             };
             let Some(entries) = l.entries else { continue };
+            if first.is_some() {
+                taken += entries.len();
+                if taken > self.cfg.tree_max {
+                    tracing::info!(path = %path.display(), listings = rest.len(), "the subtree answer passed the entries asked for: keeping what came");
+                    break;
+                }
+            }
             for e in entries.iter().filter(|e| is_dir(&e.attr)) {
                 ids.insert(l.path.join(&e.name.0)?, RemoteId::of(&e.attr));
             }
