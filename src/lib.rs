@@ -118,8 +118,9 @@
 //! never stale. While the agent's change feed ([`agent::watch`]) is connected, [`mount::feed`]
 //! follows it: attributes, listings and pages are trusted indefinitely (here and in the kernel;
 //! `open` does not revalidate), and each event drops what it touches once a batched stat
-//! ([`remote::Remote::stat_many`]) shows its version changed; the mount's own commits come
-//! back marked as its own ([`remote::wire::CLIENT_HEADER`]) and are not checked. When the feed drops or loses
+//! ([`remote::Remote::stat_many`]) shows its version changed; the mount's own commits and
+//! the names it made, removed or renamed come back marked as its own
+//! ([`remote::wire::CLIENT_HEADER`]) and are not checked. When the feed drops or loses
 //! events, the TTL applies again at once and every cached path is revalidated before the feed
 //! is trusted again; a remote without a feed keeps the TTL.
 
