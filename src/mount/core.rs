@@ -111,9 +111,8 @@ pub struct FsCore {
     /// This core, for the tasks that run queued pushes.
     me: Weak<FsCore>,
     kernel: Mutex<Option<Arc<dyn KernelCache>>>,
-    /// The last remote call reached the sandbox (for `ctl status` and logs).
-    reachable: AtomicBool,
-    /// Since when [`FsCore::or_offline`] has found it not answering.
+    /// Since when the sandbox has not answered (none: the last remote call reached it), for
+    /// `ctl status`, logs and [`FsCore::or_offline`].
     offline_since: Mutex<Option<Instant>>,
     /// How long the sandbox's slowest recent `info` answer took (ns), decaying towards faster
     /// ones: the pace [`FsCore::or_offline`] allows for.
@@ -196,7 +195,6 @@ impl FsCore {
             sync_close: AtomicBool::new(false),
             me: me.clone(),
             kernel: Mutex::new(None),
-            reachable: AtomicBool::new(true),
             offline_since: Mutex::new(None),
             pace_ns: AtomicU64::new(0),
             workspace_root: OnceLock::new(),
@@ -281,7 +279,7 @@ impl FsCore {
     }
 
     pub fn is_reachable(&self) -> bool {
-        self.reachable.load(Ordering::Relaxed)
+        self.offline_since.lock().expect("offline lock").is_none()
     }
 
     /// While the sandbox does not answer, what is known is served at once instead of waiting
@@ -317,12 +315,11 @@ impl FsCore {
         known: impl FnOnce() -> bool,
     ) -> Result<T> {
         // Known to hang: no probe has answered for longer than a slow sandbox takes.
-        let hung = self.offline()
-            && self
-                .offline_since
-                .lock()
-                .expect("offline lock")
-                .is_some_and(|t| t.elapsed() > SLOW_GRACE);
+        let hung = self
+            .offline_since
+            .lock()
+            .expect("offline lock")
+            .is_some_and(|t| t.elapsed() > SLOW_GRACE);
         let (stall, stall_probe) = self.stall_limits();
         tokio::pin!(call);
         tokio::select! {
@@ -411,11 +408,13 @@ impl FsCore {
         self.kernel.lock().expect("kernel lock").clone()
     }
 
-    /// Whether the sandbox answered, and since when it has not.
+    /// Whether the sandbox answered (a first failure starts its time offline).
     fn set_reachable(&self, yes: bool) {
-        let was = self.reachable.swap(yes, Ordering::Relaxed);
-        if was != yes {
-            *self.offline_since.lock().expect("offline lock") = (!yes).then(Instant::now);
+        let mut since = self.offline_since.lock().expect("offline lock");
+        if yes {
+            *since = None;
+        } else if since.is_none() {
+            *since = Some(Instant::now());
         }
     }
 
@@ -517,11 +516,7 @@ impl FsCore {
     pub(super) fn entry_made(&self, dir: NodeId, name: &[u8], attr: Attr) {
         self.bump();
         self.meta.upsert(dir, name, attr);
-        self.forget_prefetched(dir);
-        self.inodes.update(dir, |n| n.fetched = stale_instant());
-        if let Some(k) = self.kernel() {
-            k.invalidate_attr(dir);
-        }
+        self.dir_attrs_stale(dir);
     }
 
     /// `name` was removed from `dir` through the mount: its listing drops it in place instead
@@ -529,6 +524,12 @@ impl FsCore {
     pub(super) fn entry_removed(&self, dir: NodeId, name: &[u8]) {
         self.bump();
         self.meta.remove(dir, name);
+        self.dir_attrs_stale(dir);
+    }
+
+    /// A name made or removed in `dir` through the mount: what was fetched ahead for it, and
+    /// its own attributes (mtime, nlink), are stale, here and in the kernel.
+    fn dir_attrs_stale(&self, dir: NodeId) {
         self.forget_prefetched(dir);
         self.inodes.update(dir, |n| n.fetched = stale_instant());
         if let Some(k) = self.kernel() {
