@@ -407,7 +407,12 @@ fn with_the_feed_connected_warm_calls_stay_local_past_the_ttl() {
     let c = core_over_memory(Duration::from_millis(50), |m, _| {
         m.sandbox().write("f", b"cached").unwrap()
     });
-    eventually("connected", || c.feed()["state"] == "connected");
+    // Connected and caught up (trust comes after the revalidation that follows connecting,
+    // which a loaded machine can delay).
+    eventually("connected and trusted", || {
+        let f = c.feed();
+        f["state"] == "connected" && f["trusted"] == true
+    });
     assert_eq!(c.cat("f"), b"cached");
     std::thread::sleep(Duration::from_millis(200));
     c.faults.reset_counts();
