@@ -415,7 +415,7 @@ pub async fn answer(control: &Control, request: Request) -> Result<serde_json::V
         // From what the mount knows: these answer at once, even while the sandbox hangs.
         Request::Stats => Ok(json!({
             "cache_hit_ratio": core.cache_hit_ratio(),
-            "stats": &core.stats,
+            "stats": core.stats_json(),
             "pending_commits": core.pending_count(),
             "remote_round_trip_ms": control.health.round_trip_ms(),
         })),
@@ -461,7 +461,7 @@ pub async fn answer(control: &Control, request: Request) -> Result<serde_json::V
             v["kept_from_earlier"] = json!(core.kept_from_earlier());
             v["staging"] = json!(core.cfg.staging_dir.display().to_string());
             v["pid"] = json!(std::process::id());
-            v["stats"] = json!(&core.stats);
+            v["stats"] = core.stats_json();
             v["feed"] = core.feed_status();
             Ok(v)
         }

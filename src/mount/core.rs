@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
@@ -79,11 +79,11 @@ pub struct CoreStats {
     pub commits: AtomicU64,
     pub failed_commits: AtomicU64,
     pub conflicts: AtomicU64,
-    pub remote_calls: AtomicU64,
 }
 
 pub struct FsCore {
-    pub(super) remote: Arc<dyn Remote>,
+    /// The sandbox as the mount reaches it ([`super::sandbox`]).
+    sandbox: super::sandbox::Sandbox,
     pub(super) cfg: CoreConfig,
     pub(super) inodes: InodeTable,
     pub(super) meta: MetaCache,
@@ -111,32 +111,10 @@ pub struct FsCore {
     /// This core, for the tasks that run queued pushes.
     me: Weak<FsCore>,
     kernel: Mutex<Option<Arc<dyn KernelCache>>>,
-    /// Since when the sandbox has not answered (none: the last remote call reached it), for
-    /// `ctl status`, logs and [`FsCore::or_offline`].
-    offline_since: Mutex<Option<Instant>>,
-    /// How long the sandbox's slowest recent `info` answer took (ns), decaying towards faster
-    /// ones: the pace [`FsCore::or_offline`] allows for.
-    pace_ns: AtomicU64,
-    /// The workspace's absolute path in the sandbox (`/v1/info`'s `root`), for showing
-    /// symlink targets ([`super::links`]); unset, every absolute target counts as outside.
-    workspace_root: OnceLock<Vec<u8>>,
-    /// The sandbox's workspace id (`info`'s `workspace_id`): what staged edits are tied to.
-    workspace_id: OnceLock<String>,
     /// Symlinks made through the mount, shown as written ([`super::made_links`]).
     made_links: super::made_links::MadeLinks,
-    /// The sandbox refuses a new file's first push where a file appeared meanwhile
-    /// ([`crate::remote::Version::absent`]); older agents cannot, and are overwritten.
-    commit_absent: AtomicBool,
-    /// The transport takes patch commits (its `Capabilities::patch_commits`); without them
-    /// every push sends the whole file.
-    patch_commits: AtomicBool,
-    /// A new file's push may be a patch over nothing (`Capabilities::patch_new`): off until the
-    /// transport says so.
-    patch_new: AtomicBool,
     /// Whether the change feed vouches for what is cached ([`super::feed`]).
     pub(super) feed: super::feed::FeedState,
-    /// The last `statfs` answer and when it came ([`STATFS_TTL`]).
-    statfs_seen: Mutex<Option<(Instant, StatFs)>>,
     pub stats: CoreStats,
 }
 
@@ -153,31 +131,13 @@ pub(super) fn now_ns() -> i64 {
         .map_or(0, |d| d.as_nanos() as i64)
 }
 
-/// A lookup, stat or listing that has waited this long for the sandbox asks whether it
-/// answers at all ([`FsCore::or_offline`]): a hung sandbox is noticed in about a second, not
-/// at the call's 10 s deadline.
-const STALL: Duration = Duration::from_millis(500);
-/// How long that question waits. An `info` answer is one small round trip, so a sandbox
-/// that gives none in this time is taken as gone until the retry loop's probe says otherwise.
-const STALL_PROBE: Duration = Duration::from_secs(1);
-/// How much longer a call with nothing else to serve waits for that question's answer: a
-/// sandbox whose every program starts seconds late on a loaded machine is slow, not gone.
-const SLOW_GRACE: Duration = Duration::from_secs(5);
-/// Both grow with the sandbox's own pace: this many of its slowest recent `info` answers. A
-/// sandbox that answers in 0.8 s (`shell:` on a loaded machine starts a process per call) is
-/// slow, not gone.
-const PACE_FACTOR: u32 = 4;
-
-/// The sandbox did not answer (as opposed to answering no).
-pub(super) fn unreachable(e: &RemoteError) -> bool {
-    matches!(e, RemoteError::Transport(_) | RemoteError::TimedOut(_))
-}
+pub(super) use super::sandbox::unreachable;
 
 impl FsCore {
     pub fn new(remote: Arc<dyn Remote>, cfg: CoreConfig, root: Attr) -> Arc<Self> {
         let made_links = super::made_links::MadeLinks::open(Some(&cfg.staging_dir));
         Arc::new_cyclic(|me| FsCore {
-            remote,
+            sandbox: super::sandbox::Sandbox::new(remote),
             inodes: InodeTable::with_clock(root, cfg.clock.clone()),
             meta: MetaCache::with_clock(cfg.clock.clone()),
             prefetched: Default::default(),
@@ -195,61 +155,24 @@ impl FsCore {
             sync_close: AtomicBool::new(false),
             me: me.clone(),
             kernel: Mutex::new(None),
-            offline_since: Mutex::new(None),
-            pace_ns: AtomicU64::new(0),
-            workspace_root: OnceLock::new(),
-            workspace_id: OnceLock::new(),
             made_links,
-            commit_absent: AtomicBool::new(false),
-            patch_commits: AtomicBool::new(true),
-            patch_new: AtomicBool::new(false),
             feed: super::feed::FeedState::default(),
-            statfs_seen: Mutex::new(None),
             stats: CoreStats::default(),
         })
     }
 
-    /// Where the workspace is in the sandbox; set once, before the mount serves.
-    pub fn set_workspace_root(&self, root: &[u8]) {
-        let _ = self.workspace_root.set(root.to_vec());
+    /// What the sandbox's `info` said of itself: its workspace, what its transport takes.
+    pub fn learn(&self, info: &crate::remote::RemoteInfo) {
+        self.sandbox.learn(info);
     }
 
-    /// The id the sandbox keeps for its workspace; set before anything is staged.
-    pub fn set_workspace_id(&self, id: Option<&str>) {
-        if let Some(id) = id {
-            let _ = self.workspace_id.set(id.to_string());
-        }
-    }
-
-    pub(super) fn workspace_id(&self) -> Option<&str> {
-        self.workspace_id.get().map(String::as_str)
-    }
-
-    /// Whether the remote understands a create-only commit (`/v1/info`'s `commit_absent`).
-    pub fn set_commit_absent(&self, yes: bool) {
-        self.commit_absent.store(yes, Ordering::Relaxed);
-    }
-
-    pub(super) fn commit_absent(&self) -> bool {
-        self.commit_absent.load(Ordering::Relaxed)
-    }
-
-    /// Whether pushes may be patches over the base (`false`: whole files only).
+    /// A transport taken as one without patch commits (tests of the whole-file path).
     pub fn set_patch_commits(&self, yes: bool) {
-        self.patch_commits.store(yes, Ordering::Relaxed);
+        self.sandbox.set_patch_commits(yes);
     }
 
-    pub(super) fn patch_commits(&self) -> bool {
-        self.patch_commits.load(Ordering::Relaxed)
-    }
-
-    /// The transport takes a patch that creates its file (`Capabilities::patch_new`).
-    pub fn set_patch_new(&self, yes: bool) {
-        self.patch_new.store(yes, Ordering::Relaxed);
-    }
-
-    pub(super) fn patch_new(&self) -> bool {
-        self.patch_new.load(Ordering::Relaxed)
+    pub(super) fn sandbox(&self) -> &super::sandbox::Sandbox {
+        &self.sandbox
     }
 
     /// `close` waits for its push (`-o sync_close`) instead of queueing it.
@@ -275,11 +198,11 @@ impl FsCore {
     }
 
     pub fn remote(&self) -> &Arc<dyn Remote> {
-        &self.remote
+        self.sandbox.remote()
     }
 
     pub fn is_reachable(&self) -> bool {
-        self.offline_since.lock().expect("offline lock").is_none()
+        self.sandbox.is_reachable()
     }
 
     /// While the sandbox does not answer, what is known is served at once instead of waiting
@@ -291,141 +214,49 @@ impl FsCore {
     /// Ask the sandbox whether it answers (while it does not, nothing else asks); when it is
     /// back, failed pushes are retried at once. Answers whether it is reachable.
     pub async fn probe(&self) -> bool {
-        let was = self.is_reachable();
-        let ok = self.note(self.timed_info().await).is_ok();
-        if ok && !was {
+        let (ok, back) = self.sandbox.probe().await;
+        if back {
             tracing::info!("the sandbox answers again");
             self.failures.all_due();
         }
         ok
     }
 
-    /// A remote call that may have an answer from what the mount knows if the sandbox gives
-    /// none (a lookup, stat, or listing). Past [`STALL`] the sandbox is asked whether it
-    /// answers at all; if it does not within [`STALL_PROBE`], the mount is offline until a
-    /// probe says otherwise, and the call is given up as unreachable when `known` says the
-    /// caller has something to serve instead. With nothing else to serve, a sandbox slowed by
-    /// load gets [`SLOW_GRACE`] more for its probe (an error would be all the caller had):
-    /// answered, the call goes on to its own deadline; not, it is given up too. Once the
-    /// sandbox has not answered for longer than that, calls get no grace: a hung sandbox
-    /// costs each 1.5 s.
-    pub(super) async fn or_offline<T>(
+    /// A remote call that may be answered from what the mount knows ([`super::sandbox::Sandbox::ask`]).
+    pub(super) async fn ask<T>(
         &self,
         call: impl std::future::Future<Output = Result<T>>,
         known: impl FnOnce() -> bool,
     ) -> Result<T> {
-        // Known to hang: no probe has answered for longer than a slow sandbox takes.
-        let hung = self
-            .offline_since
-            .lock()
-            .expect("offline lock")
-            .is_some_and(|t| t.elapsed() > SLOW_GRACE);
-        let (stall, stall_probe) = self.stall_limits();
-        tokio::pin!(call);
-        tokio::select! {
-            r = &mut call => return r,
-            _ = tokio::time::sleep(stall) => {}
-        }
-        let probe = self.timed_info();
-        tokio::pin!(probe);
-        let answered = |p: &Result<crate::remote::RemoteInfo>| match p {
-            Ok(_) => true,
-            Err(e) => !unreachable(e),
-        };
-        tokio::select! {
-            r = &mut call => return r,
-            p = tokio::time::timeout(stall_probe, &mut probe) => match p {
-                Ok(p) if answered(&p) => return call.await,
-                _ => {}
-            },
-        }
-        let waited = stall + stall_probe;
-        if self.is_reachable() {
-            tracing::warn!(
-                "the sandbox does not answer: serving what the mount knows until it does"
-            );
-        }
-        self.set_reachable(false);
-        if !known() && !hung {
-            tokio::select! {
-                r = &mut call => return r,
-                p = tokio::time::timeout(SLOW_GRACE, &mut probe) => match p {
-                    Ok(p) if answered(&p) => {
-                        self.set_reachable(true);
-                        return call.await;
-                    }
-                    _ => {}
-                },
-            }
-        }
-        Err(RemoteError::Transport(format!(
-            "no answer within {} ms, nor to a probe",
-            waited.as_millis()
-        )))
+        self.sandbox.ask(call, known).await
     }
 
     /// Does the sandbox answer a probe within the time its pace allows?
     pub(super) async fn answers_within_pace(&self) -> bool {
-        let (_, wait) = self.stall_limits();
-        tokio::time::timeout(wait, self.probe())
+        tokio::time::timeout(self.sandbox.probe_wait(), self.probe())
             .await
             .unwrap_or(false)
     }
 
-    /// An `info` call, its time noted as the sandbox's pace when it answers.
-    async fn timed_info(&self) -> Result<crate::remote::RemoteInfo> {
-        let asked = Instant::now();
-        let r = self.remote.info().await;
-        if r.is_ok() {
-            self.note_pace(asked.elapsed());
-        }
-        r
-    }
-
-    /// The time one `info` answer took: a slower one raises the pace at once, a faster one
-    /// lowers it by an eighth of the difference.
+    /// The time one `info` answer took (the sandbox's pace).
     pub fn note_pace(&self, took: Duration) {
-        let took = took.as_nanos().min(u64::MAX as u128) as u64;
-        let _ = self
-            .pace_ns
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
-                Some(if took >= old {
-                    took
-                } else {
-                    old - (old - took) / 8
-                })
-            });
-    }
-
-    /// How long a call waits before asking whether the sandbox answers, and how long that
-    /// question waits: [`STALL`] and [`STALL_PROBE`], or more for a slow sandbox.
-    fn stall_limits(&self) -> (Duration, Duration) {
-        let pace = Duration::from_nanos(self.pace_ns.load(Ordering::Relaxed)) * PACE_FACTOR;
-        (STALL.max(pace), STALL_PROBE.max(pace))
+        self.sandbox.note_pace(took);
     }
 
     pub(super) fn kernel(&self) -> Option<Arc<dyn KernelCache>> {
         self.kernel.lock().expect("kernel lock").clone()
     }
 
-    /// Whether the sandbox answered (a first failure starts its time offline).
-    fn set_reachable(&self, yes: bool) {
-        let mut since = self.offline_since.lock().expect("offline lock");
-        if yes {
-            *since = None;
-        } else if since.is_none() {
-            *since = Some(Instant::now());
-        }
-    }
-
     /// Count a remote call and note whether the sandbox answered.
     pub(super) fn note<T>(&self, r: Result<T>) -> Result<T> {
-        self.stats.remote_calls.fetch_add(1, Ordering::Relaxed);
-        match &r {
-            Err(e) if unreachable(e) => self.set_reachable(false),
-            _ => self.set_reachable(true),
-        }
-        r
+        self.sandbox.note(r)
+    }
+
+    /// The counters `ctl stats` and `ctl status` show.
+    pub fn stats_json(&self) -> serde_json::Value {
+        let mut v = serde_json::to_value(&self.stats).unwrap_or_default();
+        v["remote_calls"] = self.sandbox.calls().into();
+        v
     }
 
     /// The node an open file handle is bound to.
@@ -542,7 +373,7 @@ impl FsCore {
     async fn stat_node(&self, node: NodeId, path: &RemotePath) -> Result<Attr> {
         let asked = self.epoch();
         // The node's own attributes are the answer while the sandbox gives none.
-        let a = self.note(self.or_offline(self.remote.stat(path), || true).await)?;
+        let a = self.ask(self.remote().stat(path), || true).await?;
         if self.inodes.rebind_answer(node, &a, asked) {
             return Ok(a);
         }
@@ -558,16 +389,16 @@ impl FsCore {
 
     /// A remote stat that no local change raced: retried while the epoch moves under it.
     /// `known`: the caller has an answer of its own if the sandbox gives none
-    /// ([`Self::or_offline`]).
+    /// ([`Self::ask`]).
     async fn stable_stat(&self, path: &RemotePath, known: impl Fn() -> bool) -> Result<Attr> {
         for _ in 0..4 {
             let before = self.epoch.load(Ordering::SeqCst);
-            let a = self.note(self.or_offline(self.remote.stat(path), &known).await)?;
+            let a = self.ask(self.remote().stat(path), &known).await?;
             if self.epoch.load(Ordering::SeqCst) == before {
                 return Ok(a);
             }
         }
-        self.note(self.or_offline(self.remote.stat(path), &known).await)
+        self.ask(self.remote().stat(path), &known).await
     }
 
     pub(super) fn staged_of(&self, node: NodeId) -> Option<Arc<StagedEntry>> {
@@ -844,7 +675,7 @@ impl FsCore {
             self.getattr(node).await?.attr
         } else {
             self.bump();
-            let a = self.note(self.remote.setattr(&path, set).await)?;
+            let a = self.note(self.remote().setattr(&path, set).await)?;
             // Our own change gives the file a new version; a staged file (opened for writing,
             // nothing written) follows it rather than calling it a conflict later.
             if let Some(s) = self.staged_of(node) {
@@ -892,10 +723,10 @@ impl FsCore {
             Some(Err(e)) => return Err(e),
         }
         let before = self.epoch.load(Ordering::SeqCst);
-        let listed = self.or_offline(self.remote.list(&path), || {
+        let listed = self.ask(self.remote().list(&path), || {
             self.meta.listing(dir, self.ttl(), true).is_some()
         });
-        match self.note(listed.await) {
+        match listed.await {
             Ok(fetched) => {
                 let entries: Vec<(Vec<u8>, Attr)> =
                     fetched.into_iter().map(|e| (e.name.0, e.attr)).collect();
@@ -1017,10 +848,9 @@ impl FsCore {
     ) -> Result<(Bytes, crate::remote::Version)> {
         // Nothing else to serve: a hung sandbox's read ends at its deadline, and a slow one's
         // answer is taken when it comes.
-        let r = self.note(
-            self.or_offline(self.remote.read(path, offset, len), || false)
-                .await,
-        )?;
+        let r = self
+            .ask(self.remote().read(path, offset, len), || false)
+            .await?;
         if r.data.len() as u64 > u64::from(len) {
             return Err(RemoteError::Io(
                 path.display(),
@@ -1361,7 +1191,7 @@ impl FsCore {
             if self.offline() {
                 return self.made_new(parent, name, mode).await;
             }
-            if self.commit_absent() {
+            if self.sandbox.commit_absent() {
                 // Out of reach, the file is made here (below).
                 match self.stable_stat(&path, || true).await {
                     Err(RemoteError::NotFound(_)) => {
@@ -1373,7 +1203,7 @@ impl FsCore {
             }
         }
         self.bump();
-        let (attr, created) = match self.note(self.remote.create(&path, mode & 0o7777).await) {
+        let (attr, created) = match self.note(self.remote().create(&path, mode & 0o7777).await) {
             Ok(a) => (a, true),
             Err(e) if unreachable(&e) && self.inodes.child(parent, name).is_none() => {
                 return self.made_new(parent, name, mode).await
@@ -1441,7 +1271,7 @@ impl FsCore {
     pub async fn make_file(&self, parent: NodeId, name: &[u8], mode: u32) -> Result<NodeAttr> {
         let path = self.path_of(parent)?.join(name)?;
         self.bump();
-        let attr = self.note(self.remote.create(&path, mode & 0o7777).await)?;
+        let attr = self.note(self.remote().create(&path, mode & 0o7777).await)?;
         self.entry_made(parent, name, attr.clone());
         let node = self.inodes.remember(parent, name, attr.clone(), true, None);
         self.own_change(node, &attr);
@@ -1479,7 +1309,7 @@ impl FsCore {
     pub async fn mkdir(&self, parent: NodeId, name: &[u8], mode: u32) -> Result<NodeAttr> {
         let path = self.path_of(parent)?.join(name)?;
         self.bump();
-        let attr = self.note(self.remote.mkdir(&path, mode & 0o7777).await)?;
+        let attr = self.note(self.remote().mkdir(&path, mode & 0o7777).await)?;
         self.entry_made(parent, name, attr.clone());
         let node = self.inodes.remember(parent, name, attr.clone(), true, None);
         self.own_change(node, &attr);
@@ -1498,7 +1328,7 @@ impl FsCore {
     ) -> Result<NodeAttr> {
         let path = self.path_of(parent)?.join(name)?;
         self.bump();
-        let attr = self.note(self.remote.mknod(&path, kind, mode & 0o7777, rdev).await)?;
+        let attr = self.note(self.remote().mknod(&path, kind, mode & 0o7777, rdev).await)?;
         self.entry_made(parent, name, attr.clone());
         let node = self.inodes.remember(parent, name, attr.clone(), true, None);
         self.own_change(node, &attr);
@@ -1508,7 +1338,7 @@ impl FsCore {
     pub async fn symlink(&self, parent: NodeId, name: &[u8], target: &[u8]) -> Result<NodeAttr> {
         let path = self.path_of(parent)?.join(name)?;
         self.bump();
-        let attr = self.note(self.remote.symlink(&path, target).await)?;
+        let attr = self.note(self.remote().symlink(&path, target).await)?;
         self.made_links
             .made(&self.sandbox_id(), path.as_bytes(), target);
         self.entry_made(parent, name, attr.clone());
@@ -1524,7 +1354,7 @@ impl FsCore {
         // The new name must see what is staged: push it first.
         self.push(node).await?;
         self.bump();
-        let attr = self.note(self.remote.link(&existing, &path).await)?;
+        let attr = self.note(self.remote().link(&existing, &path).await)?;
         self.inodes.link(node, parent, name);
         self.inodes.update(node, |n| {
             n.attr = attr.clone();
@@ -1597,7 +1427,7 @@ impl FsCore {
             self.keep_open_copy(n).await?;
         }
         self.bump();
-        let r = match self.note(self.remote.unlink(&path).await) {
+        let r = match self.note(self.remote().unlink(&path).await) {
             // A new file whose commit got no answer and did not land: gone all the same.
             Err(RemoteError::NotFound(_)) if node.is_some_and(|n| self.newfiles.contains(n)) => {
                 Ok(())
@@ -1640,7 +1470,7 @@ impl FsCore {
         }
         self.pushq.wait_all().await;
         self.bump();
-        let r = self.note(self.remote.rmdir(&path).await);
+        let r = self.note(self.remote().rmdir(&path).await);
         if r.is_ok() {
             self.entry_removed(parent, name);
         } else {
@@ -1687,7 +1517,7 @@ impl FsCore {
         }
         self.bump();
         let source = self.inodes.child(parent, name);
-        let r = match self.note(self.remote.rename(&from, &to, mode).await) {
+        let r = match self.note(self.remote().rename(&from, &to, mode).await) {
             // A new file whose commit got no answer and did not land: renamed here, and its
             // push goes to the new name (taking it from a linked file there first, as the
             // rename would have).
@@ -1833,7 +1663,7 @@ impl FsCore {
     /// A link made through the mount, every name of it made so with this very target, is
     /// shown as written ([`super::made_links`]).
     fn shown_target_of(&self, node: NodeId, raw: &[u8]) -> Vec<u8> {
-        let root = self.workspace_root.get().map(Vec::as_slice);
+        let root = self.sandbox.workspace_root();
         let paths = self.inodes.paths_of(node);
         let sandbox = self.sandbox_id();
         if !paths.is_empty()
@@ -1844,7 +1674,7 @@ impl FsCore {
             return raw.to_vec();
         }
         let links: Vec<&[u8]> = paths.iter().map(|p| p.as_bytes()).collect();
-        super::links::present_target_from_all(root, &links, raw)
+        super::links::present_target_from_all(root.as_deref(), &links, raw)
     }
 
     /// The sandbox's own target, unaltered (for `sbxfs ctl readlink`).
@@ -1854,7 +1684,7 @@ impl FsCore {
             return Ok(t.0);
         }
         let path = self.path_of(node)?;
-        self.note(self.remote.readlink(&path).await)
+        self.note(self.remote().readlink(&path).await)
     }
 
     /// What the mount shows for a link at `link` whose sandbox target is `raw`: as
@@ -1870,32 +1700,14 @@ impl FsCore {
         {
             return raw.to_vec();
         }
-        let root = self.workspace_root.get().map(Vec::as_slice);
-        super::links::present_target(root, link.as_bytes(), raw)
+        let root = self.sandbox.workspace_root();
+        super::links::present_target(root.as_deref(), link.as_bytes(), raw)
     }
 
     /// Free space as of at most [`STATFS_TTL`] ago: `find` and `df` ask on every run, and no
     /// feed reports free space.
     pub async fn statfs(&self) -> Result<StatFs> {
-        if let Some((at, s)) = &*self.statfs_seen.lock().expect("statfs lock") {
-            if self.cfg.clock.since(*at) < STATFS_TTL || self.offline() {
-                return Ok(s.clone());
-            }
-        }
-        let known = || self.statfs_seen.lock().expect("statfs lock").is_some();
-        let s = match self.note(self.or_offline(self.remote.statfs(), known).await) {
-            Ok(s) => s,
-            // Out of reach: the last answer, however old (`df` keeps working).
-            Err(e) if unreachable(&e) => {
-                return match &*self.statfs_seen.lock().expect("statfs lock") {
-                    Some((_, s)) => Ok(s.clone()),
-                    None => Err(e),
-                }
-            }
-            Err(e) => return Err(e),
-        };
-        *self.statfs_seen.lock().expect("statfs lock") = Some((self.cfg.clock.now(), s.clone()));
-        Ok(s)
+        self.sandbox.statfs(&self.cfg.clock, STATFS_TTL).await
     }
 
     pub async fn getxattr(&self, node: NodeId, name: &[u8]) -> Result<Vec<u8>> {
@@ -1904,10 +1716,7 @@ impl FsCore {
             return Err(RemoteError::NoAttr(path.display()));
         }
         let known = || self.offline_without_xattrs(node);
-        match self.note(
-            self.or_offline(self.remote.getxattr(&path, name), known)
-                .await,
-        ) {
+        match self.ask(self.remote().getxattr(&path, name), known).await {
             Err(e) if unreachable(&e) && self.offline_without_xattrs(node) => {
                 Err(RemoteError::NoAttr(path.display()))
             }
@@ -1924,7 +1733,7 @@ impl FsCore {
             return Ok(Vec::new());
         }
         let known = || self.offline_without_xattrs(node);
-        match self.note(self.or_offline(self.remote.listxattr(&path), known).await) {
+        match self.ask(self.remote().listxattr(&path), known).await {
             Err(e) if unreachable(&e) && self.offline_without_xattrs(node) => Ok(Vec::new()),
             Err(RemoteError::NotFound(_)) if self.only_here(node) => Ok(Vec::new()),
             r => r,
@@ -1948,7 +1757,7 @@ impl FsCore {
         // An attribute set on the sandbox's file would be lost to the next push's rename.
         self.push(node).await?;
         self.bump();
-        let r = self.note(self.remote.setxattr(&path, name, value, flags).await);
+        let r = self.note(self.remote().setxattr(&path, name, value, flags).await);
         // A failed call may still have landed (a lost answer): unknown, ask next time.
         self.xattrs_changed(node, r.is_ok().then_some(true));
         r
@@ -1958,7 +1767,7 @@ impl FsCore {
         let path = self.path_of(node)?;
         self.push(node).await?;
         self.bump();
-        let r = self.note(self.remote.removexattr(&path, name).await);
+        let r = self.note(self.remote().removexattr(&path, name).await);
         self.xattrs_changed(node, None);
         r
     }
@@ -1992,7 +1801,7 @@ impl FsCore {
             return Ok(());
         }
         let path = self.path_of(node)?;
-        let a = self.note(self.remote.fallocate(&path, offset, len, keep_size).await)?;
+        let a = self.note(self.remote().fallocate(&path, offset, len, keep_size).await)?;
         self.own_change(node, &a);
         self.handles.follow(node, &a);
         Ok(())
@@ -2020,7 +1829,7 @@ impl FsCore {
         };
         self.bump();
         let (n, attr) = self.note(
-            self.remote
+            self.remote()
                 .copy_range(&src_path, off_in, &dst_path, off_out, len, base)
                 .await,
         )?;

@@ -50,6 +50,7 @@ pub mod prefetch;
 pub mod preflight;
 pub mod pushq;
 pub mod readahead;
+pub mod sandbox;
 pub mod staging;
 pub mod state;
 pub mod subtree;
@@ -380,7 +381,7 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
         idmap: cfg.idmap,
         mount_uid: rustix::process::getuid().as_raw(),
         mount_gid: rustix::process::getgid().as_raw(),
-        sandbox: sandbox_user(info.user, &root),
+        sandbox: sandbox_user(info.user.clone(), &root),
         checks: !cfg.default_permissions,
     });
     tracing::info!(
@@ -389,11 +390,7 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
         idmap = cfg.idmap.as_str(),
         "the sandbox's user"
     );
-    core.set_workspace_root(info.root.as_bytes());
-    core.set_workspace_id(info.workspace_id.as_deref());
-    core.set_commit_absent(info.commit_absent);
-    core.set_patch_commits(info.capabilities.patch_commits);
-    core.set_patch_new(info.capabilities.patch_new);
+    core.learn(&info);
     let fs = fuse::SbxFs {
         fs: Arc::new(gated::GatedFs::new(
             core.clone(),

@@ -268,7 +268,7 @@ impl FsCore {
             return false;
         };
         matches!(
-            self.note(self.remote.unlink(&path).await),
+            self.note(self.remote().unlink(&path).await),
             Ok(()) | Err(RemoteError::NotFound(_))
         )
     }

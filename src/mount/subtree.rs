@@ -142,9 +142,9 @@ impl FsCore {
         let started = tokio::time::timeout_at(
             deadline,
             // Given up offline, the directory is listed on its own, which serves what is known.
-            self.or_offline(self.remote.tree_listings(path, self.cfg.tree_max), || true),
+            self.ask(self.remote().tree_listings(path, self.cfg.tree_max), || true),
         );
-        let collected = match started.await.map(|r| self.note(r)) {
+        let collected = match started.await {
             Ok(Ok(stream)) => self.collect(path, stream, deadline).await,
             Ok(Err(e)) => Err(e),
             // Not even begun in time: listed on its own (that listing has its own deadline).

@@ -461,7 +461,7 @@ impl FsCore {
     /// This sandbox's identity: the id it keeps for its workspace, else (a transport without
     /// one) its workspace root's device and inode.
     pub(super) fn sandbox_id(&self) -> String {
-        if let Some(id) = self.workspace_id() {
+        if let Some(id) = self.sandbox().workspace_id() {
             return format!("id:{id}");
         }
         let root = self
@@ -571,7 +571,7 @@ impl FsCore {
         // A file made here over a name found absent is created only if still absent: one the
         // sandbox made meanwhile is not overwritten (a conflict: ours is saved beside it).
         let create_only = was_new
-            && self.commit_absent()
+            && self.sandbox().commit_absent()
             && self.newfiles.contains(node)
             && !self.newfiles.covers(node);
         if was_new {
@@ -595,7 +595,7 @@ impl FsCore {
                 }
             }
             let content =
-                match s.content_for(self.patch_commits() || !s.complete(), self.patch_new()) {
+                match s.content_for(self.sandbox().patch_commits() || !s.complete(), self.sandbox().patch_new()) {
                     Ok(c) => c,
                     Err(e) => {
                         let e = local_io(&e);
@@ -607,7 +607,7 @@ impl FsCore {
             (content_of, bytes) = content;
             let shown = staged.show_while_pushing(&s);
             result = self.note(
-                self.remote
+                self.remote()
                     .commit(
                         &path,
                         content_of,
@@ -671,7 +671,7 @@ impl FsCore {
                     pending.mode = None;
                 }
                 if pending != SetAttr::default() {
-                    match self.note(self.remote.setattr(&path, pending).await) {
+                    match self.note(self.remote().setattr(&path, pending).await) {
                         Ok(a) => attr = a,
                         Err(e) => {
                             tracing::warn!(file = %path.display(), "mode/times not applied after push: {e}")
@@ -713,7 +713,7 @@ impl FsCore {
                         );
                         self.failures.note_conflict(&path, &copy);
                         // Follow the sandbox's version from now on.
-                        match self.note(self.remote.stat(&path).await) {
+                        match self.note(self.remote().stat(&path).await) {
                             Ok(a) => {
                                 s.rebase_remote(a.version.clone(), a.size)
                                     .map_err(|e| local_io(&e))?;
@@ -782,7 +782,7 @@ impl FsCore {
     /// was lost landed)? Compares the size and the bytes of every range it wrote; answers the
     /// file's version if so.
     async fn landed(&self, path: &RemotePath, a: &Attempt) -> Option<crate::remote::Version> {
-        let st = self.note(self.remote.stat(path).await).ok()?;
+        let st = self.note(self.remote().stat(path).await).ok()?;
         if st.size != a.len {
             return None;
         }
@@ -791,7 +791,7 @@ impl FsCore {
             let mut at = start;
             while at < end {
                 let n = (end - at).min(crate::remote::wire::MAX_READ_BYTES as u64) as u32;
-                let r = self.note(self.remote.read(path, at, n).await).ok()?;
+                let r = self.note(self.remote().read(path, at, n).await).ok()?;
                 if r.version != st.version || r.data.is_empty() {
                     return None;
                 }
@@ -813,7 +813,7 @@ impl FsCore {
         let base = base?;
         let (parent, old_name) = n.links.first()?.clone();
         let dir = self.inodes.path_of(parent)?;
-        let entries = self.note(self.remote.list(&dir).await).ok()?;
+        let entries = self.note(self.remote().list(&dir).await).ok()?;
         let e = entries.into_iter().find(|e| {
             e.name.0 != old_name
                 && super::inode::RemoteId::of(&e.attr) == n.remote
@@ -851,7 +851,7 @@ impl FsCore {
     /// Fetch the base's pages not staged yet, so the whole file can be sent (only for a
     /// transport without patch commits).
     async fn fill_from_base(&self, path: &RemotePath, s: &mut Staged) -> Result<()> {
-        if self.patch_commits() || s.complete() {
+        if self.sandbox().patch_commits() || s.complete() {
             return Ok(());
         }
         let base = s.base.clone();
@@ -880,7 +880,7 @@ impl FsCore {
             };
             let data = match cached {
                 Some(d) => d,
-                None => match self.note(self.remote.read(path, page * PAGE, PAGE as u32).await) {
+                None => match self.note(self.remote().read(path, page * PAGE, PAGE as u32).await) {
                     Ok(r) => r.data,
                     // The file is gone from the sandbox: the user's own bytes are what is left.
                     Err(RemoteError::NotFound(_)) => bytes::Bytes::new(),
@@ -903,7 +903,7 @@ impl FsCore {
         }
         let reader = s.reader().map_err(|e| local_io(&e))?;
         self.note(
-            self.remote
+            self.remote()
                 .commit(
                     &copy,
                     CommitContent::Whole(Box::new(reader)),
@@ -930,7 +930,7 @@ impl FsCore {
             let mut copy_name = name.to_vec();
             copy_name.extend_from_slice(format!(".sbxfs-conflict-{stamp}-{n}").as_bytes());
             let copy = parent.join(&copy_name)?;
-            match self.note(self.remote.create(&copy, mode).await) {
+            match self.note(self.remote().create(&copy, mode).await) {
                 Ok(a) => return Ok((copy, a.version)),
                 Err(RemoteError::Exists(_)) => continue,
                 Err(e) => return Err(e),
@@ -1165,10 +1165,10 @@ impl FsCore {
         mode: Option<u32>,
     ) -> Result<()> {
         let (content, _) = s
-            .content_for(true, self.patch_new())
+            .content_for(true, self.sandbox().patch_new())
             .map_err(|e| local_io(&e))?;
         let r = self.note(
-            self.remote
+            self.remote()
                 .commit(
                     path,
                     content,
