@@ -14,7 +14,6 @@
 //! - **Faults keep serving**: when the sandbox does not answer, cached attributes, listings and
 //!   pages are served past their TTL, and opens for writing stage locally.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -100,7 +99,7 @@ pub struct FsCore {
     /// predate that change, so it is fetched again rather than cached (a stat racing a push
     /// would otherwise cache the old size for a whole TTL).
     epoch: AtomicU64,
-    pub(super) staged: Mutex<HashMap<NodeId, Arc<StagedEntry>>>,
+    pub(super) staged: super::writeback::StagedFiles,
     pub(super) failures: Failures,
     /// Pushes queued by `close` ([`super::pushq`]).
     pub(super) pushq: PushQueue,
@@ -148,7 +147,7 @@ impl FsCore {
             handles: Handles::default(),
             cfg,
             epoch: AtomicU64::new(0),
-            staged: Mutex::new(HashMap::new()),
+            staged: Default::default(),
             failures: Failures::default(),
             pushq: PushQueue::default(),
             newfiles: NewFiles::default(),
@@ -266,11 +265,7 @@ impl FsCore {
 
     /// Some file has staged changes not yet in the sandbox.
     pub fn has_unpushed(&self) -> bool {
-        self.staged
-            .lock()
-            .expect("staged lock")
-            .values()
-            .any(|e| e.is_dirty())
+        self.staged.any_dirty()
     }
 
     /// The version last seen for a node (for the INFO ioctl).
@@ -402,7 +397,7 @@ impl FsCore {
     }
 
     pub(super) fn staged_of(&self, node: NodeId) -> Option<Arc<StagedEntry>> {
-        self.staged.lock().expect("staged lock").get(&node).cloned()
+        self.staged.get(node)
     }
 
     /// The attributes to report for a node: staged size and mtime while writes are staged; a
@@ -1096,7 +1091,7 @@ impl FsCore {
         let result = if let Some(s) = self.staged_of(h.node) {
             let removed = self.inodes.get(h.node).is_some_and(|n| n.removed_locally);
             if h.writable {
-                s.writers.fetch_sub(1, Ordering::SeqCst);
+                s.writer_closed();
             }
             // This is the last handle open on the node.
             let last = self.inodes.get(h.node).is_some_and(|n| n.open <= 1);

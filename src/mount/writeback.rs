@@ -43,7 +43,7 @@ pub struct StagedEntry {
     inner: tokio::sync::Mutex<Staged>,
     /// Handles open for writing on it (counted under the staged map's lock, so it is never
     /// dropped while an open is taking it).
-    pub writers: std::sync::atomic::AtomicUsize,
+    writers: std::sync::atomic::AtomicUsize,
     len: AtomicU64,
     mtime_ns: AtomicI64,
     dirty: AtomicBool,
@@ -146,6 +146,74 @@ impl StagedEntry {
 
     pub fn is_dirty(&self) -> bool {
         self.dirty.load(Ordering::SeqCst)
+    }
+
+    /// A handle open for writing on it closed.
+    pub fn writer_closed(&self) {
+        self.writers.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The files with a staged image, by node: the one owner of which files are staged and of
+/// how many writers each has, counted under the map's lock so an image is never dropped while
+/// an open is taking it.
+#[derive(Default)]
+pub struct StagedFiles(Mutex<HashMap<NodeId, Arc<StagedEntry>>>);
+
+impl StagedFiles {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<NodeId, Arc<StagedEntry>>> {
+        self.0.lock().expect("staged lock")
+    }
+
+    pub fn get(&self, node: NodeId) -> Option<Arc<StagedEntry>> {
+        self.map().get(&node).cloned()
+    }
+
+    /// The node's image, made by `make` if it has none; a writer is counted on it either way
+    /// when `writer`. `Ok((entry, made))`.
+    fn get_or_make(
+        &self,
+        node: NodeId,
+        writer: bool,
+        make: impl FnOnce() -> Result<Staged>,
+    ) -> Result<(Arc<StagedEntry>, bool)> {
+        let mut map = self.map();
+        let (e, made) = match map.get(&node) {
+            Some(e) => (e.clone(), false),
+            None => {
+                let e = Arc::new(StagedEntry::new(make()?));
+                map.insert(node, e.clone());
+                (e, true)
+            }
+        };
+        if writer {
+            e.writers.fetch_add(1, Ordering::SeqCst);
+        }
+        Ok((e, made))
+    }
+
+    fn remove(&self, node: NodeId) -> Option<Arc<StagedEntry>> {
+        self.map().remove(&node)
+    }
+
+    /// Removes the node's image if nothing writes it, nothing in it is unpushed and `idle`
+    /// says nothing else holds it (decided under the map's lock).
+    fn remove_if_idle(&self, node: NodeId, idle: impl FnOnce() -> bool) -> Option<Arc<StagedEntry>> {
+        let mut map = self.map();
+        let e = map.get(&node)?;
+        (e.writers.load(Ordering::SeqCst) == 0 && !e.is_dirty() && idle())
+            .then(|| map.remove(&node))
+            .flatten()
+    }
+
+    /// Every staged entry now, taken out of the map's lock (each is then locked on its own).
+    fn all(&self) -> Vec<(NodeId, Arc<StagedEntry>)> {
+        self.map().iter().map(|(k, v)| (*k, v.clone())).collect()
+    }
+
+    /// Some file has staged changes not yet in the sandbox.
+    pub fn any_dirty(&self) -> bool {
+        self.map().values().any(|e| e.is_dirty())
     }
 }
 
@@ -385,43 +453,36 @@ impl FsCore {
         attr: &Attr,
         writer: bool,
     ) -> Result<Arc<StagedEntry>> {
-        let mut staged = self.staged.lock().expect("staged lock");
-        if let Some(s) = staged.get(&node) {
-            if writer {
-                s.writers.fetch_add(1, Ordering::SeqCst);
-            }
-            return Ok(s.clone());
+        let make = || {
+            let path = self
+                .inodes
+                .path_of(node)
+                .or_else(|| self.inodes.get(node).map(|n| n.last_path))
+                .unwrap_or_default();
+            // The node's attributes as they are now: `attr` may have been read before a
+            // queued push of an earlier image ended (and that image was dropped), and its
+            // version would make the next push a false conflict.
+            let current = self.inodes.get(node).map(|n| n.attr);
+            let attr = current.as_ref().unwrap_or(attr);
+            let (journal, file) = Journal::create(
+                &self.cfg.staging_dir,
+                JournalMeta {
+                    path: WireBytes(path.as_bytes().to_vec()),
+                    base: Some(attr.version.clone()),
+                    base_size: attr.size,
+                    mode: Some(attr.mode),
+                    sandbox: Some(self.sandbox_id()),
+                },
+            )
+            .map_err(|e| local_io(&e))?;
+            let mut s = Staged::new(file, Some(attr.version.clone()), attr.size);
+            s.journal = Some(journal);
+            Ok(s)
+        };
+        let (e, made) = self.staged.get_or_make(node, writer, make)?;
+        if made {
+            self.inodes.pin(node, true);
         }
-        let path = self
-            .inodes
-            .path_of(node)
-            .or_else(|| self.inodes.get(node).map(|n| n.last_path))
-            .unwrap_or_default();
-        // The node's attributes as they are now: `attr` may have been read before a queued
-        // push of an earlier image ended (and that image was dropped), and its version would
-        // make the next push a false conflict.
-        let current = self.inodes.get(node).map(|n| n.attr);
-        let attr = current.as_ref().unwrap_or(attr);
-        let (journal, file) = Journal::create(
-            &self.cfg.staging_dir,
-            JournalMeta {
-                path: WireBytes(path.as_bytes().to_vec()),
-                base: Some(attr.version.clone()),
-                base_size: attr.size,
-                mode: Some(attr.mode),
-                sandbox: Some(self.sandbox_id()),
-            },
-        )
-        .map_err(|e| local_io(&e))?;
-        let mut s = Staged::new(file, Some(attr.version.clone()), attr.size);
-        s.journal = Some(journal);
-        let e = Arc::new(StagedEntry::new(s));
-        if writer {
-            e.writers.fetch_add(1, Ordering::SeqCst);
-        }
-        staged.insert(node, e.clone());
-        drop(staged);
-        self.inodes.pin(node, true);
         Ok(e)
     }
 
@@ -448,12 +509,7 @@ impl FsCore {
         // Its first push gives it the time it was made (what the mount shows until then), not
         // the push's, even if nothing is ever written to it.
         s.mtime_ns = Some(n.attr.mtime_ns);
-        let e = Arc::new(StagedEntry::new(s));
-        e.writers.fetch_add(1, Ordering::SeqCst);
-        self.staged
-            .lock()
-            .expect("staged lock")
-            .insert(node, e.clone());
+        let (e, _) = self.staged.get_or_make(node, true, || Ok(s))?;
         self.inodes.pin(node, true);
         Ok(e)
     }
@@ -474,7 +530,7 @@ impl FsCore {
 
     /// Forget what is staged for a node (and its journal).
     pub(super) fn drop_staged(&self, node: NodeId) {
-        let e = self.staged.lock().expect("staged lock").remove(&node);
+        let e = self.staged.remove(node);
         self.inodes.pin(node, false);
         if let Some(e) = e {
             if let Some(mut g) = e.try_lock() {
@@ -491,19 +547,9 @@ impl FsCore {
     /// Drop a node's staged state once nothing is open on it and all of it is pushed.
     pub(super) async fn drop_staged_if_clean(&self, node: NodeId) {
         // Decided under the map's lock: an open taking this entry counts itself first.
-        let dropped = {
-            let mut map = self.staged.lock().expect("staged lock");
-            let idle = map.get(&node).is_some_and(|e| {
-                e.writers.load(Ordering::SeqCst) == 0
-                    && !e.is_dirty()
-                    && self.inodes.get(node).is_none_or(|n| n.open <= 1)
-            });
-            if idle {
-                map.remove(&node)
-            } else {
-                None
-            }
-        };
+        let dropped = self.staged.remove_if_idle(node, || {
+            self.inodes.get(node).is_none_or(|n| n.open <= 1)
+        });
         if let Some(e) = dropped {
             self.inodes.pin(node, false);
             self.staging_ended(node);
@@ -1014,14 +1060,8 @@ impl FsCore {
         self.failures.list()
     }
 
-    /// Every staged entry now, taken out of the map's lock (each is then locked on its own).
     fn staged_entries(&self) -> Vec<(NodeId, Arc<StagedEntry>)> {
-        self.staged
-            .lock()
-            .expect("staged lock")
-            .iter()
-            .map(|(k, v)| (*k, v.clone()))
-            .collect()
+        self.staged.all()
     }
 
     /// Every conflict copy this mount made (`ctl status`, `flush`, `umount`).
