@@ -37,30 +37,37 @@
 //!   which runs the permission gate ([`mount::gate`], the POSIX rules in [`mount::access`]; the
 //!   mounting user acting as the sandbox's user, whose owners the mount shows) and then the
 //!   filesystem operations ([`mount::core`]), and returns reply-ready answers (attributes as
-//!   shown, with their TTLs), so gate, TTL and owner policy are unit-tested without a kernel. The operations
-//!   work over the inode table ([`mount::inode`]: own node ids, names as links, orphans), listings
-//!   ([`mount::meta`]; a directory's first look fetches its subtree's in one packed answer,
-//!   [`mount::subtree`], subdirectories' kept by path until their nodes exist,
-//!   [`mount::prefetch`]; a file known to have no extended attributes answers the xattr calls
-//!   locally, [`mount::xattr_hint`]), the page cache ([`mount::pages`]) filled ahead of
-//!   sequential readers ([`mount::readahead`]), open handles ([`mount::handles`]) and
-//!   write-back ([`mount::writeback`]: pushes, retries, conflicts; queued by `close` in
-//!   [`mount::pushq`]; new files created by their first push, [`mount::newfiles`]) of durable
-//!   staged images ([`mount::staging`]) in a private directory ([`mount::state`]), each with an
-//!   explicit state on its way to the sandbox ([`mount::lifecycle`]: clean, dirty, queued,
-//!   pushing, retrying, refused-kept, conflict); the change feed follower ([`mount::feed`])
-//!   decides how long caches are trusted and changes them only through
-//!   [`mount::core::FsCore`]'s one `apply(Change)` (`mount/changes.rs`), and TTLs count in an injectable clock
-//!   ([`mount::clock`]). Every remote call has a
-//!   deadline ([`remote::deadline`]), and every answer is bounded before it is held (the
-//!   client parses JSON as it streams, with caps on size, entries and names; a read answer is
-//!   never longer than asked). Symlink targets are shown so none leads out of the mount
-//!   ([`mount::links`]). Around them: the daemon side of the control socket
-//!   ([`mount::control_server`]), the sandbox's reachability as last seen ([`mount::health`]),
-//!   `-o` options ([`mount::options`]) and what mountinfo says ([`mount::mounts`]). Starting:
-//!   checks before anything is made ([`mount::preflight`]), the `fuse.sbxfs` mount itself
-//!   ([`mount::kernel`]), readiness for systemd ([`mount::notify`]), the background form that
-//!   `mount -t fuse.sbxfs` runs ([`mount::background`]) and the exit codes ([`mount::exit`]).
+//!   shown, with their TTLs), so gate, TTL and owner policy are unit-tested without a kernel.
+//!   `FsCore` is a façade: its fields are private to `mount/core/`, whose files are its
+//!   operations (`mod.rs`: lookups, reads, writes, namespace calls; `push.rs`: write-back;
+//!   `first_push.rs`: names of files not pushed yet; `changes.rs`: the one `apply(Change)`
+//!   through which the feed's events and revalidations change caches; `subtree.rs`:
+//!   a directory's first look; `read_ahead.rs`; `xattr_hint.rs`), over components that own
+//!   their state behind their own API:
+//!   the sandbox as reached ([`mount::sandbox`]: its `Remote`, whether and how fast it
+//!   answers, what its `info` said), the inode table ([`mount::inode`]: own node ids, names as
+//!   links, orphans, the epoch rule that keeps answers older than a local change out),
+//!   listings ([`mount::meta`]; a directory's first look fetches its subtree's in one packed
+//!   answer, [`mount::subtree`], subdirectories' kept by path until their nodes exist,
+//!   [`mount::prefetch`]), the page cache ([`mount::pages`]) filled ahead of sequential
+//!   readers ([`mount::readahead`]), open handles ([`mount::handles`]), the write-back state
+//!   ([`mount::writeback`]: which files are staged and their writers, failures kept, conflict
+//!   copies; each staged file with an explicit state on its way to the sandbox,
+//!   [`mount::lifecycle`]: clean, dirty, queued, pushing, retrying, refused-kept, conflict),
+//!   pushes queued by `close` ([`mount::pushq`]), new files created by their first push
+//!   ([`mount::newfiles`]), durable staged images ([`mount::staging`]) in a private directory
+//!   ([`mount::state`]), and the change feed follower's state ([`mount::feed`]: how long
+//!   caches are trusted). TTLs count in an injectable clock ([`mount::clock`]). Every remote
+//!   call has a deadline ([`remote::deadline`]), and every answer is bounded before it is held
+//!   (the client parses JSON as it streams, with caps on size, entries and names; a read
+//!   answer is never longer than asked). Symlink targets are shown so none leads out of the
+//!   mount ([`mount::links`]). Around them: the daemon side of the control socket
+//!   ([`mount::control_server`]), the sandbox's reachability as last probed for `ctl status`
+//!   ([`mount::health`]), `-o` options ([`mount::options`]) and what mountinfo says
+//!   ([`mount::mounts`]). Starting: checks before anything is made ([`mount::preflight`]), the
+//!   `fuse.sbxfs` mount itself ([`mount::kernel`]), readiness for systemd
+//!   ([`mount::notify`]), the background form that `mount -t fuse.sbxfs` runs
+//!   ([`mount::background`]) and the exit codes ([`mount::exit`]).
 //! - [`control`]: the mount's control surface as a protocol: the INFO/QUERY ioctl numbers and
 //!   codec, the control socket's requests and location, and the CLI's client; one versioned
 //!   protocol shared by the daemon and the CLI, so `sbxfs grep` in a mount runs in the sandbox.

@@ -426,7 +426,7 @@ pub async fn answer(control: &Control, request: Request) -> Result<serde_json::V
                 "failures": failures.iter().map(|(p, e)| json!({"path": p, "error": e.to_string()})).collect::<Vec<_>>(),
                 "conflicts": core.conflict_copies(),
                 "kept_from_earlier": core.kept_from_earlier(),
-                "staging": core.cfg.staging_dir.display().to_string(),
+                "staging": core.config().staging_dir.display().to_string(),
                 "pid": std::process::id(),
             }))
         }
@@ -459,7 +459,7 @@ pub async fn answer(control: &Control, request: Request) -> Result<serde_json::V
                 .collect::<Vec<_>>());
             v["conflicts"] = json!(core.conflict_copies());
             v["kept_from_earlier"] = json!(core.kept_from_earlier());
-            v["staging"] = json!(core.cfg.staging_dir.display().to_string());
+            v["staging"] = json!(core.config().staging_dir.display().to_string());
             v["pid"] = json!(std::process::id());
             v["stats"] = core.stats_json();
             v["feed"] = core.feed_status();

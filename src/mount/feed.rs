@@ -28,8 +28,8 @@ use std::time::{Duration, Instant, SystemTime};
 use futures_util::{FutureExt, StreamExt};
 use serde_json::json;
 
-use super::changes::{Applied, Change};
 use super::core::FsCore;
+use super::core::{Applied, Change};
 use super::health::Health;
 use super::inode::NodeId;
 use crate::remote::{stat_many_batches, ChangeEvent, ChangeKind, RemoteError, RemotePath};
@@ -207,7 +207,7 @@ enum Break {
 /// A transport without a change feed (its capabilities say so): not followed; what is cached
 /// is trusted for the TTL only, and revalidated by polling.
 pub fn without_feed(core: &FsCore) {
-    core.feed.set_link(Link::Unsupported);
+    core.feed().set_link(Link::Unsupported);
 }
 
 pub async fn follow(core: Arc<FsCore>, health: Option<Arc<Health>>) {
@@ -218,11 +218,11 @@ pub async fn follow(core: Arc<FsCore>, health: Option<Arc<Health>>) {
         let stream = match core.remote().watch(since).await {
             Ok(s) => s,
             Err(RemoteError::Unsupported(_)) => {
-                core.feed.set_link(Link::Unsupported);
+                core.feed().set_link(Link::Unsupported);
                 return;
             }
             Err(e) => {
-                core.feed.set_link(Link::Reconnecting {
+                core.feed().set_link(Link::Reconnecting {
                     error: e.to_string(),
                 });
                 tokio::time::sleep(backoff).await;
@@ -240,8 +240,8 @@ pub async fn follow(core: Arc<FsCore>, health: Option<Arc<Health>>) {
         connected_before = true;
         let dropped = match revalidate_all(&core, reason).await {
             Ok(()) => {
-                core.feed.trusted.store(true, Ordering::SeqCst);
-                core.feed.set_link(Link::Connected);
+                core.feed().trusted.store(true, Ordering::SeqCst);
+                core.feed().set_link(Link::Connected);
                 let connected = Instant::now();
                 let broke = run(&core, stream, health.as_deref(), &mut since).await;
                 // A feed that breaks as soon as it connects does not reconnect at once again.
@@ -257,7 +257,7 @@ pub async fn follow(core: Arc<FsCore>, health: Option<Arc<Health>>) {
             Break::Link(e) => e,
             Break::Revalidation(e) => format!("revalidation failed: {e}"),
         };
-        core.feed.set_link(Link::Reconnecting { error });
+        core.feed().set_link(Link::Reconnecting { error });
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(MAX_BACKOFF);
     }
@@ -327,7 +327,7 @@ async fn run(
 /// Trust ends: the TTL applies again here at once, and the kernel forgets the attributes it
 /// was told to keep long.
 fn distrust(core: &FsCore) {
-    core.feed.trusted.store(false, Ordering::SeqCst);
+    core.feed().trusted.store(false, Ordering::SeqCst);
     core.apply(Change::Distrusted);
 }
 
@@ -338,11 +338,11 @@ async fn apply(core: &FsCore, batch: Vec<ChangeEvent>) -> crate::remote::Result<
     let mut check: BTreeSet<(NodeId, RemotePath)> = BTreeSet::new();
     let last = batch.last().map(|e| e.seq);
     {
-        let mut s = core.feed.lock();
+        let mut s = core.feed().lock();
         s.events += batch.len() as u64;
         s.last_seq = batch.iter().map(|e| e.seq).max().or(s.last_seq);
     }
-    let applied = || core.feed.lock().applied_seq = last;
+    let applied = || core.feed().lock().applied_seq = last;
     for ev in batch {
         let Ok(path) = RemotePath::new(ev.path.0.clone()) else {
             tracing::debug!(path = ?ev.path, "change event with an unusable path ignored");
@@ -356,7 +356,7 @@ async fn apply(core: &FsCore, batch: Vec<ChangeEvent>) -> crate::remote::Result<
             //
             // So are the names it made, removed or renamed: its own answer already changed
             // the listing in place, and dropping it now could lose a name staged since.
-            _ if ev.own => core.feed.lock().own_events += 1,
+            _ if ev.own => core.feed().lock().own_events += 1,
             ChangeKind::Modified => touched(core, &path, false, &mut check),
             ChangeKind::Created | ChangeKind::Removed => touched(core, &path, true, &mut check),
             ChangeKind::Renamed { to } => {
@@ -369,12 +369,12 @@ async fn apply(core: &FsCore, batch: Vec<ChangeEvent>) -> crate::remote::Result<
         }
     }
     if lost {
-        core.feed.lock().lost_events += 1;
+        core.feed().lock().lost_events += 1;
         tracing::warn!("the change feed lost events: revalidating everything cached");
         distrust(core);
         revalidate_all(core, "lost events").await?;
         applied();
-        core.feed.trusted.store(true, Ordering::SeqCst);
+        core.feed().trusted.store(true, Ordering::SeqCst);
         return Ok(());
     }
     check_nodes(core, check.into_iter().collect()).await?;
@@ -407,7 +407,7 @@ async fn revalidate_all(core: &FsCore, reason: &str) -> crate::remote::Result<()
         changed,
         "revalidated what the mount had cached ({reason})"
     );
-    let mut s = core.feed.lock();
+    let mut s = core.feed().lock();
     s.revalidations += 1;
     s.last_revalidation = Some(Revalidation {
         at: SystemTime::now(),

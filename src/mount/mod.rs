@@ -24,7 +24,6 @@
 pub mod access;
 pub mod background;
 pub mod caller;
-mod changes;
 pub mod clock;
 pub mod control_server;
 pub mod core;
@@ -52,10 +51,9 @@ pub mod pushq;
 pub mod readahead;
 pub mod sandbox;
 pub mod staging;
+pub use self::core::subtree;
 pub mod state;
-pub mod subtree;
 pub mod writeback;
-pub mod xattr_hint;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -15,10 +15,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use super::core::FsCore;
-use super::handles::OpenFile;
-use super::pages::{PageIndex, PAGE};
-use crate::remote::{RemotePath, Version};
+use super::pages::PAGE;
 
 /// The window after the first sequential read.
 pub const FIRST_WINDOW: u64 = PAGE;
@@ -112,6 +109,39 @@ impl ReadAhead {
             .expect("read-ahead lock")
             .on_read(offset, len, size, max)
     }
+
+    /// Note a read of `len` bytes at `offset`; if it is sequential, start fetching the
+    /// window ahead of it (at most `max` bytes) in runs of [`RUN_PAGES`], each `run(start,
+    /// end)` once one of the mount's `permits` is free.
+    pub fn start<Fut>(
+        &self,
+        offset: u64,
+        len: u64,
+        max: u64,
+        permits: &Prefetchers,
+        run: impl Fn(u64, u64) -> Fut,
+    ) where
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let Some(range) = self.plan(offset, len, max) else {
+            return;
+        };
+        let mut tasks = self.tasks.lock().expect("read-ahead lock");
+        while tasks.try_join_next().is_some() {}
+        let mut start = range.start;
+        while start < range.end {
+            let end = (start + RUN_PAGES * PAGE).min(range.end);
+            let permits = permits.0.clone();
+            let fetch = run(start, end);
+            tasks.spawn(async move {
+                let Ok(_permit) = permits.acquire_owned().await else {
+                    return;
+                };
+                fetch.await;
+            });
+            start = end;
+        }
+    }
 }
 
 /// Large buffers (pages, read-ahead runs, replies) are mapped and unmapped on their own:
@@ -130,52 +160,6 @@ pub struct Prefetchers(Arc<Semaphore>);
 impl Default for Prefetchers {
     fn default() -> Self {
         Prefetchers(Arc::new(Semaphore::new(MAX_RUNS_IN_FLIGHT)))
-    }
-}
-
-impl FsCore {
-    /// Note a read through `h` and start fetching ahead of it if it is sequential.
-    pub(super) fn read_ahead(
-        self: &Arc<Self>,
-        h: &OpenFile,
-        path: &RemotePath,
-        version: &Version,
-        offset: u64,
-        len: u64,
-    ) {
-        // Prefetched pages wait in the cache until read: never more than a quarter of it.
-        let max = MAX_WINDOW.min(self.cfg.cache_bytes / 4);
-        let Some(range) = h.readahead.plan(offset, len, max) else {
-            return;
-        };
-        let mut tasks = h.readahead.tasks.lock().expect("read-ahead lock");
-        while tasks.try_join_next().is_some() {}
-        let mut start = range.start;
-        while start < range.end {
-            let end = (start + RUN_PAGES * PAGE).min(range.end);
-            let (core, path, version) = (self.clone(), path.clone(), version.clone());
-            let permits = self.prefetchers.0.clone();
-            tasks.spawn(async move {
-                let Ok(_permit) = permits.acquire_owned().await else {
-                    return;
-                };
-                core.prefetch_run(&path, &version, start, end).await;
-            });
-            start = end;
-        }
-    }
-
-    /// Fetch the pages of `[start, end)` into the cache with one remote read. Errors are left
-    /// for the reader's own fetch to meet and report.
-    async fn prefetch_run(&self, path: &RemotePath, version: &Version, start: u64, end: u64) {
-        let first = PageIndex::containing(start);
-        let pages = (end - start).div_ceil(PAGE);
-        self.pages
-            .fetch_run(version, first, pages, |from, count| async move {
-                self.read_checked(path, from.start(), (count * PAGE) as u32)
-                    .await
-            })
-            .await;
     }
 }
 

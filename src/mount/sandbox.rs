@@ -4,7 +4,7 @@
 //! [`Sandbox::note`] keeps from every call's outcome.
 //!
 //! A call that may be answered from what the mount knows goes through [`Sandbox::ask`]: past
-//! [`STALL`] the sandbox is asked whether it answers at all, and a hung sandbox costs a call
+//! `STALL` the sandbox is asked whether it answers at all, and a hung sandbox costs a call
 //! about a second, not its 10–60 s deadline.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -199,18 +199,18 @@ impl Sandbox {
     }
 
     /// How long a call waits before asking whether the sandbox answers, and how long that
-    /// question waits: [`STALL`] and [`STALL_PROBE`], or more for a slow sandbox.
+    /// question waits: `STALL` and `STALL_PROBE`, or more for a slow sandbox.
     fn stall_limits(&self) -> (Duration, Duration) {
         let pace = Duration::from_nanos(self.pace_ns.load(Ordering::Relaxed)) * PACE_FACTOR;
         (STALL.max(pace), STALL_PROBE.max(pace))
     }
 
     /// A remote call that may have an answer from what the mount knows if the sandbox gives
-    /// none (a lookup, stat, or listing), counted and noted ([`Self::note`]). Past [`STALL`]
-    /// the sandbox is asked whether it answers at all; if it does not within [`STALL_PROBE`],
+    /// none (a lookup, stat, or listing), counted and noted ([`Self::note`]). Past `STALL`
+    /// the sandbox is asked whether it answers at all; if it does not within `STALL_PROBE`,
     /// the mount is offline until a probe says otherwise, and the call is given up as
     /// unreachable when `known` says the caller has something to serve instead. With nothing
-    /// else to serve, a sandbox slowed by load gets [`SLOW_GRACE`] more for its probe (an
+    /// else to serve, a sandbox slowed by load gets `SLOW_GRACE` more for its probe (an
     /// error would be all the caller had): answered, the call goes on to its own deadline;
     /// not, it is given up too. Once the sandbox has not answered for longer than that, calls
     /// get no grace: a hung sandbox costs each 1.5 s.

@@ -16,24 +16,20 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
-use super::core::{local_io, unreachable, FsCore};
+use super::core::unreachable;
 use super::inode::NodeId;
 use super::lifecycle::{Stage, Step};
-use super::pages::PageIndex;
-use super::staging::{Journal, JournalMeta, Staged, PAGE};
-use crate::remote::{
-    Attr, CommitContent, CommitOptions, RemoteError, RemotePath, Result, SetAttr, WireBytes,
-};
+use super::staging::Staged;
+use crate::remote::{Attr, RemoteError, RemotePath, Result};
 
 /// Unanswered commits remembered per file: enough for a link that keeps dropping.
 const MAX_ATTEMPTS: usize = 8;
 /// Largest pushed image kept in the page cache after its push ([`FsCore::keep_pushed_pages`]).
-const MAX_KEPT_PUSHED_BYTES: u64 = 16 * 1024 * 1024;
+pub(in crate::mount) const MAX_KEPT_PUSHED_BYTES: u64 = 16 * 1024 * 1024;
 /// Longest wait between retries of a transient failure.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
@@ -171,7 +167,7 @@ impl StagedFiles {
 
     /// The node's image, made by `make` if it has none; a writer is counted on it either way
     /// when `writer`. `Ok((entry, made))`.
-    fn get_or_make(
+    pub(in crate::mount) fn get_or_make(
         &self,
         node: NodeId,
         writer: bool,
@@ -192,13 +188,17 @@ impl StagedFiles {
         Ok((e, made))
     }
 
-    fn remove(&self, node: NodeId) -> Option<Arc<StagedEntry>> {
+    pub(in crate::mount) fn remove(&self, node: NodeId) -> Option<Arc<StagedEntry>> {
         self.map().remove(&node)
     }
 
     /// Removes the node's image if nothing writes it, nothing in it is unpushed and `idle`
     /// says nothing else holds it (decided under the map's lock).
-    fn remove_if_idle(&self, node: NodeId, idle: impl FnOnce() -> bool) -> Option<Arc<StagedEntry>> {
+    pub(in crate::mount) fn remove_if_idle(
+        &self,
+        node: NodeId,
+        idle: impl FnOnce() -> bool,
+    ) -> Option<Arc<StagedEntry>> {
         let mut map = self.map();
         let e = map.get(&node)?;
         (e.writers.load(Ordering::SeqCst) == 0 && !e.is_dirty() && idle())
@@ -207,7 +207,7 @@ impl StagedFiles {
     }
 
     /// Every staged entry now, taken out of the map's lock (each is then locked on its own).
-    fn all(&self) -> Vec<(NodeId, Arc<StagedEntry>)> {
+    pub(in crate::mount) fn all(&self) -> Vec<(NodeId, Arc<StagedEntry>)> {
         self.map().iter().map(|(k, v)| (*k, v.clone())).collect()
     }
 
@@ -266,14 +266,14 @@ pub struct Failures {
 /// of every range it wrote (keyed at random, so the sandbox cannot forge a match).
 #[derive(Clone)]
 pub struct Attempt {
-    len: u64,
-    ranges: Vec<(u64, u64)>,
-    hasher: std::collections::hash_map::RandomState,
-    digest: u64,
+    pub(in crate::mount) len: u64,
+    pub(in crate::mount) ranges: Vec<(u64, u64)>,
+    pub(in crate::mount) hasher: std::collections::hash_map::RandomState,
+    pub(in crate::mount) digest: u64,
 }
 
 impl Attempt {
-    fn of(s: &Staged) -> Option<Attempt> {
+    pub(in crate::mount) fn of(s: &Staged) -> Option<Attempt> {
         let ranges: Vec<(u64, u64)> = if s.base.is_none() || s.complete() {
             vec![(0, s.len)]
         } else {
@@ -308,7 +308,7 @@ pub fn transient(e: &RemoteError) -> bool {
 }
 
 impl Failures {
-    fn record(&self, node: NodeId, path: &str, e: &RemoteError) {
+    pub(in crate::mount) fn record(&self, node: NodeId, path: &str, e: &RemoteError) {
         let mut m = self.map.lock().expect("failures lock");
         let f = m.entry(node).or_insert_with(|| PushFailure {
             path: path.to_string(),
@@ -339,7 +339,7 @@ impl Failures {
         }
     }
 
-    fn note_attempt(&self, node: NodeId, a: Option<Attempt>) {
+    pub(in crate::mount) fn note_attempt(&self, node: NodeId, a: Option<Attempt>) {
         if let Some(a) = a {
             let mut m = self.attempts.lock().expect("attempts lock");
             let list = m.entry(node).or_default();
@@ -351,7 +351,7 @@ impl Failures {
     }
 
     /// Unanswered attempts since the last push that is known to have landed, newest first.
-    fn attempts(&self, node: NodeId) -> Vec<Attempt> {
+    pub(in crate::mount) fn attempts(&self, node: NodeId) -> Vec<Attempt> {
         let m = self.attempts.lock().expect("attempts lock");
         m.get(&node)
             .map(|l| l.iter().rev().cloned().collect())
@@ -387,7 +387,7 @@ impl Failures {
         }
     }
 
-    fn due(&self) -> Vec<NodeId> {
+    pub(in crate::mount) fn due(&self) -> Vec<NodeId> {
         let now = Instant::now();
         self.map
             .lock()
@@ -398,7 +398,7 @@ impl Failures {
             .collect()
     }
 
-    fn note_conflict(&self, path: &RemotePath, copy: &RemotePath) {
+    pub(in crate::mount) fn note_conflict(&self, path: &RemotePath, copy: &RemotePath) {
         let mut c = self.conflicts.lock().expect("conflicts lock");
         if c.len() == MAX_CONFLICTS {
             c.remove(0);
@@ -413,7 +413,7 @@ impl Failures {
         self.conflicts.lock().expect("conflicts lock").clone()
     }
 
-    fn note_kept(&self, path: &[u8], why: impl std::fmt::Display) {
+    pub(in crate::mount) fn note_kept(&self, path: &[u8], why: impl std::fmt::Display) {
         let mut k = self.kept.lock().expect("kept lock");
         if k.len() < MAX_CONFLICTS {
             k.push(KeptEdit {
@@ -442,972 +442,5 @@ impl Failures {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-}
-
-impl FsCore {
-    /// The staged state of a node, created over `attr` (its current version) if there is none.
-    pub(super) fn stage(
-        &self,
-        node: NodeId,
-        attr: &Attr,
-        writer: bool,
-    ) -> Result<Arc<StagedEntry>> {
-        let make = || {
-            let path = self
-                .inodes
-                .path_of(node)
-                .or_else(|| self.inodes.get(node).map(|n| n.last_path))
-                .unwrap_or_default();
-            // The node's attributes as they are now: `attr` may have been read before a
-            // queued push of an earlier image ended (and that image was dropped), and its
-            // version would make the next push a false conflict.
-            let current = self.inodes.get(node).map(|n| n.attr);
-            let attr = current.as_ref().unwrap_or(attr);
-            let (journal, file) = Journal::create(
-                &self.cfg.staging_dir,
-                JournalMeta {
-                    path: WireBytes(path.as_bytes().to_vec()),
-                    base: Some(attr.version.clone()),
-                    base_size: attr.size,
-                    mode: Some(attr.mode),
-                    sandbox: Some(self.sandbox_id()),
-                },
-            )
-            .map_err(|e| local_io(&e))?;
-            let mut s = Staged::new(file, Some(attr.version.clone()), attr.size);
-            s.journal = Some(journal);
-            Ok(s)
-        };
-        let (e, made) = self.staged.get_or_make(node, writer, make)?;
-        if made {
-            self.inodes.pin(node, true);
-        }
-        Ok(e)
-    }
-
-    /// The staged state of a file created here and not in the sandbox yet (no base: its first
-    /// push creates it, with its mode, in one commit), open for writing once.
-    pub(super) fn stage_new(&self, node: NodeId) -> Result<Arc<StagedEntry>> {
-        let n = self
-            .inodes
-            .get(node)
-            .ok_or_else(|| RemoteError::NotFound(format!("node {}", node.0)))?;
-        let (journal, file) = Journal::create(
-            &self.cfg.staging_dir,
-            JournalMeta {
-                path: WireBytes(n.last_path.as_bytes().to_vec()),
-                base: None,
-                base_size: 0,
-                mode: Some(n.attr.mode),
-                sandbox: Some(self.sandbox_id()),
-            },
-        )
-        .map_err(|e| local_io(&e))?;
-        let mut s = Staged::new(file, None, 0);
-        s.journal = Some(journal);
-        // Its first push gives it the time it was made (what the mount shows until then), not
-        // the push's, even if nothing is ever written to it.
-        s.mtime_ns = Some(n.attr.mtime_ns);
-        let (e, _) = self.staged.get_or_make(node, true, || Ok(s))?;
-        self.inodes.pin(node, true);
-        Ok(e)
-    }
-
-    /// This sandbox's identity: the id it keeps for its workspace, else (a transport without
-    /// one) its workspace root's device and inode.
-    pub(super) fn sandbox_id(&self) -> String {
-        if let Some(id) = self.sandbox().workspace_id() {
-            return format!("id:{id}");
-        }
-        let root = self
-            .inodes
-            .get(super::inode::ROOT)
-            .map(|n| n.remote)
-            .unwrap_or(super::inode::RemoteId { dev: 0, ino: 0 });
-        format!("{:x}:{:x}", root.dev, root.ino)
-    }
-
-    /// Forget what is staged for a node (and its journal).
-    pub(super) fn drop_staged(&self, node: NodeId) {
-        let e = self.staged.remove(node);
-        self.inodes.pin(node, false);
-        if let Some(e) = e {
-            if let Some(mut g) = e.try_lock() {
-                if let Some(j) = g.journal.take() {
-                    j.remove();
-                }
-            }
-        }
-        self.failures.clear(node);
-        self.newfiles.remove(node);
-        self.staging_ended(node);
-    }
-
-    /// Drop a node's staged state once nothing is open on it and all of it is pushed.
-    pub(super) async fn drop_staged_if_clean(&self, node: NodeId) {
-        // Decided under the map's lock: an open taking this entry counts itself first.
-        let dropped = self.staged.remove_if_idle(node, || {
-            self.inodes.get(node).is_none_or(|n| n.open <= 1)
-        });
-        if let Some(e) = dropped {
-            self.inodes.pin(node, false);
-            self.staging_ended(node);
-            let mut g = e.lock().await;
-            if let Some(j) = g.journal.take() {
-                j.remove();
-            }
-        }
-    }
-
-    /// Push a node's staged writes (flush, fsync, release, retries).
-    pub async fn push(&self, node: NodeId) -> Result<()> {
-        let Some(staged) = self.staged_of(node) else {
-            return Ok(());
-        };
-        let mut s = staged.lock().await;
-        if !s.is_dirty() {
-            // An earlier push took it all (a queued push finds nothing left).
-            staged.step(Step::Landed { dirty: false });
-            return Ok(());
-        }
-        let Some(n) = self.inodes.get(node) else {
-            return Ok(());
-        };
-        let path = match self.inodes.path_of(node) {
-            Some(p) => p,
-            // Unlinked through the mount: nothing to push, ever.
-            None if n.removed_locally => return Ok(()),
-            // Its name now leads to another file (replaced in the sandbox): keep the user's
-            // bytes beside it.
-            None => {
-                let r = self.save_conflict_copy(node, &n.last_path, &mut s).await;
-                return match r {
-                    Ok(copy) => {
-                        tracing::error!(file = %n.last_path.display(), saved_as = %copy.display(),
-                            "the file was replaced in the sandbox while open; your version was saved beside it");
-                        self.failures.note_conflict(&n.last_path, &copy);
-                        let len = s.len;
-                        s.pushed(crate::remote::Version(String::new()), len);
-                        staged.sync(&s);
-                        staged.step(Step::Conflicted);
-                        self.failures.clear(node);
-                        self.removed_for_good(node);
-                        Ok(())
-                    }
-                    Err(e) => {
-                        self.push_failed(&staged, node, &n.last_path.display(), &e);
-                        Err(e)
-                    }
-                };
-            }
-        };
-        if !self.is_reachable() && !self.answers_within_pace().await {
-            // Not even tried: a sandbox that does not answer would hold this close for a
-            // whole deadline. Kept, and pushed as soon as it answers again. (Asked first: a
-            // sandbox taken for gone may only have been slow.)
-            let e = RemoteError::Transport("the sandbox is not answering; kept locally".into());
-            self.push_failed(&staged, node, &path.display(), &e);
-            return Err(e);
-        }
-        let mut path = path;
-        // A file created here: the commit creates it, with the mode it has now (a chmod since
-        // its creation included), so no setattr follows for the mode.
-        let was_new = s.base.is_none();
-        // A file made here over a name found absent is created only if still absent: one the
-        // sandbox made meanwhile is not overwritten (a conflict: ours is saved beside it).
-        let create_only = was_new
-            && self.sandbox().commit_absent()
-            && self.newfiles.contains(node)
-            && !self.newfiles.covers(node);
-        if was_new {
-            self.newfiles.sent(node);
-        }
-        staged.step(Step::Started);
-        let mut result;
-        let mut bytes;
-        let mut rebased = false;
-        let mut followed = false;
-        loop {
-            // A transport without patch commits gets whole files: the base's pages not here
-            // yet are fetched first (a base changed meanwhile fails the commit's base check).
-            // A base replaced meanwhile (`Stale`) is left to the commit's base check, which
-            // fails with the conflict handled below.
-            match self.fill_from_base(&path, &mut s).await {
-                Ok(()) | Err(RemoteError::Stale(_)) => {}
-                Err(e) => {
-                    self.push_failed(&staged, node, &path.display(), &e);
-                    return Err(e);
-                }
-            }
-            let content =
-                match s.content_for(self.sandbox().patch_commits() || !s.complete(), self.sandbox().patch_new()) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        let e = local_io(&e);
-                        self.push_failed(&staged, node, &path.display(), &e);
-                        return Err(e);
-                    }
-                };
-            let content_of;
-            (content_of, bytes) = content;
-            let shown = staged.show_while_pushing(&s);
-            result = self.note(
-                self.remote()
-                    .commit(
-                        &path,
-                        content_of,
-                        CommitOptions {
-                            base: match &s.base {
-                                None if create_only => Some(crate::remote::Version::absent()),
-                                b => b.clone(),
-                            },
-                            create_mode: Some(n.attr.mode),
-                            // The time the mount showed for the last write, kept.
-                            mtime_ns: s.mtime_ns,
-                        },
-                    )
-                    .await,
-            );
-            drop(shown);
-            if let Err(e) = &result {
-                if unreachable(e) {
-                    // The commit may have reached the sandbox: remember what it sent, to
-                    // recognise it if the next attempt meets it as a "conflict".
-                    self.failures.note_attempt(node, Attempt::of(&s));
-                }
-            }
-            if !rebased && matches!(result, Err(RemoteError::Conflict { .. })) {
-                let mut found = None;
-                for a in self.failures.attempts(node) {
-                    if let Some(v) = self.landed(&path, &a).await {
-                        found = Some(v);
-                        break;
-                    }
-                }
-                if let Some(landed) = found {
-                    // An earlier attempt landed and only its answer was lost: the sandbox
-                    // holds our own content. Push what came since over it.
-                    s.base = Some(landed);
-                    rebased = true;
-                    continue;
-                }
-            }
-            if !followed && matches!(result, Err(RemoteError::Conflict { .. })) {
-                followed = true;
-                if let Some(moved) = self.renamed_in_sandbox(&n, s.base.as_ref()).await {
-                    // Renamed in the sandbox while open: the writes follow the file.
-                    tracing::info!(from = %path.display(), to = %moved.display(),
-                        "the file was renamed in the sandbox while open; pushing to its new name");
-                    if let Some(j) = &mut s.journal {
-                        let _ = j.moved(&moved);
-                    }
-                    path = moved;
-                    continue;
-                }
-            }
-            break;
-        }
-        match result {
-            Ok(mut attr) => {
-                self.stats.commits.fetch_add(1, Ordering::Relaxed);
-                self.stats.bytes_pushed.fetch_add(bytes, Ordering::Relaxed);
-                let mut pending = std::mem::take(&mut s.pending_attr);
-                if was_new {
-                    pending.mode = None;
-                }
-                if pending != SetAttr::default() {
-                    match self.note(self.remote().setattr(&path, pending).await) {
-                        Ok(a) => attr = a,
-                        Err(e) => {
-                            tracing::warn!(file = %path.display(), "mode/times not applied after push: {e}")
-                        }
-                    }
-                }
-                self.keep_pushed_pages(&s, &attr.version);
-                s.pushed(attr.version.clone(), attr.size);
-                s.mtime_ns = None;
-                staged.sync(&s);
-                staged.step(Step::Landed {
-                    dirty: s.is_dirty(),
-                });
-                self.failures.clear(node);
-                // The atomic rename gave the file a new sandbox inode: this node now stands
-                // for it. What the kernel cached was written piecemeal: never a version.
-                self.own_change(node, &attr);
-                self.newfiles.remove(node);
-                self.handles.follow(node, &attr);
-                self.inodes.update(node, |x| x.kernel_version = None);
-                match n.links.as_slice() {
-                    [(parent, name)] => self.entry_made(*parent, name, attr.clone()),
-                    links => {
-                        for (parent, _) in links {
-                            self.dir_changed(*parent);
-                        }
-                    }
-                }
-                Ok(())
-            }
-            Err(RemoteError::Conflict { current, .. }) => {
-                self.stats.conflicts.fetch_add(1, Ordering::Relaxed);
-                match self.save_conflict_copy(node, &path, &mut s).await {
-                    Ok(copy) => {
-                        tracing::error!(
-                            file = %path.display(),
-                            saved_as = %copy.display(),
-                            "conflict: the file changed in the sandbox since it was opened; your version was saved beside it"
-                        );
-                        self.failures.note_conflict(&path, &copy);
-                        // Follow the sandbox's version from now on.
-                        match self.note(self.remote().stat(&path).await) {
-                            Ok(a) => {
-                                s.rebase_remote(a.version.clone(), a.size)
-                                    .map_err(|e| local_io(&e))?;
-                                self.own_change(node, &a);
-                                self.handles.follow(node, &a);
-                            }
-                            Err(_) => {
-                                let len = s.len;
-                                s.pushed(crate::remote::Version(String::new()), len);
-                            }
-                        }
-                        s.mtime_ns = None;
-                        staged.sync(&s);
-                        staged.step(Step::Conflicted);
-                        self.failures.clear(node);
-                        if let Some(k) = self.kernel() {
-                            k.invalidate_data(node);
-                        }
-                        Err(RemoteError::Io(
-                            path.display(),
-                            format!("conflict: changed in the sandbox (now {current}); your version was saved as {}", copy.display()),
-                        ))
-                    }
-                    Err(e) => {
-                        tracing::error!(file = %path.display(), "conflict, and the conflict copy failed ({e}); your data stays staged");
-                        self.push_failed(&staged, node, &path.display(), &e);
-                        Err(e)
-                    }
-                }
-            }
-            Err(e) => {
-                self.stats.failed_commits.fetch_add(1, Ordering::Relaxed);
-                self.push_failed(&staged, node, &path.display(), &e);
-                Err(e)
-            }
-        }
-    }
-
-    /// What was just pushed is the sandbox's file at `version`: a small image held whole
-    /// goes into the page cache under it, so reading back what was written costs no fetch
-    /// (and works while the sandbox does not answer).
-    fn keep_pushed_pages(&self, s: &Staged, version: &crate::remote::Version) {
-        if s.len > MAX_KEPT_PUSHED_BYTES || !(s.base.is_none() || s.complete()) {
-            return;
-        }
-        for page in 0..s.len.div_ceil(PAGE) {
-            match s.read_local(page * PAGE, PAGE.min(s.len - page * PAGE)) {
-                Ok(data) => {
-                    self.pages
-                        .put(version.clone(), PageIndex(page), bytes::Bytes::from(data))
-                }
-                Err(_) => return,
-            }
-        }
-    }
-
-    /// A push of `node` failed: kept, retried if worth it, and shown so.
-    fn push_failed(&self, staged: &StagedEntry, node: NodeId, path: &str, e: &RemoteError) {
-        self.failures.record(node, path, e);
-        staged.step(Step::Failed {
-            transient: transient(e),
-        });
-    }
-
-    /// Does the sandbox's file hold exactly what an earlier attempt sent (a push whose answer
-    /// was lost landed)? Compares the size and the bytes of every range it wrote; answers the
-    /// file's version if so.
-    async fn landed(&self, path: &RemotePath, a: &Attempt) -> Option<crate::remote::Version> {
-        let st = self.note(self.remote().stat(path).await).ok()?;
-        if st.size != a.len {
-            return None;
-        }
-        let mut h = a.hasher.build_hasher();
-        for &(start, end) in &a.ranges {
-            let mut at = start;
-            while at < end {
-                let n = (end - at).min(crate::remote::wire::MAX_READ_BYTES as u64) as u32;
-                let r = self.note(self.remote().read(path, at, n).await).ok()?;
-                if r.version != st.version || r.data.is_empty() {
-                    return None;
-                }
-                h.write(&r.data);
-                at += r.data.len() as u64;
-            }
-        }
-        (h.finish() == a.digest).then_some(st.version)
-    }
-
-    /// Where the node's file went if the sandbox renamed it within its directory: the entry
-    /// that is the same sandbox file (device and inode) at the base version. The inode table
-    /// moves the node's name there.
-    async fn renamed_in_sandbox(
-        &self,
-        n: &super::inode::Node,
-        base: Option<&crate::remote::Version>,
-    ) -> Option<RemotePath> {
-        let base = base?;
-        let (parent, old_name) = n.links.first()?.clone();
-        let dir = self.inodes.path_of(parent)?;
-        let entries = self.note(self.remote().list(&dir).await).ok()?;
-        let e = entries.into_iter().find(|e| {
-            e.name.0 != old_name
-                && super::inode::RemoteId::of(&e.attr) == n.remote
-                && &e.attr.version == base
-        })?;
-        self.inodes.rename(parent, &old_name, parent, &e.name.0);
-        self.dir_changed(parent);
-        dir.join(&e.name.0).ok()
-    }
-
-    fn removed_for_good(&self, node: NodeId) {
-        self.inodes.update(node, |n| n.removed_locally = true);
-    }
-
-    /// Write the staged content beside `path` as `NAME.sbxfs-conflict-<time>-<n>`, a name
-    /// created exclusively (never overwriting anything). Pages the user never read or wrote
-    /// come from the page cache at the base version when it has them, else from the sandbox's
-    /// current file: the user's own bytes are what must not be lost.
-    async fn save_conflict_copy(
-        &self,
-        node: NodeId,
-        path: &RemotePath,
-        s: &mut Staged,
-    ) -> Result<RemotePath> {
-        // Base pages still in the page cache are the user's version exactly; the rest can only
-        // come from what the sandbox has now.
-        let known = s.base.clone();
-        let copy = self.write_conflict_copy(path, s, known).await?;
-        if let Some((parent, _)) = self.inodes.get(node).and_then(|n| n.links.first().cloned()) {
-            self.dir_changed(parent);
-        }
-        Ok(copy)
-    }
-
-    /// Fetch the base's pages not staged yet, so the whole file can be sent (only for a
-    /// transport without patch commits).
-    async fn fill_from_base(&self, path: &RemotePath, s: &mut Staged) -> Result<()> {
-        if self.sandbox().patch_commits() || s.complete() {
-            return Ok(());
-        }
-        let base = s.base.clone();
-        for page in s.missing_pages() {
-            let data = match &base {
-                Some(v) => self.page_at(path, v, PageIndex(page)).await?,
-                None => break,
-            };
-            s.fill_page(page, &data).map_err(|e| local_io(&e))?;
-        }
-        Ok(())
-    }
-
-    /// Fill what is not local from the sandbox (from the page cache at `known` if it has the
-    /// pages), then write the whole image to a new conflict name beside `path`.
-    async fn write_conflict_copy(
-        &self,
-        path: &RemotePath,
-        s: &mut Staged,
-        known: Option<crate::remote::Version>,
-    ) -> Result<RemotePath> {
-        for page in s.missing_in(0, s.len) {
-            let cached = match &known {
-                Some(v) => self.page_at(path, v, PageIndex(page)).await.ok(),
-                None => None,
-            };
-            let data = match cached {
-                Some(d) => d,
-                None => match self.note(self.remote().read(path, page * PAGE, PAGE as u32).await) {
-                    Ok(r) => r.data,
-                    // The file is gone from the sandbox: the user's own bytes are what is left.
-                    Err(RemoteError::NotFound(_)) => bytes::Bytes::new(),
-                    Err(e) => return Err(e),
-                },
-            };
-            s.fill_page(page, &data).map_err(|e| local_io(&e))?;
-        }
-        let (copy, version) = self.create_conflict_name(path, 0o600).await?;
-        // And one kept here: the sandbox's copy is the sandbox's to delete (`git clean`, or a
-        // hostile sandbox forcing the conflict), and the staged image follows its version next.
-        let mut image = s.image().map_err(|e| local_io(&e))?;
-        match write_unique(&self.cfg.staging_dir.join("conflicts"), &copy, &mut image) {
-            Ok(local) => {
-                tracing::info!(file = %path.display(), kept = %local.display(), "a copy of your version is kept locally too")
-            }
-            Err(e) => {
-                tracing::error!(file = %path.display(), "could not keep a local copy of your version: {e}")
-            }
-        }
-        let reader = s.reader().map_err(|e| local_io(&e))?;
-        self.note(
-            self.remote()
-                .commit(
-                    &copy,
-                    CommitContent::Whole(Box::new(reader)),
-                    CommitOptions {
-                        base: Some(version),
-                        create_mode: None,
-                        mtime_ns: None,
-                    },
-                )
-                .await,
-        )?;
-        Ok(copy)
-    }
-
-    /// Create an empty file named after `path` that did not exist: answers it and its version.
-    async fn create_conflict_name(
-        &self,
-        path: &RemotePath,
-        mode: u32,
-    ) -> Result<(RemotePath, crate::remote::Version)> {
-        let (parent, name) = path.split_last().expect("a file has a name");
-        let stamp = stamp();
-        for n in 0..1000u32 {
-            let mut copy_name = name.to_vec();
-            copy_name.extend_from_slice(format!(".sbxfs-conflict-{stamp}-{n}").as_bytes());
-            let copy = parent.join(&copy_name)?;
-            match self.note(self.remote().create(&copy, mode).await) {
-                Ok(a) => return Ok((copy, a.version)),
-                Err(RemoteError::Exists(_)) => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        Err(RemoteError::Exists(format!(
-            "{}: no free conflict copy name",
-            path.display()
-        )))
-    }
-
-    /// Retry the failed pushes that are due (transient failures, with backoff); answers how
-    /// many files still have unpushed data.
-    pub async fn retry_pending(&self) -> usize {
-        for node in self.failures.due() {
-            if self.push(node).await.is_ok() {
-                self.drop_staged_if_clean(node).await;
-            }
-        }
-        self.failures.len()
-    }
-
-    /// Queue a push of the node (`close`): a task runs it when one of the queue's slots is
-    /// free, and drops the staged image once it is pushed and nothing has the file open.
-    pub(super) fn queue_push(&self, node: NodeId) {
-        let Some(core) = self.arc() else {
-            return;
-        };
-        let Some(ticket) = self.pushq.enqueue(node) else {
-            return;
-        };
-        if let Some(e) = self.staged_of(node) {
-            e.step(Step::Queued);
-        }
-        tokio::spawn(async move {
-            let permit = core.pushq.start(&ticket).await;
-            let pushed = core.push(node).await.is_ok();
-            drop(permit);
-            if pushed && core.inodes.get(node).is_none_or(|n| n.open == 0) {
-                core.drop_staged_if_clean(node).await;
-            }
-            core.pushq.done(ticket);
-        });
-    }
-
-    /// Pushes queued by `close` and not yet ended.
-    pub fn queued_pushes(&self) -> usize {
-        self.pushq.len()
-    }
-
-    /// Push every node with staged changes (at unmount, `sbxfs ctl flush`, before a query):
-    /// the queued pushes are waited for, then whatever is still unpushed (a failed push) is
-    /// tried once more.
-    pub async fn flush_all(&self) -> Vec<(String, RemoteError)> {
-        self.pushq.wait_all().await;
-        let nodes: Vec<NodeId> = self
-            .staged_entries()
-            .into_iter()
-            .filter(|(_, e)| e.is_dirty())
-            .map(|(n, _)| n)
-            .collect();
-        let mut failures = Vec::new();
-        for node in nodes {
-            if let Err(e) = self.push(node).await {
-                let path = self
-                    .inodes
-                    .get(node)
-                    .map(|n| n.last_path.display())
-                    .unwrap_or_default();
-                failures.push((path, e));
-            }
-        }
-        failures
-    }
-
-    pub fn pending_count(&self) -> usize {
-        self.failures.len()
-    }
-
-    pub fn push_failures(&self) -> Vec<PushFailure> {
-        self.failures.list()
-    }
-
-    fn staged_entries(&self) -> Vec<(NodeId, Arc<StagedEntry>)> {
-        self.staged.all()
-    }
-
-    /// Every conflict copy this mount made (`ctl status`, `flush`, `umount`).
-    /// Edits left by an earlier mount that are kept, not pushed ([`KeptEdit`]).
-    pub fn kept_from_earlier(&self) -> Vec<KeptEdit> {
-        self.failures.kept()
-    }
-
-    pub fn conflict_copies(&self) -> Vec<ConflictCopy> {
-        self.failures.conflicts()
-    }
-
-    /// Each staged file that is not clean, with its state ([`super::lifecycle`]).
-    pub fn file_stages(&self) -> Vec<(String, Stage)> {
-        let staged = self.staged_entries();
-        let mut out: Vec<(String, Stage)> = staged
-            .into_iter()
-            .map(|(node, e)| (node, e.stage()))
-            .filter(|(_, stage)| *stage != Stage::Clean)
-            .filter_map(|(node, stage)| {
-                let n = self.inodes.get(node)?;
-                (!n.removed_locally).then(|| (n.last_path.display(), stage))
-            })
-            .collect();
-        out.sort_by(|a, b| a.0.cmp(&b.0));
-        out
-    }
-
-    /// Copy every staged file that still has unpushed changes into `dir/unpushed/`, at its
-    /// sandbox path (directories mirrored, so two paths never share a name; an existing file
-    /// is never overwritten: a numbered name is taken instead). The journals stay too, for
-    /// the next mount of the same remote. Returns the files written.
-    pub async fn save_unpushed(&self, dir: &Path) -> Vec<PathBuf> {
-        let staged = self.staged_entries();
-        let mut saved = Vec::new();
-        for (node, s) in staged {
-            let mut g = s.lock().await;
-            if !g.is_dirty() {
-                continue;
-            }
-            let Some(n) = self.inodes.get(node) else {
-                continue;
-            };
-            if n.removed_locally {
-                continue;
-            }
-            let len = g.len;
-            let _ = self.fill(node, &mut g, 0, len).await;
-            match g
-                .image()
-                .and_then(|mut image| write_unique(&dir.join("unpushed"), &n.last_path, &mut image))
-            {
-                Ok(p) => saved.push(p),
-                Err(e) => {
-                    tracing::error!(file = %n.last_path.display(), "could not save a copy: {e}")
-                }
-            }
-        }
-        saved
-    }
-
-    /// Push what a previous daemon of this remote left staged (it was killed, or the sandbox
-    /// was unreachable when it stopped). Each file is pushed over the base it was staged
-    /// against, or saved as a conflict copy if the sandbox changed it meanwhile. Answers how
-    /// many were recovered and how many remain (kept for the next mount).
-    pub async fn recover_staged(&self) -> (usize, usize) {
-        let found = Journal::recover(&self.cfg.staging_dir);
-        let (mut done, mut left) = (0, 0);
-        let here = self.sandbox_id();
-        for (journal, file, ops) in found {
-            let meta = journal.meta().clone();
-            if meta.sandbox.as_ref().is_some_and(|s| *s != here) {
-                // Staged against another sandbox that answered at this URL before: never
-                // pushed here (it would put one sandbox's edits, maybe secrets, in another).
-                left += 1;
-                self.failures
-                    .note_kept(&meta.path.0, "staged for another sandbox at this address");
-                tracing::warn!(
-                    file = %String::from_utf8_lossy(&meta.path.0),
-                    kept_in = %self.cfg.staging_dir.display(),
-                    staged_for = %meta.sandbox.as_deref().unwrap_or_default(),
-                    this_sandbox = %here,
-                    "an unpushed edit staged for another sandbox at this address is kept, not pushed here"
-                );
-                continue;
-            }
-            let Ok(path) = RemotePath::new(meta.path.0.clone()) else {
-                journal.remove();
-                continue;
-            };
-            let mut s = Staged::new(file, meta.base.clone(), meta.base_size);
-            s.replay(&ops);
-            if !s.is_dirty() {
-                journal.remove();
-                continue;
-            }
-            s.journal = Some(journal);
-            match self.push_recovered(&path, &mut s, meta.mode).await {
-                Ok(()) => {
-                    done += 1;
-                    if let Some(j) = s.journal.take() {
-                        j.remove();
-                    }
-                }
-                Err(e) if !unreachable(&e) && s.complete() => {
-                    // Refused for good (its directory is gone, no permission, too large): a
-                    // journal kept for ever would be retried by no one and shown nowhere. The
-                    // bytes go where a stop while unreachable puts them, and the log says where.
-                    let saved = s.image().and_then(|mut image| {
-                        write_unique(&self.cfg.staging_dir.join("unpushed"), &path, &mut image)
-                    });
-                    match saved {
-                        Ok(copy) => {
-                            tracing::error!(file = %path.display(), saved_as = %copy.display(),
-                                "an unpushed edit from an earlier mount cannot be pushed ({e}); saved a copy");
-                            if let Some(j) = s.journal.take() {
-                                j.remove();
-                            }
-                        }
-                        Err(io) => {
-                            left += 1;
-                            self.failures.note_kept(path.as_bytes(), &e);
-                            tracing::error!(file = %path.display(), "unpushed edit from an earlier mount still not pushed (kept): {e}; no copy either: {io}");
-                        }
-                    }
-                }
-                Err(e) => {
-                    left += 1;
-                    self.failures.note_kept(path.as_bytes(), &e);
-                    tracing::error!(file = %path.display(), "unpushed edit from an earlier mount still not pushed (kept): {e}");
-                }
-            }
-        }
-        (done, left)
-    }
-
-    async fn push_recovered(
-        &self,
-        path: &RemotePath,
-        s: &mut Staged,
-        mode: Option<u32>,
-    ) -> Result<()> {
-        let (content, _) = s
-            .content_for(true, self.sandbox().patch_new())
-            .map_err(|e| local_io(&e))?;
-        let r = self.note(
-            self.remote()
-                .commit(
-                    path,
-                    content,
-                    CommitOptions {
-                        base: s.base.clone(),
-                        create_mode: mode,
-                        mtime_ns: None,
-                    },
-                )
-                .await,
-        );
-        match r {
-            Ok(_) => {
-                tracing::info!(file = %path.display(), "pushed an unpushed edit left by an earlier mount");
-                Ok(())
-            }
-            Err(RemoteError::Conflict { .. }) | Err(RemoteError::NotFound(_)) => {
-                // The sandbox changed it meanwhile: the user's bytes go beside it.
-                let copy = self.write_conflict_copy(path, s, None).await?;
-                tracing::error!(file = %path.display(), saved_as = %copy.display(),
-                    "an unpushed edit from an earlier mount conflicts with the sandbox; saved beside it");
-                self.failures.note_conflict(path, &copy);
-                Ok(())
-            }
-            Err(e) => Err(e),
-        }
-    }
-}
-
-/// Write `data` at `root/path` (directories made as needed, 0700; files 0600, never
-/// overwriting: `name.1`, `name.2`, … when taken). Answers the file written.
-fn write_unique(
-    root: &Path,
-    path: &RemotePath,
-    data: &mut dyn std::io::Read,
-) -> std::io::Result<PathBuf> {
-    use std::io::Write;
-    use std::os::unix::ffi::OsStrExt;
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-    let rel = std::ffi::OsStr::from_bytes(path.as_bytes());
-    let mut target = root.join(rel);
-    if let Some(parent) = target.parent() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(parent)
-            .or_else(|_| {
-                // A file stands where a directory of the path should be: flatten the name.
-                let flat = path
-                    .as_bytes()
-                    .iter()
-                    .map(|&b| if b == b'/' { b'_' } else { b })
-                    .collect::<Vec<u8>>();
-                target = root.join(std::ffi::OsStr::from_bytes(&flat));
-                std::fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(0o700)
-                    .create(root)
-            })?;
-    }
-    for n in 0..10_000u32 {
-        let candidate = if n == 0 {
-            target.clone()
-        } else {
-            let mut s = target.clone().into_os_string();
-            s.push(format!(".{n}"));
-            PathBuf::from(s)
-        };
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&candidate)
-        {
-            Ok(mut f) => {
-                std::io::copy(data, &mut f)?;
-                f.flush()?;
-                return Ok(candidate);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(std::io::Error::other("no free name"))
-}
-
-/// `YYYYMMDD-HHMMSS` in UTC, for conflict copy names.
-fn stamp() -> String {
-    let secs = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs()) as i64;
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = if m <= 2 { y + 1 } else { y };
-    format!(
-        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn saved_copies_never_collide_or_overwrite() {
-        let dir = tempfile::tempdir().unwrap();
-        let a = RemotePath::new(b"a/b.txt".to_vec()).unwrap();
-        let b = RemotePath::new(b"a%2Fb.txt".to_vec()).unwrap();
-        let p1 = write_unique(dir.path(), &a, &mut &b"one"[..]).unwrap();
-        let p2 = write_unique(dir.path(), &b, &mut &b"two"[..]).unwrap();
-        let p3 = write_unique(dir.path(), &a, &mut &b"three"[..]).unwrap();
-        assert_ne!(p1, p2);
-        assert_ne!(p1, p3);
-        assert_eq!(std::fs::read(&p1).unwrap(), b"one");
-        assert_eq!(std::fs::read(&p2).unwrap(), b"two");
-        assert_eq!(std::fs::read(&p3).unwrap(), b"three");
-        // Deep paths are directories, not one long name.
-        let deep: Vec<u8> = (0..15)
-            .flat_map(|i| format!("d{i:03}{}/", "x".repeat(200)).into_bytes())
-            .chain(*b"f")
-            .collect();
-        let deep = RemotePath::new(deep).unwrap();
-        let p4 = write_unique(dir.path(), &deep, &mut &b"deep"[..]).unwrap();
-        assert_eq!(std::fs::read(p4).unwrap(), b"deep");
-    }
-
-    #[test]
-    fn failures_are_classified_and_reported_once() {
-        let f = Failures::default();
-        f.record(NodeId(3), "x", &RemoteError::Transport("down".into()));
-        assert!(!f.list()[0].permanent);
-        assert!(f.take_report(NodeId(3)).is_err());
-        assert!(f.take_report(NodeId(3)).is_ok(), "reported once");
-        f.record(NodeId(4), "y", &RemoteError::NoSpace("full".into()));
-        assert!(f.list().iter().any(|x| x.path == "y" && x.permanent));
-        assert!(f.due().is_empty(), "nothing due at once, permanent never");
-    }
-
-    /// A transport whose info says `patch_commits: false` (the memory sandbox set so refuses
-    /// patches) gets whole files: a write into the middle of a large file, most of it never
-    /// read here, lands whole and right.
-    #[tokio::test]
-    async fn without_patch_commits_a_push_sends_the_whole_file() {
-        use crate::mount::core::CoreConfig;
-        use crate::remote::memory::MemoryRemote;
-        use crate::remote::{Capabilities, Remote};
-        let memory = MemoryRemote::new();
-        let base: Vec<u8> = (0..3 * PAGE as usize + 100)
-            .map(|i| (i % 251) as u8)
-            .collect();
-        memory.sandbox().write("big", &base).unwrap();
-        let caps = Capabilities {
-            patch_commits: false,
-            ..Default::default()
-        };
-        memory.set_capabilities(caps);
-        assert_eq!(memory.info().await.unwrap().capabilities, caps);
-        let root = memory.stat(&RemotePath::root()).await.unwrap();
-        let staging = tempfile::tempdir().unwrap();
-        let core = FsCore::new(
-            Arc::new(memory.clone()),
-            CoreConfig {
-                attr_ttl: Duration::from_secs(600),
-                cache_bytes: 1 << 20,
-                staging_dir: staging.path().to_path_buf(),
-                tree_max: 0,
-                clock: Default::default(),
-            },
-            root,
-        );
-        core.set_patch_commits(false);
-        core.set_sync_close(true);
-        let node = core
-            .lookup(crate::mount::inode::ROOT, b"big")
-            .await
-            .unwrap()
-            .node;
-        let (fh, _) = core.open(node, true, false).await.unwrap();
-        let at = PAGE + 10;
-        core.write(fh, at, b"HELLO").await.unwrap();
-        core.flush(fh).await.unwrap();
-        core.release(fh).await.unwrap();
-        let mut want = base.clone();
-        want[at as usize..at as usize + 5].copy_from_slice(b"HELLO");
-        let got = memory.sandbox().read("big").unwrap();
-        assert!(got == want, "the sandbox's file is not the written one");
     }
 }

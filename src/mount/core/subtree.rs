@@ -1,7 +1,7 @@
 //! The first look at a directory fetches its subtree's metadata in one round trip
 //! ([`crate::remote::Remote::tree_listings`], up to `-o tree_max=N` entries): the directory's
-//! own listing goes to the metadata cache ([`super::meta`]), its subdirectories' to the
-//! prefetched listings ([`super::prefetch`]) until their nodes exist. So a cold `find`,
+//! own listing goes to the metadata cache ([`crate::mount::meta`]), its subdirectories' to the
+//! prefetched listings ([`crate::mount::prefetch`]) until their nodes exist. So a cold `find`,
 //! `ls -lR` or `git status` costs a handful of round trips instead of one per directory, and
 //! every entry's attributes arrive with it. Directories beyond the cap are listed when first
 //! entered, by a further bounded fetch.
@@ -16,9 +16,9 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 
-use super::core::{unreachable, FsCore};
-use super::inode::{NodeId, RemoteId};
-use super::meta::Entries;
+use super::{unreachable, FsCore};
+use crate::mount::inode::{NodeId, RemoteId};
+use crate::mount::meta::Entries;
 use crate::remote::{Attr, RemoteError, RemotePath, Result};
 
 /// Default `-o tree_max`: a large repository's tree (about 4 MB of metadata in memory, a
@@ -84,7 +84,11 @@ fn falls_back(e: &RemoteError) -> Option<bool> {
 impl FsCore {
     /// A listing prefetched for `dir`, moved into the metadata cache if it is still fresh
     /// (at any age while the sandbox does not answer).
-    pub(super) fn adopt_prefetched(&self, dir: NodeId, stale_ok: bool) -> Option<Entries> {
+    pub(in crate::mount) fn adopt_prefetched(
+        &self,
+        dir: NodeId,
+        stale_ok: bool,
+    ) -> Option<Entries> {
         if self.prefetched.is_empty() {
             return None;
         }
@@ -110,7 +114,7 @@ impl FsCore {
     /// Nothing is known of `dir`'s entries, not even stale: its first look (a listing kept
     /// ahead and still fresh counts as known, and is adopted here). Later looks past the TTL
     /// refresh one directory at a time, as before.
-    pub(super) fn first_look(&self, dir: NodeId) -> bool {
+    pub(in crate::mount) fn first_look(&self, dir: NodeId) -> bool {
         self.prefetching()
             && !self.offline()
             && self.meta.listing(dir, self.cfg.attr_ttl, true).is_none()
@@ -122,7 +126,7 @@ impl FsCore {
 
     /// `dir`'s listing from a subtree fetch if this is its first look, else `None` (a plain
     /// listing is in order; so too when the agent cannot answer a subtree).
-    pub(super) async fn fetch_subtree(
+    pub(in crate::mount) async fn fetch_subtree(
         &self,
         dir: NodeId,
         path: &RemotePath,
@@ -142,7 +146,9 @@ impl FsCore {
         let started = tokio::time::timeout_at(
             deadline,
             // Given up offline, the directory is listed on its own, which serves what is known.
-            self.ask(self.remote().tree_listings(path, self.cfg.tree_max), || true),
+            self.ask(self.remote().tree_listings(path, self.cfg.tree_max), || {
+                true
+            }),
         );
         let collected = match started.await {
             Ok(Ok(stream)) => self.collect(path, stream, deadline).await,

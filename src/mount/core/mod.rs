@@ -15,6 +15,15 @@
 //!   pages are served past their TTL, and opens for writing stage locally.
 
 use std::path::PathBuf;
+
+mod changes;
+mod first_push;
+mod push;
+mod read_ahead;
+pub mod subtree;
+mod xattr_hint;
+
+pub(super) use changes::{Applied, Change};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime};
@@ -83,28 +92,28 @@ pub struct CoreStats {
 pub struct FsCore {
     /// The sandbox as the mount reaches it ([`super::sandbox`]).
     sandbox: super::sandbox::Sandbox,
-    pub(super) cfg: CoreConfig,
-    pub(super) inodes: InodeTable,
-    pub(super) meta: MetaCache,
+    cfg: CoreConfig,
+    inodes: InodeTable,
+    meta: MetaCache,
     /// Subdirectories' listings from a subtree fetch, until their nodes exist.
-    pub(super) prefetched: super::prefetch::Prefetched,
-    pub(super) flights: super::subtree::Flights,
+    prefetched: super::prefetch::Prefetched,
+    flights: subtree::Flights,
     /// The agent answers no packed trees: list directory by directory.
-    pub(super) tree_unsupported: AtomicBool,
-    pub(super) pages: PageCache,
+    tree_unsupported: AtomicBool,
+    pages: PageCache,
     /// Read-ahead's remote reads in flight, over all handles.
-    pub(super) prefetchers: super::readahead::Prefetchers,
-    pub(super) handles: Handles,
+    prefetchers: super::readahead::Prefetchers,
+    handles: Handles,
     /// Bumped by every change made through the mount. An answer fetched while it moved may
     /// predate that change, so it is fetched again rather than cached (a stat racing a push
     /// would otherwise cache the old size for a whole TTL).
     epoch: AtomicU64,
-    pub(super) staged: super::writeback::StagedFiles,
-    pub(super) failures: Failures,
+    staged: super::writeback::StagedFiles,
+    failures: Failures,
     /// Pushes queued by `close` ([`super::pushq`]).
-    pub(super) pushq: PushQueue,
+    pushq: PushQueue,
     /// Files created here and not yet in the sandbox ([`super::newfiles`]).
-    pub(super) newfiles: NewFiles,
+    newfiles: NewFiles,
     /// `close` pushes and waits (`-o sync_close`) instead of queueing.
     sync_close: AtomicBool,
     /// This core, for the tasks that run queued pushes.
@@ -113,7 +122,7 @@ pub struct FsCore {
     /// Symlinks made through the mount, shown as written ([`super::made_links`]).
     made_links: super::made_links::MadeLinks,
     /// Whether the change feed vouches for what is cached ([`super::feed`]).
-    pub(super) feed: super::feed::FeedState,
+    feed: super::feed::FeedState,
     pub stats: CoreStats,
 }
 
@@ -1858,6 +1867,11 @@ impl FsCore {
                 self.meta.invalidate(p);
             }
         }
+    }
+
+    /// Whether the change feed vouches for what is cached: the follower's state ([`super::feed`]).
+    pub(super) fn feed(&self) -> &super::feed::FeedState {
+        &self.feed
     }
 
     /// The change feed's state, for `ctl status`.

@@ -1,19 +1,19 @@
 //! The one way what the sandbox reports changes the mount's caches: the change feed's events,
 //! its revalidation answers and the end of its trust are each a [`Change`] given to
 //! [`FsCore::apply`], which alone touches the inode table, listings, listings fetched ahead,
-//! handles and the kernel's caches for them. The feed ([`super::feed`]) only follows the
+//! handles and the kernel's caches for them. The feed ([`crate::mount::feed`]) only follows the
 //! stream and batches the questions.
 //!
 //! A report never undoes the mount's own work: an answer asked before the mount's own change
-//! of a node is not applied ([`super::inode::InodeTable::rebind_answer`]), and one that a
+//! of a node is not applied ([`crate::mount::inode::InodeTable::rebind_answer`]), and one that a
 //! local change raced drops what it touched instead of recording it.
 
-use super::core::{stale_instant, FsCore};
-use super::inode::{NodeId, RemoteId};
+use super::{stale_instant, FsCore};
+use crate::mount::inode::{NodeId, RemoteId};
 use crate::remote::{Attr, FileKind, RemotePath, Result};
 
 /// What the sandbox reported.
-pub(super) enum Change<'a> {
+pub(in crate::mount) enum Change<'a> {
     /// `path` changed in the sandbox; `namespace`: a name was made, removed or renamed.
     Reported {
         path: &'a RemotePath,
@@ -37,7 +37,7 @@ pub(super) enum Change<'a> {
 
 /// What applying a change found.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Applied {
+pub(in crate::mount) enum Applied {
     Nothing,
     /// The mount has a node for the reported path: ask the sandbox whether it changed.
     Check(NodeId),
@@ -48,7 +48,7 @@ pub(super) enum Applied {
 }
 
 impl FsCore {
-    pub(super) fn apply(&self, change: Change<'_>) -> Applied {
+    pub(in crate::mount) fn apply(&self, change: Change<'_>) -> Applied {
         match change {
             Change::Reported { path, namespace } => self.reported(path, namespace),
             Change::AllStale => {
@@ -75,7 +75,7 @@ impl FsCore {
     }
 
     /// Every node with a path, for a revalidation.
-    pub(super) fn known_paths(&self) -> Vec<(NodeId, RemotePath)> {
+    pub(in crate::mount) fn known_paths(&self) -> Vec<(NodeId, RemotePath)> {
         self.inodes.known_paths()
     }
 
@@ -83,7 +83,7 @@ impl FsCore {
     /// and conflict check deal with the sandbox's version). Marked first, so that an image
     /// dropped at any moment after has the sandbox asked again
     /// ([`Self::staging_ended`]); a node with no image is checked by the caller.
-    pub(super) fn left_to_staging(&self, node: NodeId) -> bool {
+    pub(in crate::mount) fn left_to_staging(&self, node: NodeId) -> bool {
         self.inodes.update(node, |n| n.reported_while_staged = true);
         if self.staged_of(node).is_some() {
             return true;
@@ -95,7 +95,7 @@ impl FsCore {
 
     /// A node's staged image went with nothing left to push: if the sandbox reported the
     /// file meanwhile, what is cached of it (here and in the kernel) is asked for again.
-    pub(super) fn staging_ended(&self, node: NodeId) {
+    pub(in crate::mount) fn staging_ended(&self, node: NodeId) {
         let reported = self
             .inodes
             .update(node, |n| std::mem::take(&mut n.reported_while_staged));

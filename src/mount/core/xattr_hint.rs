@@ -4,12 +4,12 @@
 //! `listxattr` with an empty list locally (`ls -l` asks every file for its ACL and security
 //! label: a round trip each otherwise). Unknown (an older agent) or stale: ask the sandbox.
 
-use super::core::FsCore;
-use super::inode::NodeId;
+use super::FsCore;
+use crate::mount::inode::NodeId;
 
 impl FsCore {
     /// Whether `node` has no extended attribute, by attributes still trusted.
-    pub(super) fn known_without_xattrs(&self, node: NodeId) -> bool {
+    pub(in crate::mount) fn known_without_xattrs(&self, node: NodeId) -> bool {
         self.inodes
             .get(node)
             .is_some_and(|n| n.attr.has_xattrs == Some(false) && self.fresh(n.fetched))
@@ -18,7 +18,7 @@ impl FsCore {
     /// While the sandbox does not answer, a node not known to carry attributes answers
     /// "none": `ls -l` asks every file for its ACL, and an `EIO` there fails the listing
     /// that the mount otherwise serves from what it knows.
-    pub(super) fn offline_without_xattrs(&self, node: NodeId) -> bool {
+    pub(in crate::mount) fn offline_without_xattrs(&self, node: NodeId) -> bool {
         self.offline()
             && self
                 .inodes
@@ -29,7 +29,7 @@ impl FsCore {
     /// An attribute was set (`Some(true)`) or removed (unknown: others may remain) through
     /// the mount, or the call failed (unknown): the node and its directory's cached listing
     /// say so, so neither answers "none" from before the change.
-    pub(super) fn xattrs_changed(&self, node: NodeId, has: Option<bool>) {
+    pub(in crate::mount) fn xattrs_changed(&self, node: NodeId, has: Option<bool>) {
         self.bump();
         self.inodes.update(node, |n| n.attr.has_xattrs = has);
         let Some(path) = self.inodes.path_of(node) else {

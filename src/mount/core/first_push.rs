@@ -1,0 +1,161 @@
+//! A new file's names before and after its first push: unlinking or renaming a file the
+//! sandbox does not have yet stays local, and one whose commit went unanswered is looked for
+//! in the sandbox (the rules are [`crate::mount::newfiles`]'s).
+
+use std::sync::Arc;
+
+use super::{now_ns, FsCore};
+use crate::mount::inode::NodeId;
+use crate::mount::writeback::StagedEntry;
+use crate::remote::{RemoteError, RenameMode, Result};
+
+impl FsCore {
+    /// Unlink a file the sandbox does not have yet: here only, no remote call (its push
+    /// never happens). Answers false when it may have reached the sandbox meanwhile.
+    pub(in crate::mount) async fn unlink_new(
+        &self,
+        parent: NodeId,
+        name: &[u8],
+        node: NodeId,
+    ) -> bool {
+        // (A name it was renamed over is unlinked in the sandbox too: that file was replaced.)
+        let Some(s) = self.claim_new(node).await else {
+            return false;
+        };
+        let g = s.lock().await;
+        if !self.newfiles.unsent(node) {
+            return false;
+        }
+        if self.newfiles.set_covers(node, false) && !self.unlink_covered(parent, name).await {
+            self.newfiles.set_covers(node, true);
+            return false;
+        }
+        self.bump();
+        self.inodes.unlink(parent, name);
+        // Marked under the image's lock: a push waiting for it finds nothing to send.
+        self.inodes.update(node, |x| {
+            x.attr.nlink = x.attr.nlink.saturating_sub(1);
+            x.attr.ctime_ns = now_ns();
+            x.removed_locally = true;
+        });
+        drop(g);
+        self.removed(node);
+        self.dir_changed(parent);
+        if let Some(k) = self.kernel() {
+            k.invalidate_attr(node);
+        }
+        true
+    }
+
+    /// Rename a file the sandbox does not have yet: here only; its push creates the new name
+    /// (replacing what the sandbox has there, as the rename would). Answers false when it
+    /// may have reached the sandbox meanwhile.
+    pub(in crate::mount) async fn rename_new(
+        &self,
+        (parent, name): (NodeId, &[u8]),
+        (new_parent, new_name): (NodeId, &[u8]),
+        mode: RenameMode,
+        node: NodeId,
+    ) -> Result<bool> {
+        if mode == RenameMode::Exchange {
+            return Ok(false);
+        }
+        let Some(s) = self.claim_new(node).await else {
+            return Ok(false);
+        };
+        let mut g = s.lock().await;
+        if !self.newfiles.unsent(node) {
+            return Ok(false);
+        }
+        let target = self.inodes.child(new_parent, new_name);
+        if target == Some(node) {
+            return Ok(true);
+        }
+        if let Some(t) = target {
+            // A push of the file this replaces may be on its way: it lands first, or it would
+            // land after the rename (and after any removal of that name this file's moving on
+            // makes), leaving the replaced file in the sandbox.
+            self.pushq.wait_for(&[t]).await;
+        }
+        // The target may be a sandbox file (anything but a new file of ours): the push will
+        // replace it, as the rename would have.
+        let mut covers = target.is_some_and(|t| !self.newfiles.unsent(t));
+        if let Some(t) = target {
+            if mode == RenameMode::NoReplace {
+                return Err(RemoteError::Exists(new_name_display(new_name)));
+            }
+            self.keep_open_copy(t).await?;
+            if covers && self.take_linked_name(t, (new_parent, new_name)).await? {
+                covers = false;
+            }
+        }
+        // Leaving a name it was renamed over: the file there was replaced, so it goes.
+        if self.newfiles.set_covers(node, covers) && !self.unlink_covered(parent, name).await {
+            self.newfiles.set_covers(node, true);
+            return Err(RemoteError::Transport(
+                "the sandbox did not remove the file this one replaced".into(),
+            ));
+        }
+        self.bump();
+        let replaced = self.inodes.rename(parent, name, new_parent, new_name);
+        if let (Some(j), Some(p)) = (&mut g.journal, self.inodes.path_of(node)) {
+            let _ = j.moved(&p);
+        }
+        drop(g);
+        if let Some(r) = replaced {
+            self.removed(r);
+        }
+        self.inodes.update(node, |x| x.attr.ctime_ns = now_ns());
+        self.dir_changed(parent);
+        self.dir_changed(new_parent);
+        Ok(true)
+    }
+
+    /// A new file takes the name of `target`, a sandbox file with other names: a commit to
+    /// this name would write into it (commits keep hard links), changing the other names
+    /// too. The rename only takes this name from it, so that is done now, and the new file's
+    /// push creates the name anew. Answers whether it did so.
+    pub(in crate::mount) async fn take_linked_name(
+        &self,
+        target: NodeId,
+        (parent, name): (NodeId, &[u8]),
+    ) -> Result<bool> {
+        let linked = self
+            .inodes
+            .get(target)
+            .is_some_and(|n| n.links.len() > 1 || n.attr.nlink > 1);
+        if !linked {
+            return Ok(false);
+        }
+        if !self.unlink_covered(parent, name).await {
+            return Err(RemoteError::Transport(
+                "the sandbox did not remove the name this file replaces".into(),
+            ));
+        }
+        Ok(true)
+    }
+
+    /// Remove the sandbox's file at a name a new file was renamed over (gone already is fine).
+    async fn unlink_covered(&self, parent: NodeId, name: &[u8]) -> bool {
+        let Ok(path) = self.path_of(parent).and_then(|p| p.join(name)) else {
+            return false;
+        };
+        matches!(
+            self.note(self.remote().unlink(&path).await),
+            Ok(()) | Err(RemoteError::NotFound(_))
+        )
+    }
+
+    /// The staged image of a new file once its queued pushes ended (`None`: not new).
+    async fn claim_new(&self, node: NodeId) -> Option<Arc<StagedEntry>> {
+        if !self.newfiles.unsent(node) {
+            return None;
+        }
+        self.pushq.wait_for(&[node]).await;
+        self.staged_of(node)
+    }
+}
+
+fn new_name_display(name: &[u8]) -> String {
+    String::from_utf8_lossy(name).into_owned()
+}
