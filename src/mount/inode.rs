@@ -20,6 +20,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::Instant;
 
+use super::core::stale_instant;
 use crate::remote::{Attr, FileKind, RemotePath, Version};
 
 /// The kernel's name for a node (FUSE node id). Ours, never reused.
@@ -293,9 +294,90 @@ impl InodeTable {
         self.lock().nodes.get(&id).cloned()
     }
 
-    /// Change a node in place (no-op for an unknown node).
-    pub fn update<T>(&self, id: NodeId, f: impl FnOnce(&mut Node) -> T) -> Option<T> {
+    /// Change a node in place (no-op for an unknown node). Private: every change of a node
+    /// from outside is one of the named transitions below.
+    fn update<T>(&self, id: NodeId, f: impl FnOnce(&mut Node) -> T) -> Option<T> {
         self.lock().nodes.get_mut(&id).map(f)
+    }
+
+    /// The node's attributes are to be asked for again (its TTL has run out).
+    pub fn mark_stale(&self, id: NodeId) {
+        self.update(id, |n| n.fetched = stale_instant());
+    }
+
+    /// The node's attributes are trusted afresh from `at` (a revalidation found no change).
+    pub fn mark_fetched(&self, id: NodeId, at: Instant) {
+        self.update(id, |n| n.fetched = at);
+    }
+
+    /// The kernel took one more reference to the node (a lookup answered with it).
+    pub fn looked_up(&self, id: NodeId) {
+        self.update(id, |n| n.lookups += 1);
+    }
+
+    /// The mount changed the node's attributes here (a setattr of a file not pushed yet).
+    pub fn set_attr(&self, id: NodeId, attr: &Attr) {
+        self.update(id, |n| n.attr = attr.clone());
+    }
+
+    /// A hard link made through the mount: the sandbox's answer, fetched at `at`, and the
+    /// kernel's reference for the new name.
+    pub fn linked(&self, id: NodeId, attr: &Attr, at: Instant) {
+        self.update(id, |n| {
+            n.attr = attr.clone();
+            n.fetched = at;
+            n.lookups += 1;
+        });
+    }
+
+    /// One of the node's names went (unlinked, or renamed over): one link fewer, a new
+    /// ctime, as the other names show on ext4.
+    pub fn lost_name(&self, id: NodeId, ctime_ns: i64) {
+        self.update(id, |n| {
+            n.attr.nlink = n.attr.nlink.saturating_sub(1);
+            n.attr.ctime_ns = ctime_ns;
+        });
+    }
+
+    /// The node's inode changed here (its link count or owner): a new ctime.
+    pub fn touched(&self, id: NodeId, ctime_ns: i64) {
+        self.update(id, |n| n.attr.ctime_ns = ctime_ns);
+    }
+
+    /// Unlinked through the mount: what is staged for it goes on its last close.
+    pub fn mark_removed_locally(&self, id: NodeId) {
+        self.update(id, |n| n.removed_locally = true);
+    }
+
+    /// Whether the file has extended attributes, as the mount last learned.
+    pub fn set_has_xattrs(&self, id: NodeId, has: Option<bool>) {
+        self.update(id, |n| n.attr.has_xattrs = has);
+    }
+
+    /// The kernel holds no page of the node worth keeping (its data was dropped there).
+    pub fn kernel_pages_dropped(&self, id: NodeId) {
+        self.update(id, |n| n.kernel_version = None);
+    }
+
+    /// The kernel is about to be given the node's data at `version`: whether the pages it
+    /// may hold are of that version already (so it keeps them).
+    pub fn kernel_pages_of(&self, id: NodeId, version: &Version) -> bool {
+        self.update(id, |n| {
+            n.kernel_version.replace(version.clone()).as_ref() == Some(version)
+        })
+        .unwrap_or(false)
+    }
+
+    /// The change feed reported the file while its staged image answered for it (or, with
+    /// `false`, that mark withdrawn).
+    pub fn set_reported_while_staged(&self, id: NodeId, yes: bool) {
+        self.update(id, |n| n.reported_while_staged = yes);
+    }
+
+    /// Whether the feed reported the file while it was staged, clearing the mark.
+    pub fn take_reported_while_staged(&self, id: NodeId) -> bool {
+        self.update(id, |n| std::mem::take(&mut n.reported_while_staged))
+            .unwrap_or(false)
     }
 
     pub fn child(&self, parent: NodeId, name: &[u8]) -> Option<NodeId> {

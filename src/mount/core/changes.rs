@@ -8,7 +8,7 @@
 //! of a node is not applied ([`crate::mount::inode::InodeTable::rebind_answer`]), and one that a
 //! local change raced drops what it touched instead of recording it.
 
-use super::{stale_instant, FsCore};
+use super::FsCore;
 use crate::mount::inode::{NodeId, RemoteId};
 use crate::remote::{Attr, FileKind, RemotePath, Result};
 
@@ -84,25 +84,21 @@ impl FsCore {
     /// dropped at any moment after has the sandbox asked again
     /// ([`Self::staging_ended`]); a node with no image is checked by the caller.
     pub(in crate::mount) fn left_to_staging(&self, node: NodeId) -> bool {
-        self.inodes.update(node, |n| n.reported_while_staged = true);
+        self.inodes.set_reported_while_staged(node, true);
         if self.staged_of(node).is_some() {
             return true;
         }
-        self.inodes
-            .update(node, |n| n.reported_while_staged = false);
+        self.inodes.set_reported_while_staged(node, false);
         false
     }
 
     /// A node's staged image went with nothing left to push: if the sandbox reported the
     /// file meanwhile, what is cached of it (here and in the kernel) is asked for again.
     pub(in crate::mount) fn staging_ended(&self, node: NodeId) {
-        let reported = self
-            .inodes
-            .update(node, |n| std::mem::take(&mut n.reported_while_staged));
-        if reported != Some(true) {
+        if !self.inodes.take_reported_while_staged(node) {
             return;
         }
-        self.inodes.update(node, |n| n.fetched = stale_instant());
+        self.inodes.mark_stale(node);
         if let Some(k) = self.kernel() {
             k.invalidate_data(node);
         }
@@ -161,7 +157,7 @@ impl FsCore {
             Ok(a) if same(a) => {
                 if !raced {
                     let now = self.cfg.clock.now();
-                    self.inodes.update(node, |x| x.fetched = now);
+                    self.inodes.mark_fetched(node, now);
                 }
                 return Applied::Unchanged;
             }
@@ -178,7 +174,7 @@ impl FsCore {
             }
             // Asked again on next use.
             _ => {
-                self.inodes.update(node, |x| x.fetched = stale_instant());
+                self.inodes.mark_stale(node);
             }
         }
         self.meta.expire(node);

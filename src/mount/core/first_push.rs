@@ -33,11 +33,8 @@ impl FsCore {
         self.bump();
         self.inodes.unlink(parent, name);
         // Marked under the image's lock: a push waiting for it finds nothing to send.
-        self.inodes.update(node, |x| {
-            x.attr.nlink = x.attr.nlink.saturating_sub(1);
-            x.attr.ctime_ns = now_ns();
-            x.removed_locally = true;
-        });
+        self.inodes.lost_name(node, now_ns());
+        self.inodes.mark_removed_locally(node);
         drop(g);
         self.removed(node);
         self.dir_changed(parent);
@@ -105,7 +102,7 @@ impl FsCore {
         if let Some(r) = replaced {
             self.removed(r);
         }
-        self.inodes.update(node, |x| x.attr.ctime_ns = now_ns());
+        self.inodes.touched(node, now_ns());
         self.dir_changed(parent);
         self.dir_changed(new_parent);
         Ok(true)

@@ -332,7 +332,7 @@ impl FsCore {
         if let Some(p) = self.inodes.path_of(dir) {
             self.prefetched.forget_under(&p);
         }
-        self.inodes.update(dir, |n| n.fetched = stale_instant());
+        self.inodes.mark_stale(dir);
         if let Some(k) = self.kernel() {
             k.invalidate_attr(dir);
         }
@@ -366,7 +366,7 @@ impl FsCore {
     /// its own attributes (mtime, nlink), are stale, here and in the kernel.
     fn dir_attrs_stale(&self, dir: NodeId) {
         self.forget_prefetched(dir);
-        self.inodes.update(dir, |n| n.fetched = stale_instant());
+        self.inodes.mark_stale(dir);
         if let Some(k) = self.kernel() {
             k.invalidate_attr(dir);
         }
@@ -451,7 +451,7 @@ impl FsCore {
             .filter(|id| self.newfiles.contains(*id))
         {
             // Created here, not pushed yet: the sandbox does not know it.
-            self.inodes.update(id, |n| n.lookups += 1);
+            self.inodes.looked_up(id);
             let attr = self.with_staged(id, self.node(id)?.attr);
             return Ok(NodeAttr { node: id, attr });
         }
@@ -523,7 +523,7 @@ impl FsCore {
     fn remember_entry(&self, parent: NodeId, name: &[u8], attr: Attr, asked: u64) -> NodeId {
         if let Some(id) = self.inodes.child(parent, name) {
             if self.staged_of(id).is_some() {
-                self.inodes.update(id, |n| n.lookups += 1);
+                self.inodes.looked_up(id);
                 return id;
             }
         }
@@ -657,7 +657,7 @@ impl FsCore {
                     attr.atime_ns = a;
                 }
                 attr.ctime_ns = now_ns();
-                self.inodes.update(node, |n| n.attr = attr.clone());
+                self.inodes.set_attr(node, &attr);
                 return Ok(NodeAttr {
                     node,
                     attr: self.with_staged(node, attr),
@@ -831,14 +831,7 @@ impl FsCore {
                 return Err(e);
             }
         }
-        let keep = self
-            .inodes
-            .update(node, |n| {
-                let keep = n.kernel_version.as_ref() == Some(&attr.version) && !staged;
-                n.kernel_version = Some(attr.version.clone());
-                keep
-            })
-            .unwrap_or(false);
+        let keep = self.inodes.kernel_pages_of(node, &attr.version) && !staged;
         let fh = self.handles.open_file(OpenFile::new(node, &attr, writable));
         Ok((fh, keep && !truncate))
     }
@@ -1360,11 +1353,7 @@ impl FsCore {
         self.bump();
         let attr = self.note(self.remote().link(&existing, &path).await)?;
         self.inodes.link(node, parent, name);
-        self.inodes.update(node, |n| {
-            n.attr = attr.clone();
-            n.fetched = self.cfg.clock.now();
-            n.lookups += 1;
-        });
+        self.inodes.linked(node, &attr, self.cfg.clock.now());
         // Every name of the file shows its new link count: in place where the mount knows
         // them all, else its directory is listed again.
         let names = self.inodes.get(node).map(|n| n.links).unwrap_or_default();
@@ -1405,7 +1394,7 @@ impl FsCore {
         if !orphan {
             return;
         }
-        self.inodes.update(node, |n| n.removed_locally = true);
+        self.inodes.mark_removed_locally(node);
         self.failures.clear(node);
         if let Some(s) = self.staged_of(node) {
             if let Some(mut g) = s.try_lock() {
@@ -1451,10 +1440,7 @@ impl FsCore {
         r?;
         self.made_links.forget(&self.sandbox_id(), path.as_bytes());
         if let Some(n) = self.inodes.unlink(parent, name) {
-            self.inodes.update(n, |x| {
-                x.attr.nlink = x.attr.nlink.saturating_sub(1);
-                x.attr.ctime_ns = now_ns();
-            });
+            self.inodes.lost_name(n, now_ns());
             self.removed(n);
             if let Some(k) = self.kernel() {
                 k.invalidate_attr(n);
@@ -1564,10 +1550,7 @@ impl FsCore {
                     // The replaced file lost a name: its other names show one link fewer
                     // and a new ctime, as an unlink would leave them.
                     if Some(r) != self.inodes.child(new_parent, new_name) {
-                        self.inodes.update(r, |x| {
-                            x.attr.nlink = x.attr.nlink.saturating_sub(1);
-                            x.attr.ctime_ns = now_ns();
-                        });
+                        self.inodes.lost_name(r, now_ns());
                         if let Some(k) = self.kernel() {
                             k.invalidate_attr(r);
                         }
@@ -1588,7 +1571,7 @@ impl FsCore {
                     let _ = j.moved(&p);
                 }
             }
-            self.inodes.update(n, |x| x.attr.ctime_ns = now_ns());
+            self.inodes.touched(n, now_ns());
         }
         Ok(())
     }
@@ -1857,7 +1840,7 @@ impl FsCore {
         self.prefetched.forget_under(path);
         for id in self.inodes.nodes_at(path) {
             self.meta.invalidate(id);
-            self.inodes.update(id, |n| n.fetched = stale_instant());
+            self.inodes.mark_stale(id);
             if let Some(k) = self.kernel() {
                 k.invalidate_data(id);
             }

@@ -313,7 +313,7 @@ impl FsCore {
                 self.own_change(node, &attr);
                 self.newfiles.remove(node);
                 self.handles.follow(node, &attr);
-                self.inodes.update(node, |x| x.kernel_version = None);
+                self.inodes.kernel_pages_dropped(node);
                 match n.links.as_slice() {
                     [(parent, name)] => self.entry_made(*parent, name, attr.clone()),
                     links => {
@@ -447,7 +447,7 @@ impl FsCore {
     }
 
     fn removed_for_good(&self, node: NodeId) {
-        self.inodes.update(node, |n| n.removed_locally = true);
+        self.inodes.mark_removed_locally(node);
     }
 
     /// Write the staged content beside `path` as `NAME.sbxfs-conflict-<time>-<n>`, a name

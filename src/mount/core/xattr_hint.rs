@@ -31,7 +31,7 @@ impl FsCore {
     /// say so, so neither answers "none" from before the change.
     pub(in crate::mount) fn xattrs_changed(&self, node: NodeId, has: Option<bool>) {
         self.bump();
-        self.inodes.update(node, |n| n.attr.has_xattrs = has);
+        self.inodes.set_has_xattrs(node, has);
         let Some(path) = self.inodes.path_of(node) else {
             return;
         };
