@@ -16,10 +16,25 @@ use crate::remote::Attr;
 
 /// Directories whose listings are kept: a large source tree's worth.
 const MAX_LISTINGS: usize = 4096;
-/// Entries kept over all listings (a few hundred MB at most): a sandbox answering every
-/// directory with a huge listing costs the laptop this much, never more. The oldest listings
-/// go first; the one just fetched always stays (one listing is bounded on its own).
+/// Entries kept over all listings: a sandbox answering every directory with a huge listing
+/// costs the laptop this much, never more. The oldest listings go first; the one just fetched
+/// stays (one listing is bounded on its own, by entries and by [`MAX_BYTES`]).
 const MAX_ENTRIES: usize = 1_000_000;
+/// Bytes the kept listings take together, as [`entry_cost`] counts them: a million entries of
+/// ordinary names fit, a hostile sandbox's million 255-byte names (about 700 MB) do not. A
+/// listing costing more than this on its own is used for the call that fetched it and not
+/// kept (its directory's names are then looked up one by one).
+const MAX_BYTES: usize = 256 * 1024 * 1024;
+
+/// What one entry holds in memory: its name twice (the entry and the index by name), its
+/// attributes and their strings, and the index's slot.
+fn entry_cost(name: &[u8], attr: &Attr) -> usize {
+    2 * name.len()
+        + std::mem::size_of::<(Vec<u8>, Attr)>()
+        + std::mem::size_of::<(Vec<u8>, usize)>()
+        + attr.version.0.len()
+        + attr.symlink_target.as_ref().map_or(0, |t| t.0.len())
+}
 
 /// A directory's entries (name, attributes), sorted by name.
 pub type Entries = Arc<Vec<(Vec<u8>, Attr)>>;
@@ -28,6 +43,8 @@ struct Listing {
     entries: Entries,
     by_name: BTreeMap<Vec<u8>, usize>,
     fetched: Instant,
+    /// What its entries hold in memory ([`entry_cost`]).
+    bytes: usize,
 }
 
 pub struct MetaCache {
@@ -62,6 +79,12 @@ impl MetaCache {
 
     /// A listing fetched at `fetched` (a prefetched one: its TTL counts from its fetch).
     pub fn put_at(&self, dir: NodeId, entries: Entries, fetched: Instant) {
+        let bytes = entries.iter().map(|(n, a)| entry_cost(n, a)).sum();
+        if bytes > MAX_BYTES {
+            // Too large to keep: what was kept of the directory is older than this answer.
+            self.invalidate(dir);
+            return;
+        }
         let by_name = entries
             .iter()
             .enumerate()
@@ -74,12 +97,17 @@ impl MetaCache {
                 entries,
                 by_name,
                 fetched,
+                bytes,
             },
         );
-        let mut total: usize = l.iter().map(|(_, x)| x.entries.len()).sum();
-        while total > MAX_ENTRIES && l.len() > 1 {
+        let mut entries: usize = l.iter().map(|(_, x)| x.entries.len()).sum();
+        let mut bytes: usize = l.iter().map(|(_, x)| x.bytes).sum();
+        while (entries > MAX_ENTRIES || bytes > MAX_BYTES) && l.len() > 1 {
             match l.pop_lru() {
-                Some((_, x)) => total -= x.entries.len(),
+                Some((_, x)) => {
+                    entries -= x.entries.len();
+                    bytes -= x.bytes;
+                }
                 None => break,
             }
         }
@@ -128,6 +156,7 @@ impl MetaCache {
             match x.by_name.get(name) {
                 Some(&i) => Arc::make_mut(&mut x.entries)[i].1 = attr,
                 None => {
+                    x.bytes += entry_cost(name, &attr);
                     let entries = Arc::make_mut(&mut x.entries);
                     x.by_name.insert(name.to_vec(), entries.len());
                     entries.push((name.to_vec(), attr));
@@ -143,7 +172,8 @@ impl MetaCache {
         if let Some(x) = l.get_mut(&dir) {
             if let Some(i) = x.by_name.remove(name) {
                 let entries = Arc::make_mut(&mut x.entries);
-                entries.remove(i);
+                let (n, a) = entries.remove(i);
+                x.bytes = x.bytes.saturating_sub(entry_cost(&n, &a));
                 for (n, at) in x.by_name.iter_mut() {
                     if *at > i {
                         *at -= 1;
@@ -319,5 +349,39 @@ mod tests {
         assert!(m.listing(NodeId(4), ttl, false).is_some());
         assert!(m.listing(NodeId(2), ttl, false).is_none());
         assert!(m.listing(NodeId(3), ttl, false).is_none());
+    }
+
+    #[test]
+    fn listings_are_bounded_by_their_bytes_and_a_hostile_one_is_not_kept() {
+        let m = MetaCache::new();
+        let ttl = Duration::from_secs(60);
+        let long = |n: usize, tag: u8| -> Entries {
+            Arc::new(
+                (0..n)
+                    .map(|i| {
+                        let mut name = vec![tag; 240];
+                        name.extend_from_slice(format!("{i:09}").as_bytes());
+                        (name, attr())
+                    })
+                    .collect(),
+            )
+        };
+        let per = entry_cost(&[0; 249], &attr());
+        // Two listings of 255-byte names that fit alone but not together.
+        let n = MAX_BYTES / per * 2 / 3;
+        m.put(NodeId(1), long(n, b'a'));
+        m.put(NodeId(2), long(n, b'b'));
+        assert!(
+            m.listing(NodeId(1), ttl, false).is_none(),
+            "evicted by bytes"
+        );
+        assert!(m.listing(NodeId(2), ttl, false).is_some());
+        // A million of them (a hostile sandbox) is used once and never kept, and what was
+        // kept of that directory goes too (it is older than the answer).
+        m.put(NodeId(2), long(MAX_BYTES / per + 1, b'c'));
+        assert!(m.listing(NodeId(2), ttl, true).is_none());
+        // Ordinary listings are kept as before.
+        m.put(NodeId(3), long(10, b'd'));
+        assert!(m.listing(NodeId(3), ttl, false).is_some());
     }
 }
