@@ -63,6 +63,8 @@ fn crafted_files() -> Vec<(&'static str, &'static [u8])> {
             b"needle\nneedles\nneedle-nose\na_needle\nNEEDLE\n",
         ),
         ("empty.txt", b""),
+        // A name with spaces: what `-0` is for (`xargs` would split it).
+        ("with space/a /tmp/notes", b"needle spaced\n"),
     ]
 }
 
@@ -164,6 +166,13 @@ fn cases() -> Vec<Vec<&'static str>> {
         &["zzz-no-such-thing"],
         &["zzz-no-such-thing", "ctx.txt"],
         &["needle", "empty.txt"],
+        &["-0", "-l", "needle"],
+        &["-0", "--files-without-match", "needle"],
+        &["-0", "-c", "needle"],
+        &["-0", "--files", "sub"],
+        &["-0", "-H", "-n", "needle", "ctx.txt"],
+        &["-0", "-C1", "needle"],
+        &["-0", "--heading", "-n", "needle"],
     ];
     cases.iter().map(|c| c.to_vec()).collect()
 }

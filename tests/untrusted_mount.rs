@@ -755,3 +755,44 @@ fn search_results_never_name_a_file_outside_the_mount() {
         assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
     }
 }
+
+/// A sandbox may name a file `a /tmp/…/notes`: `xargs` splits that at the space and would
+/// edit the laptop's file. With `-0` (grep and glob) and `xargs -0` the name stays whole, so
+/// the edit reaches the sandbox's file only.
+#[test]
+fn a_name_with_a_space_reaches_xargs_0_whole() {
+    let s = sandbox();
+    // Beside the test's directory, not in it: the walk skips hidden directories (`.tmpXXX`).
+    let laptop = tempfile::Builder::new()
+        .prefix("sbxfs-victim-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let victim = laptop.path().join("victim");
+    fs::create_dir(&victim).unwrap();
+    fs::write(victim.join("notes"), "TODO laptop\n").unwrap();
+    // `a /tmp/sbxfs-victim-…/victim/notes` in the sandbox.
+    let inside = s.root.join(format!("a {}/notes", victim.display()));
+    fs::create_dir_all(inside.parent().unwrap()).unwrap();
+    fs::write(&inside, "TODO sandbox\n").unwrap();
+    for (cmd, word) in [
+        ("grep -0 -l TODO", "GREPPED"),
+        ("glob -0 '**/notes'", "GLOBBED"),
+    ] {
+        let script = format!(
+            "{} {cmd} | xargs -0 sed -i 's/TODO/{word}/;s/GREPPED/{word}/'",
+            sbxfs_bin().display()
+        );
+        let (code, out, err) = sh(&s.mount.dir, &script);
+        assert_eq!(code, 0, "{script}: {out} {err}");
+        assert_eq!(
+            fs::read_to_string(victim.join("notes")).unwrap(),
+            "TODO laptop\n",
+            "{cmd} | xargs -0 touched a laptop file"
+        );
+        assert_eq!(
+            fs::read_to_string(&inside).unwrap(),
+            format!("{word} sandbox\n"),
+            "{cmd} | xargs -0 edits the sandbox's file"
+        );
+    }
+}

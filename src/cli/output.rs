@@ -30,6 +30,8 @@ pub struct Printer {
     pub file_separator: Option<&'static [u8]>,
     /// A file's output was printed already.
     written: bool,
+    /// stdout is a terminal: a sandbox's name never reaches it raw.
+    to_terminal: bool,
 }
 
 /// Join a root given on the command line and a path relative to it, for display.
@@ -47,7 +49,8 @@ pub fn join_display(root: &str, rel: &str, root_is_dir: bool) -> String {
 impl Printer {
     pub fn new(json: bool) -> Self {
         let stdout = io::stdout();
-        let colour = !json && stdout.is_terminal() && std::env::var_os("NO_COLOR").is_none();
+        let to_terminal = stdout.is_terminal();
+        let colour = !json && to_terminal && std::env::var_os("NO_COLOR").is_none();
         Printer {
             json,
             colour,
@@ -58,6 +61,7 @@ impl Printer {
             last_path: None,
             file_separator: None,
             written: false,
+            to_terminal,
         }
     }
 
@@ -141,12 +145,17 @@ impl Printer {
     }
 
     /// Paths are the sandbox's names: their control characters (a terminal escape, a
-    /// newline) are printed escaped, never raw; `--json` carries them exactly.
-    pub fn glob_path(&mut self, path: &str) -> bool {
+    /// newline) are printed escaped, never raw; `--json` carries them exactly, and so does
+    /// `null` (each followed by a NUL) unless stdout is a terminal.
+    pub fn glob_path(&mut self, path: &str, null: bool) -> bool {
         if self.json {
             return self.json_line(&json!({ "path": path }));
         }
-        self.write(format!("{}\n", super::logging::visible(path)).as_bytes())
+        if null && !self.to_terminal {
+            return self.write(format!("{path}\0").as_bytes());
+        }
+        let end = if null { "\0" } else { "\n" };
+        self.write(format!("{}{end}", super::logging::visible(path)).as_bytes())
     }
 
     pub fn fuzzy_match(&mut self, m: &FuzzyMatch) -> bool {

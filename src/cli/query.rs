@@ -108,6 +108,10 @@ pub(super) struct GrepArgs {
     /// Print only the paths of files without a match.
     #[arg(long = "files-without-match")]
     files_without_match: bool,
+    /// Follow every printed path with a NUL byte instead of a newline or `:` (for
+    /// `xargs -0`: the sandbox chooses the names, and a name may hold a space or a newline).
+    #[arg(short = '0', long = "null")]
+    null: bool,
     /// Print the files that would be searched, without searching (takes no PATTERN).
     #[arg(long)]
     files: bool,
@@ -195,6 +199,10 @@ pub(super) struct GlobArgs {
     /// One JSON object per path.
     #[arg(long)]
     json: bool,
+    /// Each path exactly as named, followed by a NUL byte (for `xargs -0`: the sandbox
+    /// chooses the names, and a name may hold a space or a newline).
+    #[arg(short = '0', long = "null", conflicts_with = "json")]
+    null: bool,
     #[command(flatten)]
     route: RouteArgs,
 }
@@ -438,6 +446,7 @@ impl GrepArgs {
             only_matching: self.only_matching,
             heading: !self.no_heading && (self.heading || tty),
             color,
+            null: self.null,
         }
     }
 
@@ -592,7 +601,7 @@ pub(super) fn run_glob(a: GlobArgs) -> i32 {
     match result {
         Ok(paths) => {
             for path in &paths {
-                p.glob_path(path);
+                p.glob_path(path, a.null);
             }
             found(!paths.is_empty())
         }

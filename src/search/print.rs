@@ -55,6 +55,9 @@ pub struct PrintOptions {
     pub heading: bool,
     /// ripgrep's default colours (ANSI).
     pub color: bool,
+    /// `-0`: every printed path is followed by a NUL byte (in place of the newline after a
+    /// listed path, or the `:` before a line or count), as `rg -0` prints.
+    pub null: bool,
 }
 
 /// One file's printed output, and how many matches it counted (for the caps and the exit code).
@@ -99,9 +102,15 @@ pub fn check_printed(print: &PrintOptions, f: &PrintedFile) -> Result<(), String
         return Ok(());
     }
     let out = f.printed.0.as_slice();
-    let named = |line: &[u8], after: &[u8]| {
+    // What follows a path: a NUL with `-0`, else `:` (a match, a count) or `-` (context).
+    let (after_path, after_listed): (&[u8], &[u8]) = if print.null {
+        (b"\0", b"\0")
+    } else {
+        (b":-", b"\n")
+    };
+    let named = |line: &[u8]| {
         line.strip_prefix(path)
-            .is_some_and(|rest| rest.first().is_some_and(|b| after.contains(b)))
+            .is_some_and(|rest| rest.first().is_some_and(|b| after_path.contains(b)))
     };
     let lines = out
         .strip_suffix(b"\n")
@@ -109,22 +118,27 @@ pub fn check_printed(print: &PrintOptions, f: &PrintedFile) -> Result<(), String
         .split(|&b| b == b'\n');
     let ok = match print.kind {
         PrintKind::Files | PrintKind::FilesWithMatches | PrintKind::FilesWithoutMatch => {
-            out.strip_suffix(b"\n") == Some(path)
+            out.strip_suffix(after_listed) == Some(path)
         }
         PrintKind::Count => {
             let mut all = lines;
             let line = all.next().unwrap_or_default();
             let number = match line.strip_prefix(path) {
-                Some(rest) => rest.strip_prefix(b":"),
+                Some(rest) => rest.strip_prefix(&after_path[..1]),
                 None => Some(line),
             };
             all.next().is_none()
                 && number.is_some_and(|n| !n.is_empty() && n.iter().all(u8::is_ascii_digit))
         }
+        // Under a heading, the path stands alone on the first line, or with `-0` is
+        // followed by a NUL and the first line.
+        PrintKind::Lines if print.heading && print.null => out
+            .strip_prefix(path)
+            .is_some_and(|r| r.first() == Some(&0)),
         PrintKind::Lines if print.heading => out.split(|&b| b == b'\n').next() == Some(path),
         PrintKind::Lines if print.with_filename.unwrap_or(below.is_some()) => {
             let mut all = lines;
-            all.all(|l| l == b"--" || named(l, b":-"))
+            all.all(|l| l == b"--" || named(l))
         }
         PrintKind::Lines => true,
     };
@@ -245,7 +259,7 @@ pub fn print_file(
             buf.set_color(colors(print).path())?;
             write_path(&mut buf, shown)?;
             buf.reset()?;
-            buf.write_all(b"\n")?;
+            buf.write_all(if print.null { b"\0" } else { b"\n" })?;
             (buf, 1)
         }
         PrintKind::Lines => {
@@ -258,6 +272,7 @@ pub fn print_file(
                 .column(print.column)
                 .separator_search(None)
                 .separator_context(Some(b"--".to_vec()))
+                .path_terminator(print.null.then_some(b'\0'))
                 .build(buf);
             let mut sink = printer.sink_with_path(matcher, shown);
             run(searcher, matcher, hay, &mut sink)?;
@@ -277,6 +292,7 @@ pub fn print_file(
                 .color_specs(colors(print))
                 .path(print.with_filename.unwrap_or(!explicit))
                 .max_matches(max_matches)
+                .path_terminator(print.null.then_some(b'\0'))
                 .build(buf);
             let mut sink = printer.sink_with_path(matcher, shown);
             run(searcher, matcher, hay, &mut sink)?;
