@@ -1059,12 +1059,17 @@ impl FsCore {
 
     /// `close()` of one descriptor. A flush pushes only what this handle wrote since its last
     /// flush: bash's `echo x > f` closes a duplicate before writing, and that must not commit
-    /// an empty file. The last close (release) pushes whatever is left. The push is queued
+    /// an empty file over the one there (a file made here and not in the sandbox yet is
+    /// pushed by its first flush under `-o sync_close`: nothing is there to be replaced). The last close (release) pushes whatever is left. The push is queued
     /// ([`super::pushq`]) unless `-o sync_close`; an earlier failed push of the file is
     /// reported here.
     pub async fn flush(&self, fh: u64) -> Result<()> {
         let h = self.handles.file(fh)?;
-        if h.writable && h.wrote.swap(false, Ordering::Relaxed) {
+        // With `-o sync_close` a file made here is in the sandbox when the close that made
+        // it returns, written to or not: the last close (RELEASE) that would push it comes
+        // after close(2) has returned, too late for a program that looks in the sandbox next.
+        let made_here = self.sync_close() && h.writable && self.newfiles.unsent(h.node);
+        if h.writable && (h.wrote.swap(false, Ordering::Relaxed) || made_here) {
             if self.sync_close() {
                 return self.push(h.node).await;
             }

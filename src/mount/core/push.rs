@@ -941,6 +941,46 @@ mod tests {
     /// A transport whose info says `patch_commits: false` (the memory sandbox set so refuses
     /// patches) gets whole files: a write into the middle of a large file, most of it never
     /// read here, lands whole and right.
+
+    /// `open(O_CREAT)` and `close()` with nothing written, under `-o sync_close`: the file is
+    /// in the sandbox when close returns, before the RELEASE that follows it.
+    #[tokio::test]
+    async fn with_sync_close_a_file_made_here_is_in_the_sandbox_at_its_first_close() {
+        use crate::mount::core::CoreConfig;
+        use crate::mount::inode::ROOT;
+        use crate::remote::memory::MemoryRemote;
+        use crate::remote::Remote;
+        let memory = MemoryRemote::new();
+        let root = memory.stat(&RemotePath::root()).await.unwrap();
+        let staging = tempfile::tempdir().unwrap();
+        let core = FsCore::new(
+            Arc::new(memory.clone()),
+            CoreConfig {
+                attr_ttl: Duration::from_secs(600),
+                cache_bytes: 1 << 20,
+                staging_dir: staging.path().to_path_buf(),
+                tree_max: 0,
+                clock: Default::default(),
+            },
+            root,
+        );
+        core.set_sync_close(true);
+        // The kernel looks the name up (absent) right before it creates it: made here.
+        assert!(core.lookup(ROOT, b"m").await.is_err());
+        let (made, fh) = core.create(ROOT, b"m", 0o666, true, false).await.unwrap();
+        assert!(!memory.sandbox().exists("m"), "made here, not pushed yet");
+        core.flush(fh).await.unwrap();
+        assert!(memory.sandbox().exists("m"), "in the sandbox at close");
+        assert_eq!(memory.sandbox().read("m").unwrap(), b"");
+        core.release(fh).await.unwrap();
+        assert_eq!(core.getattr(made.node).await.unwrap().attr.size, 0);
+        // A second descriptor's close with nothing written pushes nothing more.
+        let commits = core.stats.commits.load(Ordering::Relaxed);
+        let (fh, _) = core.open(made.node, true, false).await.unwrap();
+        core.flush(fh).await.unwrap();
+        core.release(fh).await.unwrap();
+        assert_eq!(core.stats.commits.load(Ordering::Relaxed), commits);
+    }
     #[tokio::test]
     async fn without_patch_commits_a_push_sends_the_whole_file() {
         use crate::mount::core::CoreConfig;
