@@ -938,10 +938,6 @@ mod tests {
         assert!(f.due().is_empty(), "nothing due at once, permanent never");
     }
 
-    /// A transport whose info says `patch_commits: false` (the memory sandbox set so refuses
-    /// patches) gets whole files: a write into the middle of a large file, most of it never
-    /// read here, lands whole and right.
-
     /// `open(O_CREAT)` and `close()` with nothing written, under `-o sync_close`: the file is
     /// in the sandbox when close returns, before the RELEASE that follows it.
     #[tokio::test]
@@ -981,6 +977,9 @@ mod tests {
         core.release(fh).await.unwrap();
         assert_eq!(core.stats.commits.load(Ordering::Relaxed), commits);
     }
+    /// A transport whose info says `patch_commits: false` (the memory sandbox set so refuses
+    /// patches) gets whole files: a write into the middle of a large file, most of it never
+    /// read here, lands whole and right.
     #[tokio::test]
     async fn without_patch_commits_a_push_sends_the_whole_file() {
         use crate::mount::core::CoreConfig;
