@@ -451,3 +451,36 @@ async fn commits_and_reads_use_native_file_moves_when_the_transport_has_them() {
     left.sort();
     assert_eq!(left, vec!["d", "f"]);
 }
+
+/// A sandbox whose `python3` is a slow shim (pyenv's runs a program of its own first) makes
+/// every stat and listing pay its start-up: the mount's log says so once, with the cure.
+#[test]
+fn a_slow_starting_python_is_named_in_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    fs::create_dir(&root).unwrap();
+    fs::write(root.join("f"), "x").unwrap();
+    let bin = dir.path().join("shim");
+    fs::create_dir(&bin).unwrap();
+    let real = ["/usr/bin/python3", "/usr/local/bin/python3"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("a python3");
+    let shim = bin.join("python3");
+    fs::write(&shim, format!("#!/bin/sh\nsleep 1.5\nexec {real} \"$@\"\n")).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&shim, fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!("{}:/usr/bin:/bin", bin.display());
+    let mount = MountProcess::start_url_env(
+        &format!("shell:{}", root.display()),
+        "unused",
+        &[],
+        &[("PATH", &path)],
+    );
+    assert_eq!(fs::read(mount.dir.join("f")).unwrap(), b"x");
+    let log = mount.log_text();
+    assert!(
+        log.contains("python3 takes") && log.contains("first in the sandbox's PATH"),
+        "{log}"
+    );
+}

@@ -39,6 +39,10 @@ use crate::search::grep::GrepOptions;
 use crate::search::scan::{ScanRequest, ScanResult};
 use crate::search::SearchError;
 
+/// Start-up time of the sandbox's python, beyond a bare `sh`'s, past which the log says so: a real
+/// interpreter starts in 20–70 ms (a few times that on a loaded machine), pyenv's shim in ~500.
+const SLOW_PYTHON_START: std::time::Duration = std::time::Duration::from_millis(400);
+
 const STAT: &str = include_str!("scripts/stat.sh");
 const LIST: &str = include_str!("scripts/list.sh");
 const TREE: &str = include_str!("scripts/tree.sh");
@@ -159,9 +163,39 @@ impl ScriptRemote {
                     probe.precision = Precision::Nanos;
                     probe.stat_via_python = true;
                 }
+                if let Some(python) = &probe.python {
+                    self.note_python_start(python).await;
+                }
                 Ok(probe)
             })
             .await
+    }
+
+    /// Say once, in the log, when the sandbox's python is slow to start: a version manager's
+    /// shim (pyenv's runs a shell program of its own first) costs every stat and listing
+    /// about half a second, and moving the interpreter itself first in PATH is the cure.
+    async fn note_python_start(&self, python: &str) {
+        let time = |program: String| async move {
+            let started = std::time::Instant::now();
+            let ran = self.runner.run(&program, &RunControl::default()).await;
+            ran.ok().map(|_| started.elapsed())
+        };
+        let Some(shell) = time(":\n".into()).await else {
+            return;
+        };
+        // `python` is one of pyfast::PYTHONS: a fixed word.
+        let Some(started) = time(format!("{python} -c ''\n")).await else {
+            return;
+        };
+        let extra = started.saturating_sub(shell);
+        if extra > SLOW_PYTHON_START {
+            tracing::warn!(
+                "the sandbox's {python} takes {} ms to start (a version manager's shim, such as \
+                 pyenv's?): every stat and listing pays it; put the interpreter itself first in \
+                 the sandbox's PATH (`command -v {python}` there says which one runs)",
+                extra.as_millis()
+            );
+        }
     }
 
     /// Run one program (`parts` after the prelude) with `args`, answering its lines; a
