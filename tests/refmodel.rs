@@ -222,6 +222,19 @@ impl Real {
         Ok(self.core.lookup(ROOT, NAMES[name].as_bytes()).await?.node)
     }
 
+    /// `mkdir d` and `d/x` created and open: `d`'s node and the handle (none if `d` could
+    /// not be made: an injected fault).
+    async fn make_d_x(&self) -> Option<(NodeId, u64)> {
+        self.core.mkdir(ROOT, b"d", 0o755).await.ok()?;
+        let d = self.core.lookup(ROOT, b"d").await.expect("lookup d").node;
+        let (_, fh) = self
+            .core
+            .create(d, b"x", 0o644, true, false)
+            .await
+            .expect("create d/x");
+        Some((d, fh))
+    }
+
     /// What a program sees reading a whole file through a handle.
     async fn read_all(&self, fh: u64) -> Vec<u8> {
         let mut out = Vec::new();
@@ -465,15 +478,9 @@ async fn apply(step: &Step, m: &mut Model, r: &mut Real) {
             *m.files.get_mut(&file).unwrap() = data;
         }
         Step::RmdirOverUnpushedFile => {
-            if r.core.mkdir(ROOT, b"d", 0o755).await.is_err() {
+            let Some((d, fh)) = r.make_d_x().await else {
                 return;
-            }
-            let d = r.core.lookup(ROOT, b"d").await.expect("lookup d").node;
-            let (_, fh) = r
-                .core
-                .create(d, b"x", 0o644, true, false)
-                .await
-                .expect("create d/x");
+            };
             // close() returns after FLUSH; RELEASE (which pushes a file that wrote nothing)
             // may come after the next call.
             let _ = r.core.flush(fh).await;
@@ -488,15 +495,9 @@ async fn apply(step: &Step, m: &mut Model, r: &mut Real) {
             r.core.rmdir(ROOT, b"d").await.expect("rmdir d, empty now");
         }
         Step::RenameDirOverQueuedFile { len, byte } => {
-            if r.core.mkdir(ROOT, b"d", 0o755).await.is_err() {
+            let Some((_, fh)) = r.make_d_x().await else {
                 return;
-            }
-            let d = r.core.lookup(ROOT, b"d").await.expect("lookup d").node;
-            let (_, fh) = r
-                .core
-                .create(d, b"x", 0o644, true, false)
-                .await
-                .expect("create d/x");
+            };
             let data = vec![byte; len as usize];
             r.core.write(fh, 0, &data).await.expect("write d/x");
             let _ = r.core.flush(fh).await;

@@ -938,20 +938,16 @@ mod tests {
         assert!(f.due().is_empty(), "nothing due at once, permanent never");
     }
 
-    /// `open(O_CREAT)` and `close()` with nothing written, under `-o sync_close`: the file is
-    /// in the sandbox when close returns, before the RELEASE that follows it.
-    #[tokio::test]
-    async fn with_sync_close_a_file_made_here_is_in_the_sandbox_at_its_first_close() {
-        use crate::mount::core::CoreConfig;
-        use crate::mount::inode::ROOT;
-        use crate::remote::memory::MemoryRemote;
+    /// A core over `memory`, attributes trusted for ten minutes, and its staging directory.
+    async fn core_over(
+        memory: &crate::remote::memory::MemoryRemote,
+    ) -> (Arc<FsCore>, tempfile::TempDir) {
         use crate::remote::Remote;
-        let memory = MemoryRemote::new();
         let root = memory.stat(&RemotePath::root()).await.unwrap();
         let staging = tempfile::tempdir().unwrap();
         let core = FsCore::new(
             Arc::new(memory.clone()),
-            CoreConfig {
+            crate::mount::core::CoreConfig {
                 attr_ttl: Duration::from_secs(600),
                 cache_bytes: 1 << 20,
                 staging_dir: staging.path().to_path_buf(),
@@ -960,6 +956,17 @@ mod tests {
             },
             root,
         );
+        (core, staging)
+    }
+
+    /// `open(O_CREAT)` and `close()` with nothing written, under `-o sync_close`: the file is
+    /// in the sandbox when close returns, before the RELEASE that follows it.
+    #[tokio::test]
+    async fn with_sync_close_a_file_made_here_is_in_the_sandbox_at_its_first_close() {
+        use crate::mount::inode::ROOT;
+        use crate::remote::memory::MemoryRemote;
+        let memory = MemoryRemote::new();
+        let (core, _staging) = core_over(&memory).await;
         core.set_sync_close(true);
         // The kernel looks the name up (absent) right before it creates it: made here.
         assert!(core.lookup(ROOT, b"m").await.is_err());
@@ -977,12 +984,12 @@ mod tests {
         core.release(fh).await.unwrap();
         assert_eq!(core.stats.commits.load(Ordering::Relaxed), commits);
     }
+
     /// A transport whose info says `patch_commits: false` (the memory sandbox set so refuses
     /// patches) gets whole files: a write into the middle of a large file, most of it never
     /// read here, lands whole and right.
     #[tokio::test]
     async fn without_patch_commits_a_push_sends_the_whole_file() {
-        use crate::mount::core::CoreConfig;
         use crate::remote::memory::MemoryRemote;
         use crate::remote::{Capabilities, Remote};
         let memory = MemoryRemote::new();
@@ -996,19 +1003,7 @@ mod tests {
         };
         memory.set_capabilities(caps);
         assert_eq!(memory.info().await.unwrap().capabilities, caps);
-        let root = memory.stat(&RemotePath::root()).await.unwrap();
-        let staging = tempfile::tempdir().unwrap();
-        let core = FsCore::new(
-            Arc::new(memory.clone()),
-            CoreConfig {
-                attr_ttl: Duration::from_secs(600),
-                cache_bytes: 1 << 20,
-                staging_dir: staging.path().to_path_buf(),
-                tree_max: 0,
-                clock: Default::default(),
-            },
-            root,
-        );
+        let (core, _staging) = core_over(&memory).await;
         core.set_patch_commits(false);
         core.set_sync_close(true);
         let node = core
