@@ -179,10 +179,6 @@ impl FsCore {
         self.sandbox.set_patch_commits(yes);
     }
 
-    pub(super) fn sandbox(&self) -> &super::sandbox::Sandbox {
-        &self.sandbox
-    }
-
     /// `close` waits for its push (`-o sync_close`) instead of queueing it.
     pub fn set_sync_close(&self, on: bool) {
         self.sync_close.store(on, Ordering::Relaxed);

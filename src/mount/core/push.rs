@@ -91,7 +91,7 @@ impl FsCore {
     /// This sandbox's identity: the id it keeps for its workspace, else (a transport without
     /// one) its workspace root's device and inode.
     pub(in crate::mount) fn sandbox_id(&self) -> String {
-        if let Some(id) = self.sandbox().workspace_id() {
+        if let Some(id) = self.sandbox.workspace_id() {
             return format!("id:{id}");
         }
         let root = self
@@ -191,7 +191,7 @@ impl FsCore {
         // A file made here over a name found absent is created only if still absent: one the
         // sandbox made meanwhile is not overwritten (a conflict: ours is saved beside it).
         let create_only = was_new
-            && self.sandbox().commit_absent()
+            && self.sandbox.commit_absent()
             && self.newfiles.contains(node)
             && !self.newfiles.covers(node);
         if was_new {
@@ -215,8 +215,8 @@ impl FsCore {
                 }
             }
             let content = match s.content_for(
-                self.sandbox().patch_commits() || !s.complete(),
-                self.sandbox().patch_new(),
+                self.sandbox.patch_commits() || !s.complete(),
+                self.sandbox.patch_new(),
             ) {
                 Ok(c) => c,
                 Err(e) => {
@@ -473,7 +473,7 @@ impl FsCore {
     /// Fetch the base's pages not staged yet, so the whole file can be sent (only for a
     /// transport without patch commits).
     async fn fill_from_base(&self, path: &RemotePath, s: &mut Staged) -> Result<()> {
-        if self.sandbox().patch_commits() || s.complete() {
+        if self.sandbox.patch_commits() || s.complete() {
             return Ok(());
         }
         let base = s.base.clone();
@@ -781,7 +781,7 @@ impl FsCore {
         mode: Option<u32>,
     ) -> Result<()> {
         let (content, _) = s
-            .content_for(true, self.sandbox().patch_new())
+            .content_for(true, self.sandbox.patch_new())
             .map_err(|e| local_io(&e))?;
         let r = self.note(
             self.remote()
