@@ -1211,9 +1211,7 @@ impl FsCore {
             }
             Err(e) => return Err(e),
         };
-        self.entry_made(parent, name, attr.clone());
-        let node = self.inodes.remember(parent, name, attr.clone(), true, None);
-        self.own_change(node, &attr);
+        let node = self.made_in_sandbox(parent, name, &attr);
         let (fh, _) = self.open(node, true, truncate).await?;
         let attr = self.with_staged(node, self.node(node)?.attr);
         Ok((NodeAttr { node, attr }, fh, created))
@@ -1270,9 +1268,7 @@ impl FsCore {
         let path = self.path_of(parent)?.join(name)?;
         self.bump();
         let attr = self.note(self.remote().create(&path, mode & 0o7777).await)?;
-        self.entry_made(parent, name, attr.clone());
-        let node = self.inodes.remember(parent, name, attr.clone(), true, None);
-        self.own_change(node, &attr);
+        let node = self.made_in_sandbox(parent, name, &attr);
         Ok(NodeAttr { node, attr })
     }
 
@@ -1297,6 +1293,16 @@ impl FsCore {
         }
     }
 
+    /// `name` was made in `parent` by a call of the mount's own that the sandbox answered with
+    /// `attr`: the listing takes it in place, the kernel's new node is remembered, and answers
+    /// asked before are older than it.
+    fn made_in_sandbox(&self, parent: NodeId, name: &[u8], attr: &Attr) -> NodeId {
+        self.entry_made(parent, name, attr.clone());
+        let node = self.inodes.remember(parent, name, attr.clone(), true, None);
+        self.own_change(node, attr);
+        node
+    }
+
     /// Have the kernel fetch a node's attributes again.
     pub fn invalidate_kernel_attr(&self, node: NodeId) {
         if let Some(k) = self.kernel() {
@@ -1308,9 +1314,7 @@ impl FsCore {
         let path = self.path_of(parent)?.join(name)?;
         self.bump();
         let attr = self.note(self.remote().mkdir(&path, mode & 0o7777).await)?;
-        self.entry_made(parent, name, attr.clone());
-        let node = self.inodes.remember(parent, name, attr.clone(), true, None);
-        self.own_change(node, &attr);
+        let node = self.made_in_sandbox(parent, name, &attr);
         // Made just now, by us: empty (names looked up in it are absent without asking).
         self.meta.put(node, Default::default());
         Ok(NodeAttr { node, attr })
@@ -1327,9 +1331,7 @@ impl FsCore {
         let path = self.path_of(parent)?.join(name)?;
         self.bump();
         let attr = self.note(self.remote().mknod(&path, kind, mode & 0o7777, rdev).await)?;
-        self.entry_made(parent, name, attr.clone());
-        let node = self.inodes.remember(parent, name, attr.clone(), true, None);
-        self.own_change(node, &attr);
+        let node = self.made_in_sandbox(parent, name, &attr);
         Ok(NodeAttr { node, attr })
     }
 
@@ -1339,9 +1341,7 @@ impl FsCore {
         let attr = self.note(self.remote().symlink(&path, target).await)?;
         self.made_links
             .made(&self.sandbox_id(), path.as_bytes(), target);
-        self.entry_made(parent, name, attr.clone());
-        let node = self.inodes.remember(parent, name, attr.clone(), true, None);
-        self.own_change(node, &attr);
+        let node = self.made_in_sandbox(parent, name, &attr);
         let attr = self.with_staged(node, attr);
         Ok(NodeAttr { node, attr })
     }
