@@ -219,20 +219,49 @@ fn transport(e: reqwest::Error) -> RemoteError {
     }
 }
 
-/// An answer body as a stream of I/O chunks that fails once it passes `limit` bytes.
+/// How many answers past [`SMALL_ANSWER`] bytes the daemon parses at once. A listing's parse
+/// holds a few hundred bytes per entry, so several hostile listings of 200,000 entries each
+/// parsed side by side would add up to half a gigabyte; past this many, a large answer waits
+/// (holding at most its first [`SMALL_ANSWER`] bytes) until one ends.
+pub const LARGE_ANSWERS_AT_ONCE: usize = 2;
+static LARGE_ANSWERS: tokio::sync::Semaphore =
+    tokio::sync::Semaphore::const_new(LARGE_ANSWERS_AT_ONCE);
+
+/// An answer body as a stream of I/O chunks that fails once it passes `limit` bytes, and
+/// waits for a turn among [`LARGE_ANSWERS`] once it passes [`SMALL_ANSWER`] bytes.
 fn limited_body(
     resp: reqwest::Response,
     limit: u64,
+    large: &'static tokio::sync::Semaphore,
 ) -> impl futures_util::Stream<Item = std::io::Result<Bytes>> + Send + Unpin + 'static {
-    let mut seen = 0u64;
-    resp.bytes_stream().map(move |chunk| {
-        let chunk = chunk.map_err(|e| std::io::Error::other(transport(e)))?;
-        seen += chunk.len() as u64;
-        if seen > limit {
-            return Err(std::io::Error::other(TooLong(limit)));
-        }
-        Ok(chunk)
-    })
+    struct Body<S> {
+        chunks: S,
+        seen: u64,
+        turn: Option<tokio::sync::SemaphorePermit<'static>>,
+    }
+    let start = Body {
+        chunks: resp.bytes_stream(),
+        seen: 0,
+        turn: None,
+    };
+    Box::pin(futures_util::stream::unfold(
+        start,
+        move |mut b| async move {
+            let chunk = match b.chunks.next().await? {
+                Ok(chunk) => chunk,
+                Err(e) => return Some((Err(std::io::Error::other(transport(e))), b)),
+            };
+            b.seen += chunk.len() as u64;
+            if b.seen > limit {
+                return Some((Err(std::io::Error::other(TooLong(limit))), b));
+            }
+            if b.seen > SMALL_ANSWER && b.turn.is_none() {
+                // The semaphore is never closed.
+                b.turn = large.acquire().await.ok();
+            }
+            Some((Ok(chunk), b))
+        },
+    ))
 }
 
 /// An answer that passed its size limit (kept apart from transport failures).
@@ -245,6 +274,15 @@ struct TooLong(u64);
 async fn json_answer<T: DeserializeOwned + Send + 'static>(
     resp: reqwest::Response,
     limit: u64,
+) -> Result<T> {
+    json_answer_among(resp, limit, &LARGE_ANSWERS).await
+}
+
+/// [`json_answer`], taking turns for large answers among `large`.
+async fn json_answer_among<T: DeserializeOwned + Send + 'static>(
+    resp: reqwest::Response,
+    limit: u64,
+    large: &'static tokio::sync::Semaphore,
 ) -> Result<T> {
     match resp.content_length() {
         Some(n) if n > limit => return Err(RemoteError::Transport(TooLong(limit).to_string())),
@@ -261,7 +299,7 @@ async fn json_answer<T: DeserializeOwned + Send + 'static>(
     // an agent that trickles its answer.
     let abandoned = tokio_util::sync::CancellationToken::new();
     let _abandon_on_drop = abandoned.clone().drop_guard();
-    let body = limited_body(resp, limit).take_until(abandoned.cancelled_owned());
+    let body = limited_body(resp, limit, large).take_until(abandoned.cancelled_owned());
     let reader = tokio_util::io::StreamReader::new(Box::pin(body));
     let bridge = tokio_util::io::SyncIoBridge::new(reader);
     tokio::task::spawn_blocking(move || {
@@ -1076,6 +1114,60 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(60), tx.closed())
             .await
             .expect("the parsing thread still holds the body");
+    }
+
+    #[tokio::test]
+    async fn large_answers_take_turns_and_small_ones_never_wait() {
+        static TURNS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+        let big = || Bytes::from(b"1,".repeat(SMALL_ANSWER as usize / 2 + 1));
+        let answer = || {
+            let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(1);
+            let body = reqwest::Body::wrap_stream(tokio_stream_of(rx));
+            let resp = reqwest::Response::from(http::Response::new(body));
+            let parse = tokio::spawn(json_answer_among::<Vec<u32>>(resp, MAX_JSON_ANSWER, &TURNS));
+            (tx, parse)
+        };
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let (tx, parse) = answer();
+            tx.send(Ok(Bytes::from_static(b"["))).await.unwrap();
+            tx.send(Ok(big())).await.unwrap();
+            held.push((tx, parse));
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while TURNS.available_permits() > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "two large answers never took turns"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // A third large answer stops reading once past its first MiB: its sender fills up.
+        let (third, third_parse) = answer();
+        third.send(Ok(Bytes::from_static(b"["))).await.unwrap();
+        third.send(Ok(big())).await.unwrap();
+        third.send(Ok(big())).await.unwrap();
+        let stuck = tokio::time::timeout(Duration::from_millis(300), third.send(Ok(big())));
+        assert!(
+            stuck.await.is_err(),
+            "a third large answer was read beside two"
+        );
+        // A small answer is not held up by them.
+        let (small, small_parse) = answer();
+        small.send(Ok(Bytes::from_static(b"[7]"))).await.unwrap();
+        drop(small);
+        assert_eq!(small_parse.await.unwrap().unwrap(), vec![7]);
+        // One ends: the third goes on and completes.
+        let (first, first_parse) = held.remove(0);
+        first.send(Ok(Bytes::from_static(b"1]"))).await.unwrap();
+        drop(first);
+        assert!(first_parse.await.unwrap().is_ok());
+        third.send(Ok(Bytes::from_static(b"1]"))).await.unwrap();
+        drop(third);
+        let n = third_parse.await.unwrap().unwrap().len();
+        // (The send that timed out carried nothing.)
+        assert_eq!(n, 2 * (SMALL_ANSWER as usize / 2 + 1) + 1);
+        drop(held);
     }
 
     fn tokio_stream_of(
