@@ -2271,7 +2271,7 @@ fn exec_backend() -> Backend {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("ws");
     fs::create_dir(&root).unwrap();
-    let url = format!("exec:{}", root.display());
+    let url = format!("exec:{}?agent=no", root.display());
     let opts = sbxfs::remote::connect::ConnectOptions {
         exec: Some("sh -c 'exec sh'".into()),
         ..Default::default()
@@ -2288,6 +2288,108 @@ fn exec_backend() -> Backend {
         _keep: Box::new((dir, connected.keep)),
     }
 }
+
+/// `shell:` and `exec:` as `connect` makes them by default: the agent deployed through the
+/// channel and spoken to over its standard input and output.
+fn stdio_agent_backend(scheme: &str, exec: Option<&str>) -> Backend {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    fs::create_dir(&root).unwrap();
+    let url = format!("{scheme}:{}", root.display());
+    let opts = sbxfs::remote::connect::ConnectOptions {
+        exec: exec.map(str::to_string),
+        deploy_binary: Some(env!("CARGO_BIN_EXE_sbxfs").into()),
+        ..Default::default()
+    };
+    let connected = tokio::task::block_in_place(|| {
+        tokio::runtime::Handle::current().block_on(sbxfs::remote::connect::connect(&url, &opts))
+    })
+    .unwrap();
+    assert_eq!(connected.transport, format!("{scheme}+agent"));
+    Backend {
+        remote: connected.remote,
+        sb: Box::new(RealDir(root.clone())),
+        real_root: Some(root),
+        _keep: Box::new((dir, connected.keep)),
+    }
+}
+
+fn shell_agent_backend() -> Backend {
+    stdio_agent_backend("shell", None)
+}
+
+/// Through a command that runs the shell (`sh -c 'exec sh'`), as a provider's CLI would.
+fn exec_agent_backend() -> Backend {
+    stdio_agent_backend("exec", Some("sh -c 'exec sh'"))
+}
+
+conformance!(shell_agent_backend:
+    commits_keep_extended_attributes,
+    commits_keep_the_mtime_they_name,
+    stat_list_and_tree,
+    tree_listings_are_breadth_first_and_capped,
+    stat_list_and_tree_tell_whether_xattrs_exist,
+    ranged_reads_carry_the_version,
+    commits_replace_whole_files_atomically_and_keep_mode,
+    patch_commits_apply_ranges_over_the_base,
+    namespace_operations_and_their_errors,
+    awkward_names_round_trip,
+    path_escapes_are_refused,
+    queries_run_next_to_the_data,
+    change_feed_sees_writes_made_in_the_sandbox,
+    change_feed_reports_lost_events,
+    stat_many_answers_each_path_in_order,
+    create_only_commits_never_replace,
+    hard_links_made_in_the_sandbox_share_an_inode,
+    patches_cut_before_they_write,
+    a_patch_cut_to_nothing_creates_its_file,
+    hard_links_share_content_and_survive_commits,
+    mknod_makes_fifos_sockets_and_devices_when_allowed,
+    rename_exchanges_and_refuses_to_replace,
+    modes_are_exactly_those_asked,
+    setattr_owners_symlink_times_and_limits,
+    commits_keep_the_owner,
+    xattrs_round_trip_without_following_symlinks,
+    fallocate_grows_or_keeps_the_size,
+    copy_range_is_an_atomic_commit_of_the_destination,
+    paths_deeper_than_path_max_work,
+    // Agent only: a tmpfs mounted inside the real workspace.
+    versions_name_the_device,
+);
+
+conformance!(exec_agent_backend:
+    commits_keep_extended_attributes,
+    commits_keep_the_mtime_they_name,
+    stat_list_and_tree,
+    tree_listings_are_breadth_first_and_capped,
+    stat_list_and_tree_tell_whether_xattrs_exist,
+    ranged_reads_carry_the_version,
+    commits_replace_whole_files_atomically_and_keep_mode,
+    patch_commits_apply_ranges_over_the_base,
+    namespace_operations_and_their_errors,
+    awkward_names_round_trip,
+    path_escapes_are_refused,
+    queries_run_next_to_the_data,
+    change_feed_sees_writes_made_in_the_sandbox,
+    change_feed_reports_lost_events,
+    stat_many_answers_each_path_in_order,
+    create_only_commits_never_replace,
+    hard_links_made_in_the_sandbox_share_an_inode,
+    patches_cut_before_they_write,
+    a_patch_cut_to_nothing_creates_its_file,
+    hard_links_share_content_and_survive_commits,
+    mknod_makes_fifos_sockets_and_devices_when_allowed,
+    rename_exchanges_and_refuses_to_replace,
+    modes_are_exactly_those_asked,
+    setattr_owners_symlink_times_and_limits,
+    commits_keep_the_owner,
+    xattrs_round_trip_without_following_symlinks,
+    fallocate_grows_or_keeps_the_size,
+    copy_range_is_an_atomic_commit_of_the_destination,
+    paths_deeper_than_path_max_work,
+    // Agent only: a tmpfs mounted inside the real workspace.
+    versions_name_the_device,
+);
 
 conformance!(shell_backend:
     commits_keep_extended_attributes,

@@ -95,13 +95,22 @@ pub enum ListenAddr {
     /// A Unix socket (made 0600; keep it in a 0700 directory): the ssh transport's agent, which
     /// opens no TCP port in the sandbox.
     Unix(PathBuf),
+    /// Standard input and output (`--stdio`): one HTTP/2 connection over the exec channel that
+    /// started the agent, which is its authentication; the agent exits when its input closes.
+    Stdio,
 }
+
+/// The token of an agent on its standard input and output: whoever holds the pipe started the
+/// agent and is its one client, so the channel authenticates, and the token only satisfies
+/// the router's check.
+pub const STDIO_TOKEN: &str = "stdio-channel";
 
 impl std::fmt::Display for ListenAddr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ListenAddr::Tcp(a) => write!(f, "http://{a}"),
             ListenAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+            ListenAddr::Stdio => write!(f, "stdio"),
         }
     }
 }
@@ -445,6 +454,23 @@ pub async fn serve(cfg: AgentConfig) -> anyhow::Result<()> {
             None
         }
     };
+    let root_shown = ws.root_path().display().to_string();
+    let router = router(
+        ws,
+        feed,
+        cfg.token,
+        cfg.search_timeout,
+        cfg.confinement,
+        cfg.workspace_id,
+    );
+    if let ListenAddr::Stdio = cfg.listen {
+        // Standard output is the channel: nothing else may be printed on it.
+        let shutdown = shutdown_signal()?;
+        tracing::info!(root = %root_shown, landlock = cfg.confinement.as_str(), "agent ready on stdio");
+        server::serve_stdio(router, shutdown).await;
+        tracing::info!("agent stopped");
+        return Ok(());
+    }
     let (listener, addr) = listen(&cfg.listen)
         .await
         .with_context(|| match &cfg.listen {
@@ -459,34 +485,15 @@ pub async fn serve(cfg: AgentConfig) -> anyhow::Result<()> {
     };
     tracing::info!(
         addr = %shown,
-        root = %ws.root_path().display(),
+        root = %root_shown,
         landlock = cfg.confinement.as_str(),
         "agent ready"
     );
-    println!(
-        "sbxfs agent listening on {} root={}",
-        shown,
-        ws.root_path().display()
-    );
+    println!("sbxfs agent listening on {} root={}", shown, root_shown);
     use std::io::Write;
     std::io::stdout().flush()?;
     let cap = server::connection_cap(nofile, server::open_descriptors());
-    server::serve(
-        listener,
-        router(
-            ws,
-            feed,
-            cfg.token,
-            cfg.search_timeout,
-            cfg.confinement,
-            cfg.workspace_id,
-        ),
-        cap,
-        cfg.tls,
-        cfg.idle_exit,
-        shutdown,
-    )
-    .await;
+    server::serve(listener, router, cap, cfg.tls, cfg.idle_exit, shutdown).await;
     if let ListenAddr::Unix(path) = &cfg.listen {
         let _ = std::fs::remove_file(path);
     }
@@ -503,6 +510,7 @@ async fn listen(at: &ListenAddr) -> std::io::Result<(server::Listener, ListenAdd
             let addr = ListenAddr::Tcp(l.local_addr()?);
             Ok((server::Listener::Tcp(l), addr))
         }
+        ListenAddr::Stdio => Err(std::io::Error::other("stdio is not a socket")),
         ListenAddr::Unix(path) => {
             use std::os::unix::fs::{FileTypeExt, PermissionsExt};
             if let Ok(meta) = std::fs::symlink_metadata(path) {
@@ -982,7 +990,16 @@ async fn write_patch(
             written += n as u64;
         }
     }
-    if !buf.is_empty() || stream.next().await.is_some() {
+    // (An HTTP/2 body may end with an empty frame.)
+    let mut more = !buf.is_empty();
+    while !more {
+        match stream.next().await {
+            Some(Ok(chunk)) => more = !chunk.is_empty(),
+            Some(Err(e)) => return Err(RemoteError::Transport(e.to_string()).into()),
+            None => break,
+        }
+    }
+    if more {
         return Err(RemoteError::Invalid("patch body longer than its ranges".into()).into());
     }
     let t = temp.clone();

@@ -563,6 +563,42 @@ pub async fn serve(
     .await;
 }
 
+/// HTTP/2 flow-control windows of a stdio connection: large enough that a read of many
+/// megabytes is not paced by window updates crossing a slow exec channel.
+pub const STDIO_STREAM_WINDOW: u32 = 8 * 1024 * 1024;
+pub const STDIO_CONNECTION_WINDOW: u32 = 32 * 1024 * 1024;
+
+/// Serve `router` as one HTTP/2 connection over standard input and output (`agent --stdio`)
+/// until the input closes or `shutdown` resolves. Requests run concurrently, as streams.
+pub async fn serve_stdio(router: Router, shutdown: impl std::future::Future<Output = ()>) {
+    let io = tokio::io::join(tokio::io::stdin(), tokio::io::stdout());
+    let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        router.clone().oneshot(req.map(Body::new))
+    });
+    let mut builder =
+        hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
+        .initial_stream_window_size(STDIO_STREAM_WINDOW)
+        .initial_connection_window_size(STDIO_CONNECTION_WINDOW)
+        .max_frame_size(1024 * 1024)
+        .max_concurrent_streams(1024);
+    let http = builder.serve_connection(TokioIo::new(io), service);
+    tokio::pin!(http);
+    tokio::pin!(shutdown);
+    tokio::select! {
+        r = http.as_mut() => {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "the stdio connection ended");
+            }
+        }
+        _ = &mut shutdown => {
+            http.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(SHUTDOWN_GRACE, http).await;
+        }
+    }
+}
+
 /// After an accept error: skip a connection that went away; when out of resources, give up
 /// the longest-idle connection (its descriptor is what the next one needs) and back off.
 async fn accept_failed(e: &std::io::Error, errors: &RateLimit, registry: &Registry) {

@@ -56,6 +56,11 @@ pub(super) struct AgentArgs {
     /// (made 0600; what `sbxfs mount ssh://…` starts, reached through the ssh channel).
     #[arg(long, default_value = "127.0.0.1:7070", value_name = "HOST:PORT", value_parser = parse_listen)]
     listen: crate::agent::ListenAddr,
+    /// Speak on standard input and output instead of listening (one HTTP/2 connection; what
+    /// `sbxfs mount shell:`/`exec:` starts through its exec channel). No token: the channel
+    /// is the authentication. Exits when its input closes.
+    #[arg(long, conflicts_with_all = ["listen", "token_file", "tls_cert", "exit_when_idle"])]
+    stdio: bool,
     /// File holding the bearer token (else the SBXFS_TOKEN environment variable).
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
@@ -203,7 +208,7 @@ fn confine_agent(
     };
     let socket_dir = match listen {
         crate::agent::ListenAddr::Unix(p) => p.parent(),
-        crate::agent::ListenAddr::Tcp(_) => None,
+        crate::agent::ListenAddr::Tcp(_) | crate::agent::ListenAddr::Stdio => None,
     };
     match confine_with_socket(&root, socket_dir) {
         Ok(Confinement::Unavailable) => {
@@ -222,8 +227,11 @@ fn confine_agent(
     }
 }
 
-pub(super) fn run_agent(a: AgentArgs) -> i32 {
+pub(super) fn run_agent(mut a: AgentArgs) -> i32 {
     init_logging();
+    if a.stdio {
+        a.listen = crate::agent::ListenAddr::Stdio;
+    }
     if matches!(a.listen, crate::agent::ListenAddr::Tcp(addr) if !addr.ip().is_loopback())
         && a.tls_cert.is_none()
     {
@@ -237,7 +245,12 @@ pub(super) fn run_agent(a: AgentArgs) -> i32 {
             ),
         );
     }
-    let result = load_token(a.token_file.as_deref()).and_then(|token| {
+    let token = if a.stdio {
+        Ok(crate::agent::STDIO_TOKEN.as_bytes().to_vec())
+    } else {
+        load_token(a.token_file.as_deref())
+    };
+    let result = token.and_then(|token| {
         // Read before Landlock confines the agent to its workspace.
         let tls = match (&a.tls_cert, &a.tls_key) {
             (Some(cert), Some(key)) => Some(crate::agent::tls::acceptor(cert, key)?),

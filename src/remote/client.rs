@@ -121,6 +121,30 @@ impl AgentClient {
         })
     }
 
+    /// An agent on an exec channel's standard input and output, reached through the local
+    /// Unix socket that bridges to it ([`super::stdio`]): HTTP/2 from the first byte, every
+    /// request a stream of the one connection, with windows as large as the agent's.
+    pub fn over_stdio_bridge(socket: &std::path::Path) -> Result<Self> {
+        install_tls();
+        let http = super::httpsetup::plain_http(reqwest::Client::builder())
+            .unix_socket(socket)
+            .http2_prior_knowledge()
+            .http2_initial_stream_window_size(crate::agent::server::STDIO_STREAM_WINDOW)
+            .http2_initial_connection_window_size(crate::agent::server::STDIO_CONNECTION_WINDOW)
+            .http2_max_frame_size(1024 * 1024)
+            .connect_timeout(CONNECT_TIMEOUT)
+            .pool_idle_timeout(None)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| RemoteError::Transport(e.to_string()))?;
+        Ok(AgentClient {
+            http,
+            base: "http://sbxfs-agent".to_string(),
+            token: crate::agent::STDIO_TOKEN.to_string(),
+            client: new_client_id(),
+        })
+    }
+
     fn request(&self, method: Method, endpoint: &str, query: &[(&str, Vec<u8>)]) -> RequestBuilder {
         let mut url = format!("{}/v1/{endpoint}", self.base);
         for (i, (k, v)) in query.iter().enumerate() {

@@ -22,6 +22,7 @@ pub mod memory;
 pub mod reach;
 pub mod retry;
 pub mod ssh;
+pub mod stdio;
 pub mod treepack;
 pub mod wire;
 

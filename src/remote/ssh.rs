@@ -14,6 +14,7 @@
 
 mod deploy;
 mod master;
+pub use master::quote;
 mod relink;
 pub mod target;
 

@@ -241,24 +241,34 @@ async fn connect_runner(
     })
 }
 
-/// `shell:/ABS/PATH`: the exec-only scripts over a local `sh` (the `sh` in PATH: dash on
-/// Debian, busybox's where it is first).
+/// `shell:/ABS/PATH[?agent=no]`: the agent over a local `sh`'s standard input and output
+/// ([`super::stdio`]), or the exec-only scripts (`?agent=no`, or where no agent can run) over
+/// it (the `sh` in PATH: dash on Debian, busybox's where it is first).
 pub async fn connect_shell(
     url: &str,
-    _opts: &super::connect::ConnectOptions,
+    opts: &super::connect::ConnectOptions,
 ) -> Result<super::connect::Connected> {
-    let root = url_path(url, "shell:")?;
-    let runner = std::sync::Arc::new(CommandRunner::new(vec!["sh".into()])?);
+    let (path_url, agent) = without_agent_query(url)?;
+    let root = url_path(path_url, "shell:")?;
+    let argv = vec!["sh".to_string()];
+    if agent {
+        if let Some(c) = stdio_agent(&argv, &root, "shell", url, opts).await? {
+            return Ok(c);
+        }
+    }
+    let runner = std::sync::Arc::new(CommandRunner::new(argv)?);
     connect_runner(runner, root, "shell", url).await
 }
 
-/// `exec:/ABS/PATH` with `--exec CMD`: the exec-only scripts over CMD's stdio. CMD is split
-/// by shell-words rules (quotes, backslashes) and run directly, never through a local shell.
+/// `exec:/ABS/PATH[?agent=no]` with `--exec CMD`: as `shell:`, over CMD's standard input and
+/// output. CMD is split by shell-words rules (quotes, backslashes) and run directly, never
+/// through a local shell.
 pub async fn connect_exec(
     url: &str,
     opts: &super::connect::ConnectOptions,
 ) -> Result<super::connect::Connected> {
-    let root = url_path(url, "exec:")?;
+    let (path_url, agent) = without_agent_query(url)?;
+    let root = url_path(path_url, "exec:")?;
     let cmd = opts.exec.as_deref().ok_or_else(|| {
         RemoteError::Invalid(format!(
             "{url}: exec: needs --exec 'COMMAND' (a command that runs a shell in the sandbox, \
@@ -267,8 +277,76 @@ pub async fn connect_exec(
     })?;
     let argv = shell_words::split(cmd)
         .map_err(|e| RemoteError::Invalid(format!("--exec {cmd:?}: {e}")))?;
+    if argv.is_empty() {
+        return Err(RemoteError::Invalid("an empty exec command".into()));
+    }
+    if agent {
+        if let Some(c) = stdio_agent(&argv, &root, "exec", url, opts).await? {
+            return Ok(c);
+        }
+    }
     let runner = std::sync::Arc::new(CommandRunner::new(argv)?);
     connect_runner(runner, root, "exec", url).await
+}
+
+/// A URL's `?agent=no` (the scripts, no agent deployed), and the URL without it.
+fn without_agent_query(url: &str) -> Result<(&str, bool)> {
+    match url.split_once('?') {
+        None => Ok((url, true)),
+        Some((path, "agent=no")) => Ok((path, false)),
+        Some((path, "agent=yes")) => Ok((path, true)),
+        Some((_, q)) => Err(RemoteError::Invalid(format!(
+            "{url:?}: unknown query {q:?} (the one known is ?agent=no; a '?' in the path is %3F)"
+        ))),
+    }
+}
+
+/// The agent deployed through the exec channel `argv` and reached over its standard input
+/// and output; `None` (logged with the reason) where it cannot run, for the scripts to serve.
+pub async fn stdio_agent(
+    argv: &[String],
+    root: &[u8],
+    transport: &str,
+    url: &str,
+    opts: &super::connect::ConnectOptions,
+) -> Result<Option<super::connect::Connected>> {
+    use super::stdio::{deploy, Binary, Bridge, NoAgent};
+    let bin = Binary::chosen(opts.deploy_binary.as_deref())?;
+    let agent = match deploy(argv, &bin, root).await {
+        Ok(Ok(agent)) => agent,
+        Ok(Err(NoAgent(why))) => {
+            tracing::warn!(%why, "no agent in the sandbox: using the exec-only scripts");
+            return Ok(None);
+        }
+        Err(RemoteError::NotFound(_)) => {
+            return Err(RemoteError::Invalid(format!(
+                "{url}: no such directory in the sandbox"
+            )))
+        }
+        Err(e) => return Err(e),
+    };
+    let bridge = Bridge::start(argv.to_vec(), agent, root.to_vec())?;
+    let client = super::client::AgentClient::over_stdio_bridge(bridge.socket())?;
+    match super::Remote::info(&client).await {
+        Ok(info) => {
+            tracing::info!(
+                "connected to the sandbox's agent over the exec channel's standard input and output"
+            );
+            Ok(Some(super::connect::Connected {
+                remote: std::sync::Arc::new(client),
+                info,
+                transport: format!("{transport}+agent"),
+                keep: Box::new(bridge),
+            }))
+        }
+        Err(e) => {
+            tracing::warn!(
+                error = %e,
+                "the agent did not answer through the exec channel: using the exec-only scripts"
+            );
+            Ok(None)
+        }
+    }
 }
 
 /// The exec-only [`Remote`](super::Remote) over `runner`, for the workspace at the absolute

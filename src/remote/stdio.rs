@@ -1,0 +1,418 @@
+//! The agent over an exec channel's standard input and output: what `shell:`, `exec:` and an
+//! `ssh://` whose server forbids forwarding use, so any sandbox that runs a shell gets the
+//! agent's speed (one persistent process, requests in flight at once, the change feed).
+//!
+//! 1. **Deploy through the channel** ([`deploy`]): one `sh` probe finds a directory where a
+//!    file can be written *and run* (`$HOME/.cache/sbxfs`, `/tmp`, `/dev/shm`, beside the
+//!    workspace) and whether this very binary is there (size and `--version`); if not, the
+//!    binary travels on the same channel's standard input (`cat >` a temporary name, checked,
+//!    `mv`). A sandbox of another architecture, or none where a program may run, answers
+//!    [`NoAgent`], and the caller uses the scripts.
+//! 2. **A session per connection** ([`Bridge`]): a private Unix socket (0700 directory) on the
+//!    laptop; each connection the client makes runs the channel's command once, with
+//!    `exec sbxfs agent --stdio` as its program, and copies bytes both ways. The client speaks
+//!    HTTP/2 from the first byte, so one connection carries every request; when the channel
+//!    drops, the next request makes a new session (nothing is lost: the write path's commits
+//!    are versioned and retried as over any other connection).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+
+use super::exec::{collect_capped, CommandRunner, Output, RunControl, Runner, OUTPUT_CAP};
+use super::ssh::quote;
+use super::{RemoteError, Result};
+
+/// Longest one deploy step may take (the upload is the long one: tens of MB).
+const STEP_DEADLINE: Duration = Duration::from_secs(600);
+
+/// Longest an exec channel may take to start a shell and read the launch program.
+const SESSION_START: Duration = Duration::from_secs(60);
+
+/// Why no agent runs in the sandbox; the scripts serve instead.
+#[derive(Debug)]
+pub struct NoAgent(pub String);
+
+/// The binary to deploy: its path here, its `--version` line and size (which name the
+/// directory it is kept in, so a rebuilt binary is uploaded again and an old one reused).
+pub struct Binary {
+    path: PathBuf,
+    version: String,
+    size: u64,
+    /// A name for this build: version, size and modification time.
+    key: String,
+}
+
+impl Binary {
+    pub fn of(path: PathBuf) -> Result<Binary> {
+        let out = std::process::Command::new(&path)
+            .arg("--version")
+            .output()
+            .map_err(|e| RemoteError::Transport(format!("{}: {e}", path.display())))?;
+        let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if !out.status.success() || version.is_empty() {
+            return Err(RemoteError::Transport(format!(
+                "{}: --version failed",
+                path.display()
+            )));
+        }
+        let meta = std::fs::metadata(&path)
+            .map_err(|e| RemoteError::Transport(format!("{}: {e}", path.display())))?;
+        use std::os::unix::fs::MetadataExt;
+        let key = format!(
+            "{}-p{}-{:x}-{:x}",
+            env!("CARGO_PKG_VERSION"),
+            super::wire::PROTOCOL_VERSION,
+            meta.size(),
+            meta.mtime_nsec() as u64 ^ ((meta.mtime() as u64) << 20)
+        );
+        Ok(Binary {
+            path,
+            version,
+            size: meta.size(),
+            key,
+        })
+    }
+
+    /// This program, or the one `--deploy-binary` names.
+    pub fn chosen(path: Option<&Path>) -> Result<Binary> {
+        match path {
+            Some(p) => Binary::of(p.to_path_buf()),
+            None => Binary::of(
+                std::env::current_exe()
+                    .map_err(|e| RemoteError::Transport(format!("this program's path: {e}")))?,
+            ),
+        }
+    }
+}
+
+/// Find a usable directory and what it holds. Args: key, expected `--version` line, size,
+/// workspace path. Prints `arch MACHINE`, then `__RESULT__` and one of `missing` (the
+/// workspace is not a directory), `ready DIR`, `upload DIR` or `none`.
+const PROBE: &str = r#"
+set -u
+echo "arch $(uname -m 2>/dev/null)"
+[ -d "$4" ] || { echo "__RESULT__ missing"; exit 0; }
+u="$(id -u 2>/dev/null || echo 0)"
+for base in "${HOME:-/nonexistent}/.cache/sbxfs" "/tmp/sbxfs-$u" "/dev/shm/sbxfs-$u" "$(dirname "$4")/.sbxfs-$u"; do
+  d="$base/exec/$1"
+  mkdir -p "$d" 2>/dev/null && chmod 700 "$base" "$base/exec" "$d" 2>/dev/null || continue
+  if [ -x "$d/sbxfs" ] && [ "$(wc -c < "$d/sbxfs" 2>/dev/null | tr -d ' ')" = "$3" ] \
+     && [ "$("$d/sbxfs" --version 2>/dev/null)" = "$2" ]; then
+    echo "__RESULT__ ready $d"; exit 0
+  fi
+  probe="$d/.probe.$$"
+  if printf '#!/bin/sh\nexit 0\n' > "$probe" 2>/dev/null && chmod 700 "$probe" && "$probe"; then
+    rm -f "$probe"; echo "__RESULT__ upload $d"; exit 0
+  fi
+  rm -f "$probe"
+done
+echo "__RESULT__ none"
+"#;
+
+/// Receive the binary on the rest of standard input into DIR ($1), check its size ($3) and
+/// that it runs and says `$2`, then move it into place (a half upload never becomes `sbxfs`).
+/// The binary is sent only once [`GO_ON`] is printed: a shell reads its program from a pipe
+/// in blocks, so bytes sent with the program would be swallowed as program text.
+const UPLOAD: &str = r#"{
+set -u
+umask 077
+t="$1/.sbxfs.$$"
+echo __SBXFS_GO_ON__
+cat > "$t" && chmod 700 "$t" || { rm -f "$t"; echo "__RESULT__ failed cannot write $1"; exit 0; }
+n="$(wc -c < "$t" | tr -d ' ')"
+if [ "$n" != "$3" ]; then rm -f "$t"; echo "__RESULT__ failed the upload arrived cut ($n of $3 bytes)"; exit 0; fi
+v="$("$t" --version 2>&1)"
+if [ "$v" != "$2" ]; then rm -f "$t"; echo "__RESULT__ failed does not run here: $v"; exit 0; fi
+mv -f "$t" "$1/sbxfs" && echo "__RESULT__ ok"
+}
+"#;
+
+/// The line a program prints once the shell has read all of it: what follows on standard
+/// input is for the program's own commands.
+const GO_ON: &str = "__SBXFS_GO_ON__";
+
+/// Most bytes a channel may print before [`GO_ON`] (a login banner, a profile's chatter).
+const MAX_BANNER: usize = 64 * 1024;
+
+/// Read `out` up to and including the [`GO_ON`] line; false if it ended, or printed too much,
+/// before it.
+async fn await_go_on<R: tokio::io::AsyncBufRead + Unpin>(out: &mut R) -> bool {
+    let mut seen = 0usize;
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match out.read_until(b'\n', &mut line).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => seen += n,
+        }
+        if line.strip_suffix(b"\n") == Some(GO_ON.as_bytes()) {
+            return true;
+        }
+        if seen > MAX_BANNER {
+            return false;
+        }
+    }
+}
+
+/// A program with its arguments: `set -- 'a' 'b'` then the body (values never spliced into
+/// the body's text).
+fn with_args(body: &str, args: &[&[u8]]) -> Vec<u8> {
+    let mut p = b"set --".to_vec();
+    for a in args {
+        p.push(b' ');
+        p.extend(quote(a));
+    }
+    p.push(b'\n');
+    p.extend_from_slice(body.as_bytes());
+    p
+}
+
+/// The `__RESULT__` line of a step's output, and the lines before it.
+fn result(out: &Output, step: &str) -> Result<(String, Vec<String>)> {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let before: Vec<String> = text
+        .lines()
+        .take_while(|l| !l.starts_with("__RESULT__ "))
+        .map(str::to_string)
+        .collect();
+    match text.lines().find_map(|l| l.strip_prefix("__RESULT__ ")) {
+        Some(r) => Ok((r.to_string(), before)),
+        None => Err(RemoteError::Transport(format!(
+            "the agent's {step} step answered no result (status {}): {}",
+            out.code,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))),
+    }
+}
+
+/// The machine name `uname -m` gives for this build's architecture.
+fn local_machine() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86" => "i686",
+        "arm" => "armv7l",
+        other => other,
+    }
+}
+
+/// Run `argv` with `program` then the file at `payload` on its standard input.
+async fn run_with_payload(argv: &[String], program: Vec<u8>, payload: &Path) -> Result<Output> {
+    let mut file = tokio::fs::File::open(payload)
+        .await
+        .map_err(|e| RemoteError::Transport(format!("{}: {e}", payload.display())))?;
+    let mut child = tokio::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .env("LC_ALL", "C")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| RemoteError::Transport(format!("cannot run {:?}: {e}", argv[0])))?;
+    let mut stdin = child.stdin.take().expect("piped");
+    let mut stdout = tokio::io::BufReader::new(child.stdout.take().expect("piped"));
+    let stderr = child.stderr.take().expect("piped");
+    let work = async {
+        let errs = tokio::spawn(collect_capped(stderr, OUTPUT_CAP));
+        let _ = stdin.write_all(&program).await;
+        if await_go_on(&mut stdout).await {
+            let _ = tokio::io::copy(&mut file, &mut stdin).await;
+        }
+        drop(stdin);
+        let (out, out_cut) = collect_capped(stdout, OUTPUT_CAP).await;
+        let (err, err_cut) = errs.await.unwrap_or_default();
+        let status = child
+            .wait()
+            .await
+            .map_err(|e| RemoteError::Transport(format!("{}: {e}", argv[0])))?;
+        Ok(Output {
+            code: status.code().unwrap_or(128),
+            stdout: out,
+            stderr: err,
+            stdout_cut: out_cut,
+            stderr_cut: err_cut,
+        })
+    };
+    tokio::time::timeout(STEP_DEADLINE, work)
+        .await
+        .map_err(|_| RemoteError::TimedOut(format!("uploading sbxfs through {}", argv[0])))?
+}
+
+/// Where the deployed binary is in the sandbox, or why there is none. A workspace that is
+/// not a directory is an error.
+pub async fn deploy(
+    argv: &[String],
+    bin: &Binary,
+    root: &[u8],
+) -> Result<std::result::Result<Vec<u8>, NoAgent>> {
+    let runner = CommandRunner::new(argv.to_vec())?;
+    let size = bin.size.to_string();
+    let probe = with_args(
+        PROBE,
+        &[
+            bin.key.as_bytes(),
+            bin.version.as_bytes(),
+            size.as_bytes(),
+            root,
+        ],
+    );
+    let ctl = RunControl {
+        timeout: Some(STEP_DEADLINE),
+        ..Default::default()
+    };
+    let out = runner.run(&String::from_utf8_lossy(&probe), &ctl).await?;
+    let (said, before) = result(&out, "probe")?;
+    let arch = before
+        .iter()
+        .find_map(|l| l.strip_prefix("arch "))
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    match said.split_once(' ').unwrap_or((said.as_str(), "")) {
+        ("missing", _) => Err(RemoteError::NotFound(format!(
+            "{}: no such directory in the sandbox",
+            String::from_utf8_lossy(root)
+        ))),
+        ("ready", dir) => Ok(Ok(format!("{dir}/sbxfs").into_bytes())),
+        ("upload", _) if !arch.is_empty() && arch != local_machine() => Ok(Err(NoAgent(format!(
+            "the sandbox is {arch} and this sbxfs is built for {}",
+            local_machine()
+        )))),
+        ("upload", dir) => {
+            tracing::info!(
+                bytes = bin.size,
+                dir,
+                "uploading the agent into the sandbox through the exec channel"
+            );
+            let program = with_args(
+                UPLOAD,
+                &[dir.as_bytes(), bin.version.as_bytes(), size.as_bytes()],
+            );
+            let out = run_with_payload(argv, program, &bin.path).await?;
+            let (said, _) = result(&out, "upload")?;
+            if said != "ok" {
+                let why = said.strip_prefix("failed ").unwrap_or(&said).to_string();
+                return Ok(Err(NoAgent(format!("the uploaded agent {why}"))));
+            }
+            Ok(Ok(format!("{dir}/sbxfs").into_bytes()))
+        }
+        _ => Ok(Err(NoAgent(
+            "no directory in the sandbox where a program can be written and run".into(),
+        ))),
+    }
+}
+
+/// The local end of the sessions: a Unix socket in a private directory; every connection
+/// to it is one run of the exec channel with the agent on its standard input and output.
+/// Dropped: no new sessions, and those running end (their commands are killed).
+pub struct Bridge {
+    socket: PathBuf,
+    _dir: tempfile::TempDir,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+impl Bridge {
+    /// Listen for the client's connections; each runs `argv` with `exec BIN agent --stdio
+    /// --root ROOT` as its program.
+    pub fn start(argv: Vec<String>, agent: Vec<u8>, root: Vec<u8>) -> Result<Bridge> {
+        let dir = tempfile::Builder::new()
+            .prefix("sbxfs-exec-")
+            .tempdir()
+            .map_err(|e| RemoteError::Transport(format!("a private directory: {e}")))?;
+        let socket = dir.path().join("agent.sock");
+        let listener = tokio::net::UnixListener::bind(&socket)
+            .map_err(|e| RemoteError::Transport(format!("{}: {e}", socket.display())))?;
+        let launch = with_args(
+            &format!("echo {GO_ON}; exec \"$1\" agent --stdio --root \"$2\"\n"),
+            &[&agent, &root],
+        );
+        let argv = Arc::new(argv);
+        let launch = Arc::new(launch);
+        let accept = tokio::spawn(async move {
+            let mut sessions = tokio::task::JoinSet::new();
+            loop {
+                let conn = match listener.accept().await {
+                    Ok((conn, _)) => conn,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the agent's local socket failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                while sessions.try_join_next().is_some() {}
+                sessions.spawn(session(conn, argv.clone(), launch.clone()));
+            }
+        });
+        Ok(Bridge {
+            socket,
+            _dir: dir,
+            accept,
+        })
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+}
+
+/// One connection: the channel's command run once, the agent's bytes copied both ways until
+/// either side ends; the command is killed with its local process group when it does.
+async fn session(mut conn: tokio::net::UnixStream, argv: Arc<Vec<String>>, launch: Arc<Vec<u8>>) {
+    let spawned = tokio::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn();
+    let mut child = match spawned {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, command = %argv[0], "cannot run the exec channel");
+            return;
+        }
+    };
+    let pid = child.id();
+    let mut stdin = child.stdin.take().expect("piped");
+    let mut stdout = tokio::io::BufReader::new(child.stdout.take().expect("piped"));
+    let stderr = child.stderr.take().expect("piped");
+    tokio::spawn(async move {
+        let mut lines = tokio::io::BufReader::new(stderr).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            tracing::debug!(target: "sbxfs::agent_in_sandbox", "{line}");
+        }
+    });
+    if stdin.write_all(&launch).await.is_err() {
+        return;
+    }
+    // Nothing of the client's is sent before the shell has read the whole launch program.
+    match tokio::time::timeout(SESSION_START, await_go_on(&mut stdout)).await {
+        Ok(true) => {}
+        _ => {
+            tracing::warn!(command = %argv.join(" "), "the exec channel did not start the agent");
+            return;
+        }
+    }
+    let mut channel = tokio::io::join(stdout, stdin);
+    match tokio::io::copy_bidirectional(&mut conn, &mut channel).await {
+        Ok(_) => tracing::debug!("an agent session ended"),
+        Err(e) => tracing::info!(error = %e, "an agent session ended"),
+    }
+    // SAFETY: killpg only sends a signal, to the group of our own unreaped child.
+    if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()).filter(|&p| p > 1) {
+        unsafe {
+            libc::killpg(pid, libc::SIGKILL);
+        }
+    }
+    let _ = child.kill().await;
+}
