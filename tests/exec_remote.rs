@@ -347,12 +347,32 @@ async fn shell_and_exec_urls_fail_clearly() {
     };
     let e = connect(&url, &unbalanced).await.err().unwrap();
     assert!(matches!(e, RemoteError::Invalid(_)), "{e:?}");
-    let ok = connect(&format!("shell:{}", root.display()), &opts)
+    let scripts = connect(&format!("shell:{}?agent=no", root.display()), &opts)
         .await
         .unwrap();
-    assert_eq!(ok.transport, "shell");
-    assert_eq!(ok.info.root, root.to_str().unwrap());
-    assert!(!ok.info.capabilities.feed);
+    assert_eq!(scripts.transport, "shell");
+    assert_eq!(scripts.info.root, root.to_str().unwrap());
+    assert!(!scripts.info.capabilities.feed);
+    let e = connect(&format!("shell:{}?agent=maybe", root.display()), &opts)
+        .await
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("?agent=no"), "{e}");
+    // By default the agent runs over the shell's standard input and output.
+    let with_agent = ConnectOptions {
+        deploy_binary: Some(env!("CARGO_BIN_EXE_sbxfs").into()),
+        ..Default::default()
+    };
+    let agent = connect(&format!("shell:{}", root.display()), &with_agent)
+        .await
+        .unwrap();
+    assert_eq!(agent.transport, "shell+agent");
+    assert!(agent.info.capabilities.feed);
+    for bad in [missing.as_str(), file.as_str()] {
+        let e = connect(bad, &with_agent).await.err().unwrap();
+        assert!(matches!(e, RemoteError::Invalid(_)), "{bad}: {e:?}");
+        assert!(e.to_string().contains(bad), "{e}");
+    }
 }
 
 /// A shell transport that also moves files natively, as agentscope's HTTP upload does: the
@@ -472,7 +492,7 @@ fn a_slow_starting_python_is_named_in_the_log() {
     fs::set_permissions(&shim, fs::Permissions::from_mode(0o755)).unwrap();
     let path = format!("{}:/usr/bin:/bin", bin.display());
     let mount = MountProcess::start_url_env(
-        &format!("shell:{}", root.display()),
+        &format!("shell:{}?agent=no", root.display()),
         "unused",
         &[],
         &[("PATH", &path)],

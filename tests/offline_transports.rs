@@ -261,36 +261,52 @@ fn https_serves_what_it_knows_while_the_link_is_cut() {
 
 // ---- exec: a wrapper that answers as ssh does when the host refuses ----
 
-struct FlagFile(PathBuf);
+/// An exec command that fails while a flag file exists, as ssh does while its host is away.
+/// Every session it started records its pid (the shell `exec`s into whatever the program
+/// runs, the agent included), and a cut ends those still running, as a dropped link would.
+struct FlagFile {
+    flag: PathBuf,
+    pids: PathBuf,
+}
 
 impl Outage for FlagFile {
     fn cut(&mut self) {
-        fs::write(&self.0, "").unwrap();
+        fs::write(&self.flag, "").unwrap();
+        for pid in fs::read_to_string(&self.pids).unwrap_or_default().lines() {
+            if let Ok(pid) = pid.trim().parse::<i32>() {
+                // SAFETY: a signal to a session this test's wrapper started (gone ones: ESRCH;
+                // pids are not reused within the test's few seconds).
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                }
+            }
+        }
     }
     fn restore(&mut self) {
-        fs::remove_file(&self.0).unwrap();
+        fs::remove_file(&self.flag).unwrap();
     }
 }
 
-#[test]
-fn exec_serves_what_it_knows_while_its_command_cannot_connect() {
+fn exec_serves_what_it_knows_while_its_command_cannot_connect(query: &str) {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("ws");
     prepare(&root);
     let flag = dir.path().join("down");
+    let pids = dir.path().join("pids");
     let wrapper = dir.path().join("fake-ssh.sh");
     fs::write(
         &wrapper,
         format!(
             "if [ -e '{}' ]; then\n  echo 'ssh: connect to host x port 22: Connection refused' >&2\n  \
-             exit 255\nfi\nexec sh\n",
-            flag.display()
+             exit 255\nfi\necho $$ >> '{}'\nexec sh\n",
+            flag.display(),
+            pids.display()
         ),
     )
     .unwrap();
     let cmd = format!("sh {}", wrapper.display());
     let mount = MountProcess::start_url(
-        &format!("exec:{}", root.display()),
+        &format!("exec:{}{query}", root.display()),
         "unused",
         &[
             "--exec",
@@ -301,7 +317,17 @@ fn exec_serves_what_it_knows_while_its_command_cannot_connect() {
             "timeout_ms=3000",
         ],
     );
-    offline_scenario(&root, &mount, &mut FlagFile(flag));
+    offline_scenario(&root, &mount, &mut FlagFile { flag, pids });
+}
+
+#[test]
+fn exec_scripts_serve_what_they_know_while_the_command_cannot_connect() {
+    exec_serves_what_it_knows_while_its_command_cannot_connect("?agent=no");
+}
+
+#[test]
+fn exec_agent_serves_what_it_knows_while_its_session_is_cut() {
+    exec_serves_what_it_knows_while_its_command_cannot_connect("");
 }
 
 // ---- ssh: the real sshd stopped (with its sessions) and started again on its port ----

@@ -426,3 +426,37 @@ async fn while_the_sandbox_is_away_calls_fail_fast_naming_the_ssh_url_then_work_
     }
     assert_ne!(b.agent_pid(), agent);
 }
+
+#[test]
+fn an_sshd_that_refuses_forwarding_still_gets_the_agent_over_a_session() {
+    if !ready() {
+        return;
+    }
+    let b = SshBox::start_with("AllowTcpForwarding no\nAllowStreamLocalForwarding no\n");
+    fs::write(b.root.join("known.txt"), "known before\n").unwrap();
+    let m = mount(&b, "");
+    assert_eq!(
+        fs::read_to_string(m.dir.join("known.txt")).unwrap(),
+        "known before\n"
+    );
+    let (code, out, err) = run(Command::new(sbxfs_bin()).args([
+        "ctl",
+        "--mount",
+        m.dir.to_str().unwrap(),
+        "status",
+        "--json",
+    ]));
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+    let status: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(status["mount"]["transport"], "ssh+stdio", "{status}");
+    // Writes land, and the change feed reports a change made in the sandbox.
+    fs::write(m.dir.join("made.txt"), "through the mount\n").unwrap();
+    within(Duration::from_secs(30), "the write lands", || {
+        fs::read_to_string(b.root.join("made.txt"))
+            .ok()
+            .filter(|s| s == "through the mount\n")
+    });
+    assert_eq!(status["feed"]["state"], "connected", "{status}");
+    let log = m.log_text();
+    assert!(log.contains("refuse"), "the log says why: {log}");
+}

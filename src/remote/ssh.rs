@@ -48,7 +48,32 @@ pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Connected> {
                 .map_err(|e| RemoteError::Transport(format!("this program's path: {e}")))?,
         };
         let bin = deploy::Binary::of(bin)?;
-        match with_agent(&ssh, &bin, &t.root, url).await.map_err(named)? {
+        let reached = match with_agent(&ssh, &bin, &t.root, url).await {
+            // The agent's socket cannot be reached through ssh: a server with
+            // `AllowTcpForwarding no` refuses the forwarding's channel. The agent then speaks
+            // on an ssh session's standard input and output, which every server allows.
+            Err(e @ (RemoteError::Transport(_) | RemoteError::TimedOut(_))) => {
+                tracing::warn!(
+                    error = %e,
+                    "the agent's socket cannot be reached through ssh (does the server refuse \
+                     forwarding?): speaking to the agent over an ssh session instead"
+                );
+                let argv = ssh.argv(&["sh"]);
+                let opts = ConnectOptions {
+                    deploy_binary: Some(bin.path.clone()),
+                    ..opts.clone()
+                };
+                match super::exec::stdio_agent(&argv, &t.root, "ssh+stdio", url, &opts).await? {
+                    Some(mut c) => {
+                        c.keep = Box::new((c.keep, ssh));
+                        return Ok(c);
+                    }
+                    None => Err(e),
+                }
+            }
+            other => other,
+        };
+        match reached.map_err(named)? {
             Ok(agent) => {
                 let remote: Arc<dyn Remote> = Arc::new(SshAgent::new(
                     url.to_string(),

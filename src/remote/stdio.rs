@@ -90,16 +90,22 @@ impl Binary {
 }
 
 /// Find a usable directory and what it holds. Args: key, expected `--version` line, size,
-/// workspace path. Prints `arch MACHINE`, then `__RESULT__` and one of `missing` (the
-/// workspace is not a directory), `ready DIR`, `upload DIR` or `none`.
+/// workspace path. Prints `arch MACHINE`, then `__RESULT__` and one of `missing` (no
+/// workspace), `notdir` (it is not a directory), `ready DIR`, `upload DIR` or `none`.
 const PROBE: &str = r#"
 set -u
 echo "arch $(uname -m 2>/dev/null)"
-[ -d "$4" ] || { echo "__RESULT__ missing"; exit 0; }
+[ -e "$4" ] || { echo "__RESULT__ missing"; exit 0; }
+[ -d "$4" ] || { echo "__RESULT__ notdir"; exit 0; }
 u="$(id -u 2>/dev/null || echo 0)"
 for base in "${HOME:-/nonexistent}/.cache/sbxfs" "/tmp/sbxfs-$u" "/dev/shm/sbxfs-$u" "$(dirname "$4")/.sbxfs-$u"; do
   d="$base/exec/$1"
   mkdir -p "$d" 2>/dev/null && chmod 700 "$base" "$base/exec" "$d" 2>/dev/null || continue
+  # Other builds' copies no session has started for two days go (each session touches its own).
+  for o in "$base/exec"/*; do
+    [ "$o" = "$d" ] && continue
+    [ -n "$(find "$o" -prune -mtime +1 2>/dev/null)" ] && rm -rf "$o"
+  done
   if [ -x "$d/sbxfs" ] && [ "$(wc -c < "$d/sbxfs" 2>/dev/null | tr -d ' ')" = "$3" ] \
      && [ "$("$d/sbxfs" --version 2>/dev/null)" = "$2" ]; then
     echo "__RESULT__ ready $d"; exit 0
@@ -276,6 +282,10 @@ pub async fn deploy(
             "{}: no such directory in the sandbox",
             String::from_utf8_lossy(root)
         ))),
+        ("notdir", _) => Err(RemoteError::NotDir(format!(
+            "{}: not a directory in the sandbox",
+            String::from_utf8_lossy(root)
+        ))),
         ("ready", dir) => Ok(Ok(format!("{dir}/sbxfs").into_bytes())),
         ("upload", _) if !arch.is_empty() && arch != local_machine() => Ok(Err(NoAgent(format!(
             "the sandbox is {arch} and this sbxfs is built for {}",
@@ -332,7 +342,10 @@ impl Bridge {
         let listener = tokio::net::UnixListener::bind(&socket)
             .map_err(|e| RemoteError::Transport(format!("{}: {e}", socket.display())))?;
         let launch = with_args(
-            &format!("echo {GO_ON}; exec \"$1\" agent --stdio --root \"$2\"\n"),
+            &format!(
+                "touch \"${{1%/sbxfs}}\" 2>/dev/null; echo {GO_ON}; \
+                 exec \"$1\" agent --stdio --root \"$2\"\n"
+            ),
             &[&agent, &root],
         );
         let argv = Arc::new(argv);

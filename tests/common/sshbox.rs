@@ -20,6 +20,11 @@ pub struct SshBox {
 
 impl SshBox {
     pub fn start() -> SshBox {
+        SshBox::start_with("")
+    }
+
+    /// [`SshBox::start`] with `extra` lines in sshd's config (`AllowTcpForwarding no`).
+    pub fn start_with(extra: &str) -> SshBox {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("ws");
         let home = dir.path().join("home");
@@ -27,7 +32,7 @@ impl SshBox {
         fs::create_dir_all(&home).unwrap();
         let keys = dir.path().join("keys");
         fs::create_dir_all(&keys).unwrap();
-        let sshd = start_sshd_with(&keys, &format!("SetEnv HOME={}\n", home.display()));
+        let sshd = start_sshd_with(&keys, &format!("SetEnv HOME={}\n{extra}", home.display()));
         let config = dir.path().join("ssh_config");
         write_config(&config, sshd.port, &sshd.key);
         SshBox {

@@ -252,7 +252,7 @@ pub async fn connect_shell(
     let root = url_path(path_url, "shell:")?;
     let argv = vec!["sh".to_string()];
     if agent {
-        if let Some(c) = stdio_agent(&argv, &root, "shell", url, opts).await? {
+        if let Some(c) = stdio_agent(&argv, &root, "shell+agent", url, opts).await? {
             return Ok(c);
         }
     }
@@ -281,7 +281,7 @@ pub async fn connect_exec(
         return Err(RemoteError::Invalid("an empty exec command".into()));
     }
     if agent {
-        if let Some(c) = stdio_agent(&argv, &root, "exec", url, opts).await? {
+        if let Some(c) = stdio_agent(&argv, &root, "exec+agent", url, opts).await? {
             return Ok(c);
         }
     }
@@ -302,7 +302,7 @@ fn without_agent_query(url: &str) -> Result<(&str, bool)> {
 }
 
 /// The agent deployed through the exec channel `argv` and reached over its standard input
-/// and output; `None` (logged with the reason) where it cannot run, for the scripts to serve.
+/// and output (`transport`: its name in `ctl status`); `None` (logged with the reason) where it cannot run, for the scripts to serve.
 pub async fn stdio_agent(
     argv: &[String],
     root: &[u8],
@@ -311,7 +311,13 @@ pub async fn stdio_agent(
     opts: &super::connect::ConnectOptions,
 ) -> Result<Option<super::connect::Connected>> {
     use super::stdio::{deploy, Binary, Bridge, NoAgent};
-    let bin = Binary::chosen(opts.deploy_binary.as_deref())?;
+    let bin = match Binary::chosen(opts.deploy_binary.as_deref()) {
+        Ok(bin) => bin,
+        Err(e) => {
+            tracing::warn!(error = %e, "no agent to deploy: using the exec-only scripts");
+            return Ok(None);
+        }
+    };
     let agent = match deploy(argv, &bin, root).await {
         Ok(Ok(agent)) => agent,
         Ok(Err(NoAgent(why))) => {
@@ -321,6 +327,11 @@ pub async fn stdio_agent(
         Err(RemoteError::NotFound(_)) => {
             return Err(RemoteError::Invalid(format!(
                 "{url}: no such directory in the sandbox"
+            )))
+        }
+        Err(RemoteError::NotDir(_)) => {
+            return Err(RemoteError::Invalid(format!(
+                "{url}: not a directory in the sandbox"
             )))
         }
         Err(e) => return Err(e),
@@ -335,7 +346,7 @@ pub async fn stdio_agent(
             Ok(Some(super::connect::Connected {
                 remote: std::sync::Arc::new(client),
                 info,
-                transport: format!("{transport}+agent"),
+                transport: transport.to_string(),
                 keep: Box::new(bridge),
             }))
         }
