@@ -16,8 +16,13 @@
 //!   answers for `tree_listings`); [`remote::treepack`]: the agent's packed, compressed
 //!   encoding of them. [`remote::ssh`]: `ssh://`, over the user's OpenSSH (one ControlMaster): a
 //!   self-deployed agent on a Unix socket reached through an ssh forwarding (made again after
-//!   a drop, `remote::ssh::relink`), else the exec-only scripts.
-//!   [`remote::exec`]: sandboxes reached only through a shell (`shell:`, `exec:`): every
+//!   a drop, `remote::ssh::relink`), or over an ssh session where the server refuses
+//!   forwarding, else the exec-only scripts. [`remote::stdio`]: the agent over any exec
+//!   channel's standard input and output (`shell:`, `exec:`): deployed through the channel by an
+//!   `sh` probe and upload, then one session per client connection (`agent --stdio`, HTTP/2)
+//!   bridged from a private Unix socket.
+//!   [`remote::exec`]: sandboxes reached only through a shell (`?agent=no`, or no agent can
+//!   run there): every
 //!   operation a static POSIX `sh` program with base64 arguments over a [`remote::exec::Runner`]
 //!   ([`remote::exec::remote::ScriptRemote`]); with python3 there, metadata by one python
 //!   program ([`remote::exec::pyfast`]); grep by `rg --json` in the sandbox where it is

@@ -4,8 +4,8 @@
 //! |---|---|
 //! | `http://HOST:PORT`, `https://…` | the sbxfs agent over HTTP(S) ([`super::client`]) |
 //! | `ssh://[USER@]HOST[:PORT]/ABS/PATH[?agent=no]` | OpenSSH: a self-deployed agent over the ssh channel, or the exec-only scripts ([`super::ssh`]) |
-//! | `shell:/ABS/PATH` | exec-only scripts over a local `sh` ([`super::exec`]) |
-//! | `exec:/ABS/PATH` with `--exec 'CMD'` | exec-only scripts over CMD's stdio ([`super::exec`]) |
+//! | `shell:/ABS/PATH[?agent=no]` | the agent over a local `sh`'s stdio ([`super::stdio`]), or the exec-only scripts ([`super::exec`]) |
+//! | `exec:/ABS/PATH[?agent=no]` with `--exec 'CMD'` | the same over CMD's stdio |
 //! | `agentscope+http(s)://HOST:PORT[/ABS/PATH]` | agentscope-runtime's box server API ([`super::agentscope`]) |
 
 use std::path::PathBuf;
