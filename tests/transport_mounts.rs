@@ -1,6 +1,7 @@
 //! The mount's real-tool checks over the transports besides the agent's http: `shell:` (the
-//! exec-only scripts over a local sh), `ssh://` with a self-deployed agent, and `ssh://…?agent=no`
-//! (the scripts over the ssh channel). Each mounts a real workspace directory, works in it with
+//! agent over a local sh's stdin/stdout, and the exec-only scripts), `exec:` as another user,
+//! `ssh://` with a self-deployed agent, and `ssh://…?agent=no` (the scripts over the ssh
+//! channel). Each mounts a real workspace directory, works in it with
 //! git, cp, an editor-style save and rm, and checks what the sandbox side holds.
 
 use crate::common;
@@ -115,22 +116,83 @@ fn real_tools(r: &Path, m: &Path) {
     assert!(!m.join("copy").exists());
 }
 
-#[test]
-fn real_tools_work_over_the_shell_transport() {
+fn over_shell(query: &str, transport: &str) {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("ws");
     fs::create_dir(&root).unwrap();
-    let mount = MountProcess::start_url(&format!("shell:{}", root.display()), "unused", &[]);
+    let url = format!("shell:{}{query}", root.display());
+    let mount = MountProcess::start_url(&url, "unused", &[]);
     real_tools(&root, &mount.dir);
     let st = status(&mount.dir);
     assert!(
-        st.contains("mount.transport") && st.contains("shell"),
+        st.lines()
+            .any(|l| l.starts_with("mount.transport") && l.ends_with(&format!(" {transport}"))),
         "{st}"
     );
     assert!(
         st.lines()
             .any(|l| l.starts_with("mount.capabilities.patch_commits") && l.ends_with("true")),
         "{st}"
+    );
+}
+
+#[test]
+fn real_tools_work_over_the_shell_transport_with_the_agent() {
+    over_shell("", "shell+agent");
+}
+
+#[test]
+fn real_tools_work_over_the_shell_transport_with_the_scripts_only() {
+    over_shell("?agent=no", "shell");
+}
+
+/// `exec:` as a container runtime gives it (`docker exec -i -u 65534 C sh`): a shell as another
+/// user, with its own HOME, where the agent is uploaded through the channel and runs.
+#[test]
+fn real_tools_work_over_exec_as_the_sandboxs_own_user() {
+    let Some(setpriv) = setpriv_as_root() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    let home = dir.path().join("home");
+    for d in [&root, &home] {
+        fs::create_dir(d).unwrap();
+        std::os::unix::fs::chown(d, Some(65534), Some(65534)).unwrap();
+    }
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let exec = format!(
+        "env HOME={} {} --reuid=65534 --regid=65534 --clear-groups sh",
+        home.display(),
+        setpriv.display()
+    );
+    let url = format!("exec:{}", root.display());
+    let mount = MountProcess::start_url(&url, "unused", &["--exec", &exec]);
+    fs::write(mount.dir.join("hello.txt"), "from the laptop\n").unwrap();
+    flushed(&mount.dir);
+    let landed = root.join("hello.txt");
+    assert_eq!(fs::read_to_string(&landed).unwrap(), "from the laptop\n");
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        fs::metadata(&landed).unwrap().uid(),
+        65534,
+        "made by the sandbox's user"
+    );
+    let st = status(&mount.dir);
+    assert!(
+        st.lines()
+            .any(|l| l.starts_with("mount.transport") && l.ends_with(" exec+agent")),
+        "{st}"
+    );
+    // The agent was uploaded under the sandbox user's HOME, private to it.
+    let cache = home.join(".cache/sbxfs");
+    assert_eq!(fs::metadata(&cache).unwrap().mode() & 0o777, 0o700);
+    assert_eq!(fs::metadata(&cache).unwrap().uid(), 65534);
+    // A change made in the sandbox is reported by the agent's change feed.
+    fs::write(root.join("from-sandbox.txt"), "agent edit\n").unwrap();
+    assert_eq!(
+        fs::read_to_string(mount.dir.join("from-sandbox.txt")).unwrap(),
+        "agent edit\n"
     );
 }
 

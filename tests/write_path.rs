@@ -47,7 +47,8 @@ impl Sandbox {
                 (Some(agent), mount)
             }
             Transport::Shell => {
-                let url = format!("shell:{}", root.display());
+                // The exec-only scripts: the agent over a shell is the agent, tested above.
+                let url = format!("shell:{}?agent=no", root.display());
                 (None, MountProcess::start_url(&url, "unused", &[]))
             }
         };
