@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Everyday tools over `shell:` (no network: the sandbox is a local sh), with the agent over the
+# shell's stdin/stdout and, with --scripts, the exec-only scripts (`?agent=no`; minutes), next to
+# the same work on the local disk. Each row ends when the sandbox has everything (`ctl flush`).
+# Prints a Markdown table. Usage: scripts/bench/shell.sh [--scripts]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+repo=$PWD
+cargo build --release -q
+bin=$repo/target/release/sbxfs
+work=$(mktemp -d /tmp/sbxfs-bench-shell.XXXXXX)
+mounts=()
+cleanup() {
+  for m in "${mounts[@]}"; do fusermount3 -uz "$m" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# 500 files of 100 B–4 KB in 20 directories.
+mkdir -p "$work/src/t"
+for d in $(seq 1 20); do
+  mkdir "$work/src/t/d$d"
+  for f in $(seq 1 25); do head -c $((RANDOM % 4000 + 100)) /dev/urandom | base64 > "$work/src/t/d$d/f$f.txt"; done
+done
+tar -C "$work/src" -cf "$work/t.tar" t
+
+secs() { local s e; s=$(date +%s.%N); "$@" >/dev/null 2>&1; e=$(date +%s.%N); echo "$e - $s" | bc; }
+flush() { if [ "$1" != local ]; then "$bin" ctl --mount "$2" flush; fi; }
+untar() { tar -xf "$work/t.tar" -C "$2" && flush "$1" "$2"; }
+commit() {
+  (cd "$2/t" && git init -q . && git add -A && git -c user.email=b@e -c user.name=b commit -qm x \
+    && git status --porcelain) && flush "$1" "$2"
+}
+clone() { git clone -q "$repo" "$2/clone" && flush "$1" "$2"; }
+status() { (cd "$2/clone" && git status --porcelain); }
+
+declare -A row
+run() { # label dir
+  row[untar,$1]=$(secs untar "$1" "$2")
+  row[commit,$1]=$(secs commit "$1" "$2")
+  row[clone,$1]=$(secs clone "$1" "$2")
+  row[status,$1]=$(secs status "$1" "$2")
+}
+mount_shell() { # label query
+  local ws=$work/ws-$1 mnt=$work/mnt-$1
+  mkdir -p "$ws" "$mnt"
+  "$bin" mount "shell:$ws$2" "$mnt" --background >/dev/null
+  mounts+=("$mnt")
+  run "$1" "$mnt"
+}
+
+mkdir -p "$work/local"
+run local "$work/local"
+mount_shell agent ""
+labels=(local agent)
+if [ "${1:-}" = --scripts ]; then
+  mount_shell scripts "?agent=no"
+  labels+=(scripts)
+fi
+
+printf '| workload |'; for l in "${labels[@]}"; do printf ' %s |' "$l"; done; echo
+printf '|---|'; for _ in "${labels[@]}"; do printf -- '---|'; done; echo
+for w in "untar 500 files:untar" "git init+add+commit+status, 500 files:commit" \
+         "git clone of this repository:clone" "git status of the clone:status"; do
+  printf '| %s |' "${w%%:*}"
+  for l in "${labels[@]}"; do printf ' %.2f s |' "${row[${w##*:},$l]}"; done
+  echo
+done
