@@ -229,3 +229,54 @@ fn real_tools_work_over_ssh_with_the_deployed_agent() {
 fn real_tools_work_over_ssh_with_the_scripts_only() {
     over_ssh("?agent=no", "ssh+scripts");
 }
+
+/// A sandbox whose every writable place is `noexec` (`/tmp`, `/dev/shm`, HOME and the
+/// workspace's parent, as a hardened container has them): no agent can run, so the scripts
+/// serve, and `ctl status` says why.
+#[test]
+fn a_sandbox_with_nowhere_to_run_a_program_gets_the_scripts_and_says_why() {
+    if !is_root() || require_tool("unshare").is_none() {
+        eprintln!("skipped: needs root and unshare");
+        return;
+    }
+    // Outside /tmp, which the sandbox's shell covers with its own noexec tmpfs.
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let parent = dir.path().join("srv");
+    let root = parent.join("ws");
+    let home = dir.path().join("home");
+    fs::create_dir_all(&root).unwrap();
+    fs::create_dir_all(&home).unwrap();
+    let setup = format!(
+        "mount -t tmpfs -o noexec t /tmp && mount -t tmpfs -o noexec t /dev/shm && \
+         mount -t tmpfs -o noexec t {home} && mount --bind {parent} {parent} && \
+         mount -o remount,bind,noexec {parent} && exec sh",
+        home = home.display(),
+        parent = parent.display()
+    );
+    let exec = format!(
+        "env HOME={} unshare -m sh -c {}",
+        home.display(),
+        shell_words::quote(&setup)
+    );
+    let url = format!("exec:{}", root.display());
+    let mount = MountProcess::start_url(&url, "unused", &["--exec", &exec]);
+    fs::write(mount.dir.join("hello.txt"), "from the laptop\n").unwrap();
+    flushed(&mount.dir);
+    assert_eq!(
+        fs::read_to_string(root.join("hello.txt")).unwrap(),
+        "from the laptop\n"
+    );
+    let st = status(&mount.dir);
+    assert!(
+        st.lines()
+            .any(|l| l.starts_with("mount.transport ") && l.ends_with(" exec")),
+        "{st}"
+    );
+    assert!(
+        st.lines().any(|l| l.starts_with("mount.transport_why")
+            && l.contains("no directory in the sandbox where a program can be written and run")),
+        "{st}"
+    );
+    // Nothing was left in the host's own /tmp or HOME by the probe.
+    assert!(!home.join(".cache").exists());
+}

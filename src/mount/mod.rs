@@ -330,6 +330,7 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     ))?;
     let info = connected.info.clone();
     let transport = connected.transport.clone();
+    let why_scripts = connected.why_scripts.clone();
     // An ssh master or a forwarding lives as long as the mount.
     let _keep = connected.keep;
     let mut socket = crate::control::socket_path(&mountpoint);
@@ -414,6 +415,7 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
             "sandbox_user": owners.sandbox,
             "permissions": if owners.checks { "sbxfs" } else { "kernel" },
             "transport": transport,
+            "transport_why": why_scripts,
             "capabilities": info.capabilities,
         }),
         health: health.clone(),

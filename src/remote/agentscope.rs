@@ -503,5 +503,6 @@ pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Connected> {
         info,
         transport: "agentscope".into(),
         keep: Box::new(()),
+        why_scripts: None,
     })
 }

@@ -50,6 +50,9 @@ pub struct Connected {
     pub transport: String,
     /// Whatever must live as long as the connection (an ssh master, a forwarding).
     pub keep: Box<dyn std::any::Any + Send + Sync>,
+    /// Why the exec-only scripts serve where an agent was wanted (`ctl status`'s
+    /// `mount.transport_why`).
+    pub why_scripts: Option<String>,
 }
 
 /// The transports, by URL scheme.
@@ -217,6 +220,7 @@ async fn connect_http(
         info,
         transport: transport.into(),
         keep: Box::new(()),
+        why_scripts: None,
     })
 }
 

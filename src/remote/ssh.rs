@@ -41,6 +41,7 @@ pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Connected> {
         RemoteError::Invalid(m) => RemoteError::Invalid(format!("{url}: {m}")),
         other => other,
     };
+    let mut why_scripts = None;
     if t.agent {
         let bin = match &opts.deploy_binary {
             Some(p) => p.clone(),
@@ -64,11 +65,11 @@ pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Connected> {
                     ..opts.clone()
                 };
                 match super::exec::stdio_agent(&argv, &t.root, "ssh+stdio", url, &opts).await? {
-                    Some(mut c) => {
+                    Ok(mut c) => {
                         c.keep = Box::new((c.keep, ssh));
                         return Ok(c);
                     }
-                    None => Err(e),
+                    Err(_) => Err(e),
                 }
             }
             other => other,
@@ -90,10 +91,12 @@ pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Connected> {
                     info,
                     transport: "ssh+agent".into(),
                     keep: Box::new(()),
+                    why_scripts: None,
                 });
             }
             Err(deploy::NoAgent(why)) => {
                 tracing::warn!(%why, "no agent in the sandbox: using the exec-only scripts");
+                why_scripts = Some(why);
             }
         }
     }
@@ -110,6 +113,7 @@ pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Connected> {
         info,
         transport: "ssh+scripts".into(),
         keep: Box::new(ssh),
+        why_scripts: why_scripts.or_else(|| (!t.agent).then(|| "?agent=no".to_string())),
     })
 }
 

@@ -238,6 +238,7 @@ async fn connect_runner(
         info,
         transport: transport.to_string(),
         keep: Box::new(()),
+        why_scripts: None,
     })
 }
 
@@ -251,13 +252,17 @@ pub async fn connect_shell(
     let (path_url, agent) = without_agent_query(url)?;
     let root = url_path(path_url, "shell:")?;
     let argv = vec!["sh".to_string()];
-    if agent {
-        if let Some(c) = stdio_agent(&argv, &root, "shell+agent", url, opts).await? {
-            return Ok(c);
-        }
-    }
+    let why = match agent {
+        true => match stdio_agent(&argv, &root, "shell+agent", url, opts).await? {
+            Ok(c) => return Ok(c),
+            Err(why) => why,
+        },
+        false => "?agent=no".to_string(),
+    };
     let runner = std::sync::Arc::new(CommandRunner::new(argv)?);
-    connect_runner(runner, root, "shell", url).await
+    let mut c = connect_runner(runner, root, "shell", url).await?;
+    c.why_scripts = Some(why);
+    Ok(c)
 }
 
 /// `exec:/ABS/PATH[?agent=no]` with `--exec CMD`: as `shell:`, over CMD's standard input and
@@ -280,13 +285,17 @@ pub async fn connect_exec(
     if argv.is_empty() {
         return Err(RemoteError::Invalid("an empty exec command".into()));
     }
-    if agent {
-        if let Some(c) = stdio_agent(&argv, &root, "exec+agent", url, opts).await? {
-            return Ok(c);
-        }
-    }
+    let why = match agent {
+        true => match stdio_agent(&argv, &root, "exec+agent", url, opts).await? {
+            Ok(c) => return Ok(c),
+            Err(why) => why,
+        },
+        false => "?agent=no".to_string(),
+    };
     let runner = std::sync::Arc::new(CommandRunner::new(argv)?);
-    connect_runner(runner, root, "exec", url).await
+    let mut c = connect_runner(runner, root, "exec", url).await?;
+    c.why_scripts = Some(why);
+    Ok(c)
 }
 
 /// A URL's `?agent=no` (the scripts, no agent deployed), and the URL without it.
@@ -302,27 +311,29 @@ fn without_agent_query(url: &str) -> Result<(&str, bool)> {
 }
 
 /// The agent deployed through the exec channel `argv` and reached over its standard input
-/// and output (`transport`: its name in `ctl status`); `None` (logged with the reason) where it cannot run, for the scripts to serve.
+/// The agent deployed through the exec channel `argv` and reached over its standard input
+/// and output (`transport`: its name in `ctl status`); where it cannot run, why (logged), for
+/// the scripts to serve.
 pub async fn stdio_agent(
     argv: &[String],
     root: &[u8],
     transport: &str,
     url: &str,
     opts: &super::connect::ConnectOptions,
-) -> Result<Option<super::connect::Connected>> {
+) -> Result<std::result::Result<super::connect::Connected, String>> {
     use super::stdio::{deploy, Binary, Bridge, NoAgent};
     let bin = match Binary::chosen(opts.deploy_binary.as_deref()) {
         Ok(bin) => bin,
         Err(e) => {
             tracing::warn!(error = %e, "no agent to deploy: using the exec-only scripts");
-            return Ok(None);
+            return Ok(Err(format!("no agent to deploy: {e}")));
         }
     };
     let agent = match deploy(argv, &bin, root).await {
         Ok(Ok(agent)) => agent,
         Ok(Err(NoAgent(why))) => {
             tracing::warn!(%why, "no agent in the sandbox: using the exec-only scripts");
-            return Ok(None);
+            return Ok(Err(why));
         }
         Err(RemoteError::NotFound(_)) => {
             return Err(RemoteError::Invalid(format!(
@@ -343,11 +354,12 @@ pub async fn stdio_agent(
             tracing::info!(
                 "connected to the sandbox's agent over the exec channel's standard input and output"
             );
-            Ok(Some(super::connect::Connected {
+            Ok(Ok(super::connect::Connected {
                 remote: std::sync::Arc::new(client),
                 info,
                 transport: transport.to_string(),
                 keep: Box::new(bridge),
+                why_scripts: None,
             }))
         }
         Err(e) => {
@@ -355,7 +367,9 @@ pub async fn stdio_agent(
                 error = %e,
                 "the agent did not answer through the exec channel: using the exec-only scripts"
             );
-            Ok(None)
+            Ok(Err(format!(
+                "the agent did not answer through the exec channel: {e}"
+            )))
         }
     }
 }
