@@ -315,6 +315,7 @@ pub(super) fn run_mount(a: MountArgs) -> i32 {
         cfg.connect.exec = a.exec;
         cfg.connect.ssh_config = a.ssh_config;
         cfg.connect.ssh_command = o.ssh_command;
+        cfg.connect.allow_setid = o.allow_setid;
         if let Some(ms) = o.attr_ttl_ms.or(a.attr_ttl_ms) {
             cfg.attr_ttl = std::time::Duration::from_millis(ms);
         }

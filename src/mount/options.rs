@@ -56,6 +56,8 @@ pub struct MountOptions {
     pub nonempty: bool,
     /// `close` waits until the sandbox has the file (`sync_close`).
     pub sync_close: bool,
+    /// An agent the mount starts (`shell:`, `exec:`) keeps set-ID bits (`allow_setid`).
+    pub allow_setid: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -143,6 +145,7 @@ impl MountOptions {
                 "default_permissions" => flag(&mut self.default_permissions)?,
                 "nonempty" => flag(&mut self.nonempty)?,
                 "sync_close" => flag(&mut self.sync_close)?,
+                "allow_setid" => flag(&mut self.allow_setid)?,
                 "ro" | "rw" => {
                     flag(&mut false)?;
                     self.read_only = Some(key == "ro");
@@ -273,7 +276,7 @@ mod tests {
     fn every_option_is_read_into_its_field() {
         let o = parse(
             "allow_other,default_permissions,nonempty,ro,idmap=none,attr_ttl_ms=250,cache_size=512M,\
-             staging_dir=/var/tmp/s,token_file=/etc/sbxfs/token,noexec,timeout_ms=1500,sync_close,tree_max=0,\
+             staging_dir=/var/tmp/s,token_file=/etc/sbxfs/token,noexec,timeout_ms=1500,sync_close,allow_setid,tree_max=0,\
              ca_file=/c.pem,header_file=/h,ssh_command=\"ssh -p 2222\"",
         )
         .unwrap();
@@ -296,6 +299,7 @@ mod tests {
                 ssh_command: Some("ssh -p 2222".into()),
                 nonempty: true,
                 sync_close: true,
+                allow_setid: true,
             }
         );
     }

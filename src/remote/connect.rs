@@ -37,6 +37,9 @@ pub struct ConnectOptions {
     /// `ssh://`: the sbxfs binary to deploy in the sandbox (default: this program; it must be
     /// the static build to run on any sandbox).
     pub deploy_binary: Option<PathBuf>,
+    /// `shell:`/`exec:`: the agent started through the channel keeps set-ID bits
+    /// (`agent --allow-setid`; the mount's `-o allow_setid`).
+    pub allow_setid: bool,
     /// Deadline of one call (the mount's `-o timeout_ms=`).
     pub call_timeout: Option<Duration>,
 }

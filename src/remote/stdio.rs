@@ -333,7 +333,12 @@ impl Drop for Bridge {
 impl Bridge {
     /// Listen for the client's connections; each runs `argv` with `exec BIN agent --stdio
     /// --root ROOT` as its program.
-    pub fn start(argv: Vec<String>, agent: Vec<u8>, root: Vec<u8>) -> Result<Bridge> {
+    pub fn start(
+        argv: Vec<String>,
+        agent: Vec<u8>,
+        root: Vec<u8>,
+        allow_setid: bool,
+    ) -> Result<Bridge> {
         let dir = tempfile::Builder::new()
             .prefix("sbxfs-exec-")
             .tempdir()
@@ -341,10 +346,11 @@ impl Bridge {
         let socket = dir.path().join("agent.sock");
         let listener = tokio::net::UnixListener::bind(&socket)
             .map_err(|e| RemoteError::Transport(format!("{}: {e}", socket.display())))?;
+        let setid = if allow_setid { " --allow-setid" } else { "" };
         let launch = with_args(
             &format!(
                 "touch \"${{1%/sbxfs}}\" 2>/dev/null; echo {GO_ON}; \
-                 exec \"$1\" agent --stdio --root \"$2\"\n"
+                 exec \"$1\" agent --stdio{setid} --root \"$2\"\n"
             ),
             &[&agent, &root],
         );

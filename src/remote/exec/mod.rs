@@ -347,7 +347,7 @@ pub async fn stdio_agent(
         }
         Err(e) => return Err(e),
     };
-    let bridge = Bridge::start(argv.to_vec(), agent, root.to_vec())?;
+    let bridge = Bridge::start(argv.to_vec(), agent, root.to_vec(), opts.allow_setid)?;
     let client = super::client::AgentClient::over_stdio_bridge(bridge.socket())?;
     match super::Remote::info(&client).await {
         Ok(info) => {
