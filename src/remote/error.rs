@@ -73,98 +73,107 @@ pub enum RemoteError {
 
 pub type Result<T> = std::result::Result<T, RemoteError>;
 
+/// One kind of error that carries a single message: how it is made, its name on the wire,
+/// the errno a filesystem call reports for it, and whether a system call's errno of that
+/// value becomes it ([`RemoteError::from_errno`]).
+struct Kind {
+    make: fn(String) -> RemoteError,
+    token: &'static str,
+    errno: i32,
+    from_errno: bool,
+}
+
+const fn kind(make: fn(String) -> RemoteError, token: &'static str, errno: i32) -> Kind {
+    Kind {
+        make,
+        token,
+        errno,
+        from_errno: true,
+    }
+}
+
+/// Kinds the sandbox's errno never produces (they are this side's findings or words).
+const fn finding(make: fn(String) -> RemoteError, token: &'static str, errno: i32) -> Kind {
+    Kind {
+        make,
+        token,
+        errno,
+        from_errno: false,
+    }
+}
+
+/// The table, written once: every single-message variant (the others — a conflict with its
+/// versions, a query's error, an I/O error with its path — are the matches below).
+const KINDS: &[Kind] = &[
+    kind(RemoteError::NotFound, "ENOENT", libc::ENOENT),
+    kind(RemoteError::Exists, "EEXIST", libc::EEXIST),
+    kind(RemoteError::NotDir, "ENOTDIR", libc::ENOTDIR),
+    kind(RemoteError::IsDir, "EISDIR", libc::EISDIR),
+    kind(RemoteError::NotEmpty, "ENOTEMPTY", libc::ENOTEMPTY),
+    kind(RemoteError::Access, "EACCES", libc::EACCES),
+    kind(RemoteError::Perm, "EPERM", libc::EPERM),
+    kind(RemoteError::CrossDevice, "EXDEV", libc::EXDEV),
+    kind(RemoteError::NameTooLong, "ENAMETOOLONG", libc::ENAMETOOLONG),
+    kind(RemoteError::Invalid, "EINVAL", libc::EINVAL),
+    kind(RemoteError::TooLarge, "E2BIG", libc::E2BIG),
+    kind(RemoteError::FileTooBig, "EFBIG", libc::EFBIG),
+    kind(RemoteError::NoAttr, "ENODATA", libc::ENODATA),
+    kind(RemoteError::Stale, "ESTALE", libc::ESTALE),
+    kind(RemoteError::Unsupported, "EOPNOTSUPP", libc::EOPNOTSUPP),
+    kind(RemoteError::NoSpace, "ENOSPC", libc::ENOSPC),
+    kind(RemoteError::ReadOnly, "EROFS", libc::EROFS),
+    kind(RemoteError::Quota, "EDQUOT", libc::EDQUOT),
+    kind(RemoteError::Interrupted, "EINTR", libc::EINTR),
+    finding(RemoteError::TimedOut, "ETIMEDOUT", libc::EIO),
+    finding(RemoteError::Unauthorized, "unauthorized", libc::EACCES),
+    // "Did not answer" is this side's finding, never the sandbox's word: an agent that says
+    // it is an error of its own (EIO, below), not a dead link to retry.
+    finding(RemoteError::Transport, "transport", libc::EIO),
+];
+
 impl RemoteError {
+    /// This error's row of [`KINDS`] (`None` for the variants with more than a message).
+    fn kind(&self) -> Option<&'static Kind> {
+        let mine = std::mem::discriminant(self);
+        KINDS
+            .iter()
+            .find(|k| std::mem::discriminant(&(k.make)(String::new())) == mine)
+    }
+
     /// The errno a filesystem call reports for this error.
     pub fn errno(&self) -> i32 {
         match self {
-            RemoteError::NotFound(_) => libc::ENOENT,
-            RemoteError::Exists(_) => libc::EEXIST,
-            RemoteError::NotDir(_) => libc::ENOTDIR,
-            RemoteError::IsDir(_) => libc::EISDIR,
-            RemoteError::NotEmpty(_) => libc::ENOTEMPTY,
-            RemoteError::Access(_) => libc::EACCES,
-            RemoteError::Perm(_) => libc::EPERM,
-            RemoteError::CrossDevice(_) => libc::EXDEV,
-            RemoteError::NameTooLong(_) => libc::ENAMETOOLONG,
-            RemoteError::Invalid(_) => libc::EINVAL,
-            RemoteError::TooLarge(_) => libc::E2BIG,
-            RemoteError::FileTooBig(_) => libc::EFBIG,
-            RemoteError::NoAttr(_) => libc::ENODATA,
-            RemoteError::Stale(_) => libc::ESTALE,
-            RemoteError::Unsupported(_) => libc::EOPNOTSUPP,
             // A conflict is reported to the writer as an I/O error; the mount keeps the data.
-            RemoteError::Conflict { .. } => libc::EIO,
-            RemoteError::Unauthorized(_) => libc::EACCES,
-            RemoteError::Transport(_) => libc::EIO,
-            RemoteError::TimedOut(_) => libc::EIO,
-            RemoteError::NoSpace(_) => libc::ENOSPC,
-            RemoteError::ReadOnly(_) => libc::EROFS,
-            RemoteError::Quota(_) => libc::EDQUOT,
+            RemoteError::Conflict { .. } | RemoteError::Io(..) => libc::EIO,
             RemoteError::Query(e) => match e {
                 SearchError::NotFound(_) => libc::ENOENT,
                 SearchError::IsADirectory(_) => libc::EISDIR,
                 SearchError::LimitExceeded(_) => libc::E2BIG,
                 _ => libc::EINVAL,
             },
-            RemoteError::Io(..) => libc::EIO,
-            RemoteError::Interrupted(_) => libc::EINTR,
+            other => other.kind().map_or(libc::EIO, |k| k.errno),
         }
     }
 
     /// The wire name of this error (errno names for file errors, the core's tokens for queries).
     pub fn token(&self) -> &'static str {
         match self {
-            RemoteError::NotFound(_) => "ENOENT",
-            RemoteError::Exists(_) => "EEXIST",
-            RemoteError::NotDir(_) => "ENOTDIR",
-            RemoteError::IsDir(_) => "EISDIR",
-            RemoteError::NotEmpty(_) => "ENOTEMPTY",
-            RemoteError::Access(_) => "EACCES",
-            RemoteError::Perm(_) => "EPERM",
-            RemoteError::CrossDevice(_) => "EXDEV",
-            RemoteError::NameTooLong(_) => "ENAMETOOLONG",
-            RemoteError::Invalid(_) => "EINVAL",
-            RemoteError::TooLarge(_) => "E2BIG",
-            RemoteError::FileTooBig(_) => "EFBIG",
-            RemoteError::NoAttr(_) => "ENODATA",
-            RemoteError::Stale(_) => "ESTALE",
-            RemoteError::Unsupported(_) => "EOPNOTSUPP",
             RemoteError::Conflict { .. } => "conflict",
-            RemoteError::Unauthorized(_) => "unauthorized",
-            RemoteError::Transport(_) => "transport",
-            RemoteError::TimedOut(_) => "ETIMEDOUT",
-            RemoteError::NoSpace(_) => "ENOSPC",
-            RemoteError::ReadOnly(_) => "EROFS",
-            RemoteError::Quota(_) => "EDQUOT",
             RemoteError::Query(e) => e.token(),
             RemoteError::Io(..) => "EIO",
-            RemoteError::Interrupted(_) => "EINTR",
+            other => other.kind().map_or("EIO", |k| k.token),
         }
     }
 
     /// The error for an errno returned by a system call on `path`.
     pub fn from_errno(errno: i32, path: &str) -> Self {
         let p = path.to_string();
-        match errno {
-            libc::ENOENT => RemoteError::NotFound(p),
-            libc::EEXIST => RemoteError::Exists(p),
-            libc::ENOTDIR => RemoteError::NotDir(p),
-            libc::EISDIR => RemoteError::IsDir(p),
-            libc::ENOTEMPTY => RemoteError::NotEmpty(p),
-            libc::EACCES => RemoteError::Access(p),
-            libc::EPERM => RemoteError::Perm(p),
-            libc::EXDEV => RemoteError::CrossDevice(p),
-            libc::ENAMETOOLONG => RemoteError::NameTooLong(p),
-            libc::EINVAL => RemoteError::Invalid(p),
-            libc::ENOSPC => RemoteError::NoSpace(p),
-            libc::EDQUOT => RemoteError::Quota(p),
-            libc::EROFS => RemoteError::ReadOnly(p),
-            libc::EOPNOTSUPP => RemoteError::Unsupported(p),
-            libc::ELOOP => RemoteError::Invalid(format!("{p}: too many levels of symbolic links")),
-            libc::EFBIG => RemoteError::FileTooBig(p),
-            libc::ENODATA => RemoteError::NoAttr(p),
-            libc::EINTR => RemoteError::Interrupted(p),
-            e => RemoteError::Io(p, std::io::Error::from_raw_os_error(e).to_string()),
+        if errno == libc::ELOOP {
+            return RemoteError::Invalid(format!("{p}: too many levels of symbolic links"));
+        }
+        match KINDS.iter().find(|k| k.from_errno && k.errno == errno) {
+            Some(k) => (k.make)(p),
+            None => RemoteError::Io(p, std::io::Error::from_raw_os_error(errno).to_string()),
         }
     }
 
@@ -185,36 +194,20 @@ impl RemoteError {
     ) -> Self {
         let m = message.to_string();
         match token {
-            "ENOENT" => RemoteError::NotFound(m),
-            "EEXIST" => RemoteError::Exists(m),
-            "ENOTDIR" => RemoteError::NotDir(m),
-            "EISDIR" => RemoteError::IsDir(m),
-            "ENOTEMPTY" => RemoteError::NotEmpty(m),
-            "EACCES" => RemoteError::Access(m),
-            "EPERM" => RemoteError::Perm(m),
-            "EXDEV" => RemoteError::CrossDevice(m),
-            "ENAMETOOLONG" => RemoteError::NameTooLong(m),
-            "EINVAL" => RemoteError::Invalid(m),
-            "E2BIG" => RemoteError::TooLarge(m),
-            "EFBIG" => RemoteError::FileTooBig(m),
-            "ENODATA" => RemoteError::NoAttr(m),
-            "ESTALE" => RemoteError::Stale(m),
-            "EOPNOTSUPP" => RemoteError::Unsupported(m),
-            "ENOSPC" => RemoteError::NoSpace(m),
-            "EROFS" => RemoteError::ReadOnly(m),
-            "EDQUOT" => RemoteError::Quota(m),
-            "ETIMEDOUT" => RemoteError::TimedOut(m),
-            "EINTR" => RemoteError::Interrupted(m),
             "conflict" => RemoteError::Conflict {
                 path: m,
                 base: base.unwrap_or_default().to_string(),
                 current: current.unwrap_or_default().to_string(),
             },
-            "unauthorized" => RemoteError::Unauthorized(m),
             "EIO" => RemoteError::Io(String::new(), m),
-            other => match SearchError::from_token(other, message, count) {
-                Some(e) => RemoteError::Query(e),
-                None => RemoteError::Io(String::new(), format!("{other}: {message}")),
+            // The sandbox cannot claim this side's finding (see [`KINDS`]).
+            "transport" => RemoteError::Io(String::new(), format!("transport: {message}")),
+            other => match KINDS.iter().find(|k| k.token == other) {
+                Some(k) => (k.make)(m),
+                None => match SearchError::from_token(other, message, count) {
+                    Some(e) => RemoteError::Query(e),
+                    None => RemoteError::Io(String::new(), format!("{other}: {message}")),
+                },
             },
         }
     }
@@ -310,6 +303,34 @@ mod tests {
             let back = RemoteError::from_wire(e.token(), "p", None, Some("b"), Some("c"));
             assert_eq!(back.token(), e.token(), "{e:?}");
             assert_eq!(back.errno(), e.errno(), "{e:?}");
+        }
+    }
+
+    #[test]
+    fn the_table_names_each_kind_once_and_errnos_come_back_as_themselves() {
+        for (i, k) in KINDS.iter().enumerate() {
+            let e = (k.make)("p".into());
+            assert_eq!(e.token(), k.token);
+            assert_eq!(e.errno(), k.errno);
+            for other in &KINDS[i + 1..] {
+                assert_ne!(k.token, other.token, "a token named twice");
+                assert!(
+                    !(k.from_errno && other.from_errno && k.errno == other.errno),
+                    "errno {} made by two kinds",
+                    k.errno
+                );
+            }
+            if k.from_errno {
+                assert_eq!(RemoteError::from_errno(k.errno, "p"), e);
+            }
+        }
+        // Every single-message variant has its row.
+        for e in every_variant() {
+            let single = !matches!(
+                e,
+                RemoteError::Conflict { .. } | RemoteError::Query(_) | RemoteError::Io(..)
+            );
+            assert_eq!(e.kind().is_some(), single, "{e:?}");
         }
     }
 
