@@ -238,7 +238,9 @@ struct Rig {
     mount_args: Vec<String>,
     mounts: usize,
     /// How sbxfs reaches the sandbox: `http` (the agent, default), `ssh` (ssh:// with the agent
-    /// it deploys) or `ssh-scripts` (ssh://…?agent=no); over ssh it shares sshfs's proxy.
+    /// it deploys), `ssh-scripts` (ssh://…?agent=no), `exec-ssh` (exec: through `ssh sbx sh`:
+    /// the agent over the session's stdin/stdout) or `exec-ssh-scripts` (the same, ?agent=no);
+    /// over ssh it shares sshfs's proxy.
     transport: String,
     ssh_config: PathBuf,
     _rt: tokio::runtime::Runtime,
@@ -273,6 +275,17 @@ impl Rig {
                 let mut args: Vec<String> = self.mount_args.clone();
                 let url = match self.transport.as_str() {
                     "http" => format!("http://{}", self.agent_proxy.addr),
+                    // The exec channel a provider's CLI would give, here ssh's own session.
+                    t if t.starts_with("exec-ssh") => {
+                        let cmd = format!("ssh -F {} sbx sh", self.ssh_config.display());
+                        args.extend(["--exec".to_string(), cmd]);
+                        let query = if t == "exec-ssh-scripts" {
+                            "?agent=no"
+                        } else {
+                            ""
+                        };
+                        format!("exec:{}{query}", self.ws.display())
+                    }
                     t => {
                         args.extend(["-F".to_string(), self.ssh_config.display().to_string()]);
                         let query = if t == "ssh-scripts" { "?agent=no" } else { "" };
@@ -515,8 +528,9 @@ fn the_mount_at_a_distance_vs_sshfs() {
         .collect();
     let transport = std::env::var("SBXFS_BENCH_TRANSPORT").unwrap_or_else(|_| "http".into());
     assert!(
-        ["http", "ssh", "ssh-scripts"].contains(&transport.as_str()),
-        "SBXFS_BENCH_TRANSPORT is http, ssh or ssh-scripts"
+        ["http", "ssh", "ssh-scripts", "exec-ssh", "exec-ssh-scripts"]
+            .contains(&transport.as_str()),
+        "SBXFS_BENCH_TRANSPORT is http, ssh, ssh-scripts, exec-ssh or exec-ssh-scripts"
     );
     let ssh_config = work.join("ssh_config");
     common::sshbox::write_config(&ssh_config, ssh_proxy.addr.port(), &sshd.key);

@@ -12,6 +12,8 @@
 #     scripts/bench/distance.sh                         # more runs, a farther sandbox, options
 #   SBXFS_BENCH_TRANSPORT=ssh scripts/bench/distance.sh          # sbxfs over ssh:// (deployed agent)
 #   SBXFS_BENCH_TRANSPORT=ssh-scripts scripts/bench/distance.sh  # sbxfs over ssh://…?agent=no
+#   SBXFS_BENCH_TRANSPORT=exec-ssh scripts/bench/distance.sh     # exec: through `ssh sbx sh` (agent on stdio)
+#   SBXFS_BENCH_TRANSPORT=exec-ssh-scripts scripts/bench/distance.sh  # the same, ?agent=no
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 command -v sshfs >/dev/null && [ -x /usr/sbin/sshd ] || {
