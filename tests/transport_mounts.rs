@@ -280,3 +280,70 @@ fn a_sandbox_with_nowhere_to_run_a_program_gets_the_scripts_and_says_why() {
     // Nothing was left in the host's own /tmp or HOME by the probe.
     assert!(!home.join(".cache").exists());
 }
+
+/// The agents a mount started through its exec channel: its children running `agent --stdio`.
+fn stdio_agents_of(mount: &MountProcess) -> Vec<i32> {
+    let daemon = mount.child.as_ref().unwrap().id() as i32;
+    let mut found = Vec::new();
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some(after) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
+            continue;
+        };
+        let parent: Option<i32> = after.split(' ').nth(1).and_then(|p| p.parse().ok());
+        let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if parent == Some(daemon) && String::from_utf8_lossy(&cmdline).contains("--stdio") {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// The agent on the channel hangs (SIGSTOP, never continued): the session is given up after
+/// its pings go unanswered, a new one starts, and what was written meanwhile lands.
+#[test]
+fn a_hung_agent_session_is_replaced_and_nothing_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    fs::create_dir(&root).unwrap();
+    fs::write(root.join("known.txt"), "known\n").unwrap();
+    let url = format!("shell:{}", root.display());
+    let mount = MountProcess::start_url(&url, "unused", &[]);
+    assert_eq!(
+        fs::read_to_string(mount.dir.join("known.txt")).unwrap(),
+        "known\n"
+    );
+    let hung = stdio_agents_of(&mount);
+    assert_eq!(hung.len(), 1, "one session: {hung:?}");
+    // SAFETY: a signal to the mount's own child, found just above.
+    unsafe {
+        libc::kill(hung[0], libc::SIGSTOP);
+    }
+    let wrote = fs::write(mount.dir.join("while-hung.txt"), "written while hung\n");
+    wrote.expect("a write while the agent hangs is staged");
+    // Only a deadline for a broken test: the ping gives up after about 20 s.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while fs::read_to_string(root.join("while-hung.txt"))
+        .ok()
+        .as_deref()
+        != Some("written while hung\n")
+    {
+        assert!(
+            std::time::Instant::now() < until,
+            "the write never landed; log: {}",
+            mount.log_text()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let now = stdio_agents_of(&mount);
+    assert!(
+        !now.contains(&hung[0]),
+        "the hung session was ended: {now:?}"
+    );
+    assert_eq!(now.len(), 1, "{now:?}");
+}

@@ -582,7 +582,10 @@ pub async fn serve_stdio(router: Router, shutdown: impl std::future::Future<Outp
         .initial_stream_window_size(STDIO_STREAM_WINDOW)
         .initial_connection_window_size(STDIO_CONNECTION_WINDOW)
         .max_frame_size(1024 * 1024)
-        .max_concurrent_streams(1024);
+        .max_concurrent_streams(1024)
+        // A client that vanished without closing the channel ends the agent too.
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        .keep_alive_timeout(Duration::from_secs(60));
     let http = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(http);
     tokio::pin!(shutdown);

@@ -41,6 +41,9 @@ pub const MAX_LISTING_ANSWER: u64 = 512 * 1024 * 1024;
 /// (and what its attributes cost, a few hundred MB, is the daemon's bound for one listing).
 pub const MAX_DIR_ENTRIES: usize = 1_000_000;
 
+/// How often a stdio session is pinged, and how long a ping may go unanswered.
+const STDIO_PING: Duration = Duration::from_secs(10);
+
 #[derive(Clone)]
 pub struct AgentClient {
     http: reqwest::Client,
@@ -132,6 +135,11 @@ impl AgentClient {
             .http2_initial_stream_window_size(crate::agent::server::STDIO_STREAM_WINDOW)
             .http2_initial_connection_window_size(crate::agent::server::STDIO_CONNECTION_WINDOW)
             .http2_max_frame_size(1024 * 1024)
+            // A channel that stops carrying bytes (a hung sandbox, a link gone silent) is
+            // closed after a missed ping, so the next request starts a new session.
+            .http2_keep_alive_interval(STDIO_PING)
+            .http2_keep_alive_timeout(STDIO_PING)
+            .http2_keep_alive_while_idle(true)
             .connect_timeout(CONNECT_TIMEOUT)
             .pool_idle_timeout(None)
             .redirect(reqwest::redirect::Policy::none())

@@ -422,10 +422,16 @@ async fn session(mut conn: tokio::net::UnixStream, argv: Arc<Vec<String>>, launc
             return;
         }
     }
-    let mut channel = tokio::io::join(stdout, stdin);
-    match tokio::io::copy_bidirectional(&mut conn, &mut channel).await {
-        Ok(_) => tracing::debug!("an agent session ended"),
-        Err(e) => tracing::info!(error = %e, "an agent session ended"),
+    // Either side ending ends the session: a client that gave up on a hung agent must not
+    // wait for that agent's output to end.
+    let (mut from_client, mut to_client) = conn.split();
+    tokio::select! {
+        r = tokio::io::copy(&mut from_client, &mut stdin) => {
+            tracing::debug!(?r, "the client ended an agent session");
+        }
+        r = tokio::io::copy(&mut stdout, &mut to_client) => {
+            tracing::info!(?r, "an agent session ended");
+        }
     }
     // SAFETY: killpg only sends a signal, to the group of our own unreaped child.
     if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()).filter(|&p| p > 1) {
