@@ -347,3 +347,79 @@ fn a_hung_agent_session_is_replaced_and_nothing_is_lost() {
     );
     assert_eq!(now.len(), 1, "{now:?}");
 }
+
+/// Another user of the sandbox plants the places the probe looks in: `/tmp/sbxfs-0` as a
+/// symlink to a directory of the victim's, `/dev/shm/sbxfs-0` as a directory of its own with a
+/// program where the agent would be. Neither is used, touched or run: the agent goes beside
+/// the workspace, in a directory of the sandbox user's own.
+#[test]
+fn planted_cache_directories_are_never_used() {
+    if !is_root() || require_tool("unshare").is_none() {
+        eprintln!("skipped: needs root and unshare");
+        return;
+    }
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let root = dir.path().join("srv/ws");
+    fs::create_dir_all(&root).unwrap();
+    let marker = dir.path().join("planted-program-ran");
+    let report = dir.path().join("victim-after");
+    // A program where this very build would be kept (the key is public: version, size and
+    // time of the binary), saying the right version at the right size.
+    let bin = sbxfs::remote::stdio::Binary::of(env!("CARGO_BIN_EXE_sbxfs").into()).unwrap();
+    let size = fs::metadata(env!("CARGO_BIN_EXE_sbxfs")).unwrap().len();
+    let planted = format!("/dev/shm/sbxfs-0/exec/{}", bin.key());
+    // Inside the sandbox's own /tmp and /dev/shm (private tmpfs mounts, made again for each
+    // session), HOME unusable. After each program, the victim's directory is reported.
+    let setup = format!(
+        "mount -t tmpfs t /tmp && mount -t tmpfs t /dev/shm && \
+         mkdir /tmp/victim && echo keep > /tmp/victim/old && touch -d 2000-01-01 /tmp/victim/old && \
+         chmod 755 /tmp/victim && ln -s /tmp/victim /tmp/sbxfs-0 && \
+         mkdir -p {planted} && \
+         printf '#!/bin/sh\\ntouch {marker}\\necho \"{version}\"\\nexit 0\\n' > {planted}/sbxfs && \
+         truncate -s {size} {planted}/sbxfs && chmod 755 {planted}/sbxfs && \
+         chown -R 65534:65534 /dev/shm/sbxfs-0 && \
+         sh; echo $(stat -c %a /tmp/victim) $(cat /tmp/victim/old) >> {report}",
+        marker = marker.display(),
+        version = bin.version(),
+        report = report.display()
+    );
+    let exec = format!(
+        "env HOME=/proc/1 unshare -m sh -c {}",
+        shell_words::quote(&setup)
+    );
+    let url = format!("exec:{}", root.display());
+    let mount = MountProcess::start_url(&url, "unused", &["--exec", &exec]);
+    fs::write(mount.dir.join("hello.txt"), "hello\n").unwrap();
+    flushed(&mount.dir);
+    assert_eq!(
+        fs::read_to_string(root.join("hello.txt")).unwrap(),
+        "hello\n"
+    );
+    let st = status(&mount.dir);
+    assert!(
+        st.lines()
+            .any(|l| l.starts_with("mount.transport ") && l.ends_with(" exec+agent")),
+        "{st}"
+    );
+    assert!(!marker.exists(), "a planted program ran");
+    // The agent is beside the workspace, in a private directory of the sandbox user's.
+    let beside = dir.path().join("srv/.sbxfs-0/exec");
+    let kept: Vec<_> = fs::read_dir(&beside).unwrap().flatten().collect();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert!(kept[0].path().join("sbxfs").exists());
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        fs::metadata(dir.path().join("srv/.sbxfs-0"))
+            .unwrap()
+            .mode()
+            & 0o777,
+        0o700
+    );
+    // The victim's directory after the probe and the upload, each in its own session.
+    let seen = fs::read_to_string(&report).unwrap();
+    assert!(seen.lines().count() >= 2, "{seen}");
+    assert!(
+        seen.lines().all(|l| l == "755 keep"),
+        "the victim's directory was changed: {seen}"
+    );
+}

@@ -23,6 +23,7 @@ pub mod reach;
 pub mod retry;
 pub mod ssh;
 pub mod stdio;
+pub mod tied;
 pub mod treepack;
 pub mod wire;
 

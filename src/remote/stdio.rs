@@ -26,6 +26,9 @@ use super::exec::{collect_capped, CommandRunner, Output, RunControl, Runner, OUT
 use super::ssh::quote;
 use super::{RemoteError, Result};
 
+/// Longest the probe may take: a channel that does not run it by then is not answering.
+const PROBE_DEADLINE: Duration = Duration::from_secs(60);
+
 /// Longest one deploy step may take (the upload is the long one: tens of MB).
 const STEP_DEADLINE: Duration = Duration::from_secs(600);
 
@@ -77,6 +80,16 @@ impl Binary {
         })
     }
 
+    /// The name of the directory this build is kept in, in the sandbox.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Its `--version` line.
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
     /// This program, or the one `--deploy-binary` names.
     pub fn chosen(path: Option<&Path>) -> Result<Binary> {
         match path {
@@ -98,15 +111,21 @@ echo "arch $(uname -m 2>/dev/null)"
 [ -e "$4" ] || { echo "__RESULT__ missing"; exit 0; }
 [ -d "$4" ] || { echo "__RESULT__ notdir"; exit 0; }
 u="$(id -u 2>/dev/null || echo 0)"
+# A directory of ours: made here if missing, a real directory (not a symlink) owned by this
+# user, then private. One made or planted by anyone else is never used (root could chmod it).
+mine() { mkdir "$1" 2>/dev/null; [ -d "$1" ] && [ ! -L "$1" ] && [ -O "$1" ] && chmod 700 "$1" 2>/dev/null; }
 for base in "${HOME:-/nonexistent}/.cache/sbxfs" "/tmp/sbxfs-$u" "/dev/shm/sbxfs-$u" "$(dirname "$4")/.sbxfs-$u"; do
   d="$base/exec/$1"
-  mkdir -p "$d" 2>/dev/null && chmod 700 "$base" "$base/exec" "$d" 2>/dev/null || continue
+  mkdir -p "$(dirname "$base")" 2>/dev/null
+  mine "$base" && mine "$base/exec" && mine "$d" || continue
   # Other builds' copies no session has started for two days go (each session touches its own).
   for o in "$base/exec"/*; do
     [ "$o" = "$d" ] && continue
     [ -n "$(find "$o" -prune -mtime +1 2>/dev/null)" ] && rm -rf "$o"
   done
-  if [ -x "$d/sbxfs" ] && [ "$(wc -c < "$d/sbxfs" 2>/dev/null | tr -d ' ')" = "$3" ] \
+  if [ -e "$d/.does-not-run" ]; then echo "__RESULT__ norun $(cat "$d/.does-not-run")"; exit 0; fi
+  if [ -x "$d/sbxfs" ] && [ ! -L "$d/sbxfs" ] && [ -O "$d/sbxfs" ] \
+     && [ "$(wc -c < "$d/sbxfs" 2>/dev/null | tr -d ' ')" = "$3" ] \
      && [ "$("$d/sbxfs" --version 2>/dev/null)" = "$2" ]; then
     echo "__RESULT__ ready $d"; exit 0
   fi
@@ -132,7 +151,10 @@ cat > "$t" && chmod 700 "$t" || { rm -f "$t"; echo "__RESULT__ failed cannot wri
 n="$(wc -c < "$t" | tr -d ' ')"
 if [ "$n" != "$3" ]; then rm -f "$t"; echo "__RESULT__ failed the upload arrived cut ($n of $3 bytes)"; exit 0; fi
 v="$("$t" --version 2>&1)"
-if [ "$v" != "$2" ]; then rm -f "$t"; echo "__RESULT__ failed does not run here: $v"; exit 0; fi
+if [ "$v" != "$2" ]; then
+  rm -f "$t"; printf '%s\n' "$v" | head -n 1 | cut -c1-200 > "$1/.does-not-run"
+  echo "__RESULT__ failed does not run here: $v"; exit 0
+fi
 mv -f "$t" "$1/sbxfs" && echo "__RESULT__ ok"
 }
 "#;
@@ -147,19 +169,18 @@ const MAX_BANNER: usize = 64 * 1024;
 /// Read `out` up to and including the [`GO_ON`] line; false if it ended, or printed too much,
 /// before it.
 async fn await_go_on<R: tokio::io::AsyncBufRead + Unpin>(out: &mut R) -> bool {
-    let mut seen = 0usize;
+    use tokio::io::AsyncReadExt;
+    // Bounded before any line is read whole: a channel that prints no newline holds no more.
+    let mut banner = out.take(MAX_BANNER as u64 + GO_ON.len() as u64 + 1);
     let mut line = Vec::new();
     loop {
         line.clear();
-        match out.read_until(b'\n', &mut line).await {
+        match banner.read_until(b'\n', &mut line).await {
             Ok(0) | Err(_) => return false,
-            Ok(n) => seen += n,
+            Ok(_) => {}
         }
         if line.strip_suffix(b"\n") == Some(GO_ON.as_bytes()) {
             return true;
-        }
-        if seen > MAX_BANNER {
-            return false;
         }
     }
 }
@@ -195,6 +216,42 @@ fn result(out: &Output, step: &str) -> Result<(String, Vec<String>)> {
     }
 }
 
+/// Whether the ELF file at `path` names a program interpreter (is dynamically linked): it
+/// then runs only where the same C library is. `None`: not an ELF file this can read.
+pub fn is_dynamically_linked(path: &Path) -> Option<bool> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path).ok()?;
+    let mut head = [0u8; 64];
+    f.read_exact(&mut head).ok()?;
+    // 64-bit little-endian ELF only (what this program is built as).
+    if &head[..4] != b"\x7fELF" || head[4] != 2 || head[5] != 1 {
+        return None;
+    }
+    let phoff = u64::from_le_bytes(head[0x20..0x28].try_into().ok()?);
+    let phentsize = u64::from(u16::from_le_bytes(head[0x36..0x38].try_into().ok()?));
+    let phnum = u16::from_le_bytes(head[0x38..0x3a].try_into().ok()?);
+    const PT_INTERP: u32 = 3;
+    for i in 0..u64::from(phnum) {
+        f.seek(SeekFrom::Start(phoff + i * phentsize)).ok()?;
+        let mut kind = [0u8; 4];
+        f.read_exact(&mut kind).ok()?;
+        if u32::from_le_bytes(kind) == PT_INTERP {
+            return Some(true);
+        }
+    }
+    Some(false)
+}
+
+/// What to do about a build that does not run in the sandbox, when it is a dynamic one.
+fn static_hint(bin: &Binary) -> &'static str {
+    if is_dynamically_linked(&bin.path) == Some(true) {
+        "; this sbxfs is dynamically linked: deploy the static build \
+         (scripts/build-static.sh, then -o deploy_binary=PATH or put it first in PATH)"
+    } else {
+        ""
+    }
+}
+
 /// The machine name `uname -m` gives for this build's architecture.
 fn local_machine() -> &'static str {
     match std::env::consts::ARCH {
@@ -209,14 +266,14 @@ async fn run_with_payload(argv: &[String], program: Vec<u8>, payload: &Path) -> 
     let mut file = tokio::fs::File::open(payload)
         .await
         .map_err(|e| RemoteError::Transport(format!("{}: {e}", payload.display())))?;
-    let mut child = tokio::process::Command::new(&argv[0])
-        .args(&argv[1..])
+    let mut cmd = tokio::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..])
         .env("LC_ALL", "C")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
+        .kill_on_drop(true);
+    let mut child = super::tied::spawn(cmd)
         .map_err(|e| RemoteError::Transport(format!("cannot run {:?}: {e}", argv[0])))?;
     let mut stdin = child.stdin.take().expect("piped");
     let mut stdout = tokio::io::BufReader::new(child.stdout.take().expect("piped"));
@@ -266,9 +323,10 @@ pub async fn deploy(
         ],
     );
     let ctl = RunControl {
-        timeout: Some(STEP_DEADLINE),
+        timeout: Some(PROBE_DEADLINE),
         ..Default::default()
     };
+    tracing::info!(command = %argv.join(" "), "looking for the agent in the sandbox through the exec channel");
     let out = runner.run(&String::from_utf8_lossy(&probe), &ctl).await?;
     let (said, before) = result(&out, "probe")?;
     let arch = before
@@ -287,11 +345,23 @@ pub async fn deploy(
             String::from_utf8_lossy(root)
         ))),
         ("ready", dir) => Ok(Ok(format!("{dir}/sbxfs").into_bytes())),
+        // An upload of this very build failed to run there before: not sent again.
+        ("norun", why) => Ok(Err(NoAgent(format!(
+            "this build did not run in the sandbox ({why}){}",
+            static_hint(bin)
+        )))),
         ("upload", _) if !arch.is_empty() && arch != local_machine() => Ok(Err(NoAgent(format!(
             "the sandbox is {arch} and this sbxfs is built for {}",
             local_machine()
         )))),
         ("upload", dir) => {
+            if is_dynamically_linked(&bin.path) == Some(true) {
+                tracing::warn!(
+                    path = %bin.path.display(),
+                    "deploying a dynamically linked sbxfs: it runs only where the C library \
+                     matches this machine's (scripts/build-static.sh makes one that runs anywhere)"
+                );
+            }
             tracing::info!(
                 bytes = bin.size,
                 dir,
@@ -305,7 +375,10 @@ pub async fn deploy(
             let (said, _) = result(&out, "upload")?;
             if said != "ok" {
                 let why = said.strip_prefix("failed ").unwrap_or(&said).to_string();
-                return Ok(Err(NoAgent(format!("the uploaded agent {why}"))));
+                return Ok(Err(NoAgent(format!(
+                    "the uploaded agent {why}{}",
+                    static_hint(bin)
+                ))));
             }
             Ok(Ok(format!("{dir}/sbxfs").into_bytes()))
         }
@@ -339,13 +412,19 @@ impl Bridge {
         root: Vec<u8>,
         allow_setid: bool,
     ) -> Result<Bridge> {
+        use std::os::unix::fs::PermissionsExt;
+        // 0700 whatever the umask: the socket is the agent, with no token on it.
         let dir = tempfile::Builder::new()
             .prefix("sbxfs-exec-")
+            .permissions(std::fs::Permissions::from_mode(0o700))
             .tempdir()
             .map_err(|e| RemoteError::Transport(format!("a private directory: {e}")))?;
         let socket = dir.path().join("agent.sock");
         let listener = tokio::net::UnixListener::bind(&socket)
             .map_err(|e| RemoteError::Transport(format!("{}: {e}", socket.display())))?;
+        std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| RemoteError::Transport(format!("{}: {e}", socket.display())))?;
+        let me = rustix::process::geteuid().as_raw();
         let setid = if allow_setid { " --allow-setid" } else { "" };
         let launch = with_args(
             &format!(
@@ -367,6 +446,14 @@ impl Bridge {
                         continue;
                     }
                 };
+                // Only this process's user (the directory already keeps others out).
+                match conn.peer_cred() {
+                    Ok(c) if c.uid() == me => {}
+                    other => {
+                        tracing::warn!(peer = ?other, "refused a connection to the agent's socket from another user");
+                        continue;
+                    }
+                }
                 while sessions.try_join_next().is_some() {}
                 sessions.spawn(session(conn, argv.clone(), launch.clone()));
             }
@@ -383,34 +470,51 @@ impl Bridge {
     }
 }
 
+/// Most of a session's standard error kept for the log; the rest is read and dropped.
+const STDERR_LOGGED: usize = 64 * 1024;
+
+/// Log what the channel prints on standard error (the agent's own log, the channel's
+/// complaints), in chunks, up to [`STDERR_LOGGED`] bytes; drain the rest.
+async fn log_stderr(mut stderr: impl tokio::io::AsyncRead + Unpin) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 8192];
+    let mut logged = 0usize;
+    loop {
+        match stderr.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) if logged < STDERR_LOGGED => {
+                logged += n;
+                let text = String::from_utf8_lossy(&buf[..n]);
+                tracing::debug!(target: "sbxfs::agent_in_sandbox", "{}", text.trim_end());
+            }
+            Ok(_) => {}
+        }
+    }
+}
+
 /// One connection: the channel's command run once, the agent's bytes copied both ways until
 /// either side ends; the command is killed with its local process group when it does.
 async fn session(mut conn: tokio::net::UnixStream, argv: Arc<Vec<String>>, launch: Arc<Vec<u8>>) {
-    let spawned = tokio::process::Command::new(&argv[0])
-        .args(&argv[1..])
+    let mut cmd = tokio::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
-        .kill_on_drop(true)
-        .spawn();
-    let mut child = match spawned {
+        .kill_on_drop(true);
+    let mut child = match super::tied::spawn(cmd) {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(error = %e, command = %argv[0], "cannot run the exec channel");
             return;
         }
     };
-    let pid = child.id();
+    // However the session ends, its whole local group goes (a local `sh`'s children too).
+    let _group = GroupKill(child.id());
     let mut stdin = child.stdin.take().expect("piped");
     let mut stdout = tokio::io::BufReader::new(child.stdout.take().expect("piped"));
     let stderr = child.stderr.take().expect("piped");
-    tokio::spawn(async move {
-        let mut lines = tokio::io::BufReader::new(stderr).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            tracing::debug!(target: "sbxfs::agent_in_sandbox", "{line}");
-        }
-    });
+    tokio::spawn(log_stderr(stderr));
     if stdin.write_all(&launch).await.is_err() {
         return;
     }
@@ -433,11 +537,89 @@ async fn session(mut conn: tokio::net::UnixStream, argv: Arc<Vec<String>>, launc
             tracing::info!(?r, "an agent session ended");
         }
     }
-    // SAFETY: killpg only sends a signal, to the group of our own unreaped child.
-    if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()).filter(|&p| p > 1) {
-        unsafe {
-            libc::killpg(pid, libc::SIGKILL);
+}
+
+/// A session's local process group, killed when the session ends; its leader is reaped after
+/// (by `kill_on_drop`), so the group id is still ours when the signal is sent.
+struct GroupKill(Option<u32>);
+
+impl Drop for GroupKill {
+    fn drop(&mut self) {
+        if let Some(pid) = self
+            .0
+            .and_then(|p| i32::try_from(p).ok())
+            .filter(|&p| p > 1)
+        {
+            // SAFETY: killpg only sends a signal, to the group of our own unreaped child.
+            unsafe {
+                libc::killpg(pid, libc::SIGKILL);
+            }
         }
     }
-    let _ = child.kill().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    #[tokio::test]
+    async fn a_channel_that_never_says_go_on_is_given_up_within_the_banner_bound() {
+        let (mut sandbox, laptop) = tokio::io::duplex(64 * 1024);
+        // Endless bytes with no newline, then endless short lines: neither is held whole.
+        let writer = tokio::spawn(async move {
+            let chunk = vec![b'A'; 64 * 1024];
+            let mut sent = 0usize;
+            while sandbox.write_all(&chunk).await.is_ok() {
+                sent += chunk.len();
+                if sent > 64 * 1024 * 1024 {
+                    break;
+                }
+            }
+            sent
+        });
+        let mut out = tokio::io::BufReader::new(laptop);
+        assert!(!await_go_on(&mut out).await);
+        drop(out);
+        let sent = writer.await.unwrap();
+        assert!(sent < 4 * MAX_BANNER, "read {sent} bytes of banner");
+        // A banner then the line: found, and what follows it is left for the caller.
+        let (mut sandbox, laptop) = tokio::io::duplex(64 * 1024);
+        sandbox
+            .write_all(format!("Welcome!\n{GO_ON}\nPRI * HTTP/2.0").as_bytes())
+            .await
+            .unwrap();
+        let mut out = tokio::io::BufReader::new(laptop);
+        assert!(await_go_on(&mut out).await);
+        let mut rest = vec![0u8; 14];
+        tokio::io::AsyncReadExt::read_exact(&mut out, &mut rest)
+            .await
+            .unwrap();
+        assert_eq!(rest, b"PRI * HTTP/2.0");
+    }
+
+    #[tokio::test]
+    async fn the_bridge_socket_is_private_to_this_user() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let bridge =
+            Bridge::start(vec!["sh".into()], b"/x".to_vec(), b"/y".to_vec(), false).unwrap();
+        let socket = bridge.socket();
+        let dir = socket.parent().unwrap();
+        assert_eq!(
+            std::fs::metadata(dir).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        let sock = std::fs::metadata(socket).unwrap();
+        assert_eq!(sock.permissions().mode() & 0o777, 0o600);
+        assert_eq!(sock.uid(), rustix::process::geteuid().as_raw());
+    }
+
+    #[test]
+    fn this_program_is_read_as_elf_and_a_script_is_not() {
+        let me = std::env::current_exe().unwrap();
+        assert!(is_dynamically_linked(&me).is_some());
+        let script = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(script.path(), "#!/bin/sh\nexit 0\n").unwrap();
+        assert_eq!(is_dynamically_linked(script.path()), None);
+    }
 }

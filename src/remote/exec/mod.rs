@@ -119,8 +119,7 @@ impl Runner for CommandRunner {
             // Its own process group, so a cancel reaches what a local `sh` started too.
             .process_group(0)
             .kill_on_drop(true);
-        let mut child = cmd
-            .spawn()
+        let mut child = crate::remote::tied::spawn(cmd)
             .map_err(|e| RemoteError::Transport(format!("cannot run {:?}: {e}", self.argv[0])))?;
         let mut group = LocalGroup(child.id());
         let mut stdin = child.stdin.take().expect("piped");
@@ -298,6 +297,9 @@ pub async fn connect_exec(
     Ok(c)
 }
 
+/// Longest a freshly started agent may take to answer its first request.
+const FIRST_ANSWER: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// A URL's `?agent=no` (the scripts, no agent deployed), and the URL without it.
 fn without_agent_query(url: &str) -> Result<(&str, bool)> {
     match url.split_once('?') {
@@ -349,7 +351,13 @@ pub async fn stdio_agent(
     };
     let bridge = Bridge::start(argv.to_vec(), agent, root.to_vec(), opts.allow_setid)?;
     let client = super::client::AgentClient::over_stdio_bridge(bridge.socket())?;
-    match super::Remote::info(&client).await {
+    let first = tokio::time::timeout(FIRST_ANSWER, super::Remote::info(&client)).await;
+    let first = first.unwrap_or_else(|_| {
+        Err(RemoteError::TimedOut(format!(
+            "no answer within {FIRST_ANSWER:?}"
+        )))
+    });
+    match first {
         Ok(info) => {
             tracing::info!(
                 "connected to the sandbox's agent over the exec channel's standard input and output"
