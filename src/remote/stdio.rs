@@ -413,6 +413,7 @@ impl Bridge {
         allow_setid: bool,
     ) -> Result<Bridge> {
         use std::os::unix::fs::PermissionsExt;
+        sweep_stale_bridges(&std::env::temp_dir());
         // 0700 whatever the umask: the socket is the agent, with no token on it.
         let dir = tempfile::Builder::new()
             .prefix("sbxfs-exec-")
@@ -488,6 +489,41 @@ async fn log_stderr(mut stderr: impl tokio::io::AsyncRead + Unpin) {
                 tracing::debug!(target: "sbxfs::agent_in_sandbox", "{}", text.trim_end());
             }
             Ok(_) => {}
+        }
+    }
+}
+
+/// Remove what killed mounts left in `parent`: this user's `sbxfs-exec-*` directories (never
+/// a symlink) older than a minute whose socket no process has bound.
+fn sweep_stale_bridges(parent: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let me = rustix::process::geteuid().as_raw();
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    let Ok(bound) = std::fs::read_to_string("/proc/net/unix") else {
+        return;
+    };
+    for e in entries.flatten() {
+        if !e.file_name().to_string_lossy().starts_with("sbxfs-exec-") {
+            continue;
+        }
+        let Ok(meta) = std::fs::symlink_metadata(e.path()) else {
+            continue;
+        };
+        let old = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > Duration::from_secs(60));
+        if !meta.is_dir() || meta.uid() != me || !old {
+            continue;
+        }
+        // Bound sockets are listed by the kernel: a live bridge's is there (connecting to it
+        // would start a session in that mount).
+        let socket = e.path().join("agent.sock");
+        if !bound.contains(socket.to_string_lossy().as_ref()) {
+            let _ = std::fs::remove_dir_all(e.path());
         }
     }
 }
@@ -612,6 +648,27 @@ mod tests {
         let sock = std::fs::metadata(socket).unwrap();
         assert_eq!(sock.permissions().mode() & 0o777, 0o600);
         assert_eq!(sock.uid(), rustix::process::geteuid().as_raw());
+    }
+
+    #[tokio::test]
+    async fn what_killed_mounts_left_is_swept_and_a_live_bridge_is_not() {
+        let parent = tempfile::tempdir().unwrap();
+        let stale = parent.path().join("sbxfs-exec-stale");
+        std::fs::create_dir(&stale).unwrap();
+        std::fs::write(stale.join("agent.sock"), "").unwrap();
+        let live = parent.path().join("sbxfs-exec-live");
+        std::fs::create_dir(&live).unwrap();
+        let _listening = std::os::unix::net::UnixListener::bind(live.join("agent.sock")).unwrap();
+        let young = parent.path().join("sbxfs-exec-young");
+        std::fs::create_dir(&young).unwrap();
+        let old = std::time::SystemTime::now() - Duration::from_secs(3600);
+        for d in [&stale, &live] {
+            std::fs::File::open(d).unwrap().set_modified(old).unwrap();
+        }
+        sweep_stale_bridges(parent.path());
+        assert!(!stale.exists());
+        assert!(live.exists(), "a bound socket's directory stays");
+        assert!(young.exists(), "a directory made a moment ago stays");
     }
 
     #[test]
