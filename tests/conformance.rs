@@ -2281,6 +2281,7 @@ fn exec_backend() -> Backend {
     })
     .unwrap();
     assert_eq!(connected.transport, "exec");
+    assert_eq!(connected.scripts_by.as_deref(), Some("one python3 session"));
     Backend {
         remote: connected.remote,
         sb: Box::new(RealDir(root.clone())),
@@ -2462,6 +2463,127 @@ conformance!(exec_backend:
 // setattr_owners_symlink_times_and_limits and fallocate_grows_or_keeps_the_size pin
 // nanoseconds or keep-size, and are left out.
 conformance!(busybox_shell_backend:
+    tree_listings_are_breadth_first_and_capped,
+    // stat_list_and_tree_tell_whether_xattrs_exist: the scripts leave has_xattrs unknown
+    // (None: the mount asks), as a getfattr per listed file would cost a process each.
+    ranged_reads_carry_the_version,
+    commits_replace_whole_files_atomically_and_keep_mode,
+    patch_commits_apply_ranges_over_the_base,
+    awkward_names_round_trip,
+    path_escapes_are_refused,
+    queries_run_next_to_the_data,
+    stat_many_answers_each_path_in_order,
+    create_only_commits_never_replace,
+    hard_links_made_in_the_sandbox_share_an_inode,
+    patches_cut_before_they_write,
+    a_patch_cut_to_nothing_creates_its_file,
+    hard_links_share_content_and_survive_commits,
+    // mknod_makes_fifos_sockets_and_devices_when_allowed, rename_exchanges_and_refuses_to_replace:
+    // sockets and renameat2 need python3, which a busybox-only sandbox has not.
+    modes_are_exactly_those_asked,
+    // xattrs_round_trip_without_following_symlinks: busybox has no getfattr/setfattr
+    // (Unsupported, pinned in tests/exec_remote.rs).
+    copy_range_is_an_atomic_commit_of_the_destination,
+    // paths_deeper_than_path_max_work: the shell tools take whole paths, which the kernel
+    // refuses past PATH_MAX (ENAMETOOLONG).
+    versions_name_the_device,
+);
+
+// ---- The scripts through one persistent session (src/remote/exec/session.rs): the `sh` loop
+// where python3 is not there (dash with GNU tools; busybox alone); python3's server is
+// exec_backend's.
+
+/// The exec-only scripts through one session on `argv`, served by `server`.
+fn script_session_backend(
+    argv: Vec<String>,
+    server: sbxfs::remote::exec::session::Server,
+) -> Backend {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    fs::create_dir(&root).unwrap();
+    let runner = tokio::task::block_in_place(|| {
+        tokio::runtime::Handle::current()
+            .block_on(sbxfs::remote::exec::session::SessionRunner::start(argv))
+    })
+    .unwrap();
+    assert_eq!(runner.server(), Some(server));
+    let remote =
+        sbxfs::remote::exec::script_remote(Arc::new(runner), root.as_os_str().as_bytes().to_vec())
+            .unwrap();
+    Backend {
+        remote,
+        sb: Box::new(RealDir(root.clone())),
+        real_root: Some(root),
+        _keep: Box::new(dir),
+    }
+}
+
+/// The `sh` loop under dash, GNU tools beside it.
+fn dash_session_backend() -> Backend {
+    script_session_backend(
+        vec![
+            "env".into(),
+            "SBXFS_SESSION_NO_PYTHON=1".into(),
+            "sh".into(),
+        ],
+        sbxfs::remote::exec::session::Server::Sh,
+    )
+}
+
+/// The `sh` loop under busybox's ash, with its applets alone.
+fn busybox_session_backend() -> Backend {
+    let tools = tempfile::tempdir().unwrap();
+    let busybox = which_busybox();
+    let list = std::process::Command::new(&busybox)
+        .arg("--list")
+        .output()
+        .unwrap();
+    for applet in String::from_utf8(list.stdout).unwrap().lines() {
+        std::os::unix::fs::symlink(&busybox, tools.path().join(applet)).unwrap();
+    }
+    let path = format!("PATH={}", tools.path().display());
+    let mut b = script_session_backend(
+        vec!["env".into(), path, "sh".into()],
+        sbxfs::remote::exec::session::Server::Sh,
+    );
+    b._keep = Box::new((b._keep, tools));
+    b
+}
+
+conformance!(dash_session_backend:
+    commits_keep_extended_attributes,
+    commits_keep_the_mtime_they_name,
+    stat_list_and_tree,
+    tree_listings_are_breadth_first_and_capped,
+    // stat_list_and_tree_tell_whether_xattrs_exist: the scripts leave has_xattrs unknown
+    // (None: the mount asks), as a getfattr per listed file would cost a process each.
+    ranged_reads_carry_the_version,
+    commits_replace_whole_files_atomically_and_keep_mode,
+    patch_commits_apply_ranges_over_the_base,
+    namespace_operations_and_their_errors,
+    awkward_names_round_trip,
+    path_escapes_are_refused,
+    queries_run_next_to_the_data,
+    stat_many_answers_each_path_in_order,
+    create_only_commits_never_replace,
+    hard_links_made_in_the_sandbox_share_an_inode,
+    patches_cut_before_they_write,
+    a_patch_cut_to_nothing_creates_its_file,
+    hard_links_share_content_and_survive_commits,
+    mknod_makes_fifos_sockets_and_devices_when_allowed,
+    rename_exchanges_and_refuses_to_replace,
+    modes_are_exactly_those_asked,
+    setattr_owners_symlink_times_and_limits,
+    commits_keep_the_owner,
+    xattrs_round_trip_without_following_symlinks,
+    fallocate_grows_or_keeps_the_size,
+    copy_range_is_an_atomic_commit_of_the_destination,
+    // paths_deeper_than_path_max_work: the shell tools take whole paths, which the kernel
+    // refuses past PATH_MAX (ENAMETOOLONG).
+    versions_name_the_device,
+);
+
+conformance!(busybox_session_backend:
     tree_listings_are_breadth_first_and_capped,
     // stat_list_and_tree_tell_whether_xattrs_exist: the scripts leave has_xattrs unknown
     // (None: the mount asks), as a getfattr per listed file would cost a process each.

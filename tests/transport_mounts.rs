@@ -146,6 +146,11 @@ fn real_tools_work_over_the_shell_transport_with_the_scripts_only() {
     over_shell("?agent=no", "shell");
 }
 
+#[test]
+fn real_tools_work_over_the_shell_transport_with_a_command_per_operation() {
+    over_shell("?agent=no&session=no", "shell");
+}
+
 /// `exec:` as a container runtime gives it (`docker exec -i -u 65534 C sh`): a shell as another
 /// user, with its own HOME, where the agent is uploaded through the channel and runs.
 #[test]
@@ -232,9 +237,19 @@ fn real_tools_work_over_ssh_with_the_scripts_only() {
 
 /// A sandbox whose every writable place is `noexec` (`/tmp`, `/dev/shm`, HOME and the
 /// workspace's parent, as a hardened container has them): no agent can run, so the scripts
-/// serve, and `ctl status` says why.
+/// serve through one persistent python3 session, real tools work, and `ctl status` says why.
 #[test]
 fn a_sandbox_with_nowhere_to_run_a_program_gets_the_scripts_and_says_why() {
+    nowhere_to_run(true);
+}
+
+/// The same sandbox without python3: the scripts run through one `sh` loop.
+#[test]
+fn a_sandbox_with_nowhere_to_run_a_program_and_no_python_gets_an_sh_session() {
+    nowhere_to_run(false);
+}
+
+fn nowhere_to_run(python: bool) {
     if !is_root() || require_tool("unshare").is_none() {
         eprintln!("skipped: needs root and unshare");
         return;
@@ -244,8 +259,20 @@ fn a_sandbox_with_nowhere_to_run_a_program_gets_the_scripts_and_says_why() {
     let parent = dir.path().join("srv");
     let root = parent.join("ws");
     let home = dir.path().join("home");
+    let tools = dir.path().join("tools");
     fs::create_dir_all(&root).unwrap();
     fs::create_dir_all(&home).unwrap();
+    fs::create_dir_all(&tools).unwrap();
+    // The sandbox's PATH: every program of this machine's, python3 among them or not.
+    for bin in ["/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin"] {
+        for e in fs::read_dir(bin).into_iter().flatten().flatten() {
+            let name = e.file_name();
+            if !python && name.to_string_lossy().starts_with("python") {
+                continue;
+            }
+            let _ = std::os::unix::fs::symlink(e.path(), tools.join(&name));
+        }
+    }
     let setup = format!(
         "mount -t tmpfs -o noexec t /tmp && mount -t tmpfs -o noexec t /dev/shm && \
          mount -t tmpfs -o noexec t {home} && mount --bind {parent} {parent} && \
@@ -254,18 +281,14 @@ fn a_sandbox_with_nowhere_to_run_a_program_gets_the_scripts_and_says_why() {
         parent = parent.display()
     );
     let exec = format!(
-        "env HOME={} unshare -m sh -c {}",
+        "env PATH={} HOME={} unshare -m sh -c {}",
+        tools.display(),
         home.display(),
         shell_words::quote(&setup)
     );
     let url = format!("exec:{}", root.display());
     let mount = MountProcess::start_url(&url, "unused", &["--exec", &exec]);
-    fs::write(mount.dir.join("hello.txt"), "from the laptop\n").unwrap();
-    flushed(&mount.dir);
-    assert_eq!(
-        fs::read_to_string(root.join("hello.txt")).unwrap(),
-        "from the laptop\n"
-    );
+    real_tools(&root, &mount.dir);
     let st = status(&mount.dir);
     assert!(
         st.lines()
@@ -275,6 +298,16 @@ fn a_sandbox_with_nowhere_to_run_a_program_gets_the_scripts_and_says_why() {
     assert!(
         st.lines().any(|l| l.starts_with("mount.transport_why")
             && l.contains("no directory in the sandbox where a program can be written and run")),
+        "{st}"
+    );
+    let by = if python {
+        "one python3 session"
+    } else {
+        "one sh session"
+    };
+    assert!(
+        st.lines()
+            .any(|l| l.starts_with("mount.scripts_run_by ") && l.ends_with(by)),
         "{st}"
     );
     // Nothing was left in the host's own /tmp or HOME by the probe.

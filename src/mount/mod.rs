@@ -331,6 +331,7 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     let info = connected.info.clone();
     let transport = connected.transport.clone();
     let why_scripts = connected.why_scripts.clone();
+    let scripts_by = connected.scripts_by.clone();
     // An ssh master or a forwarding lives as long as the mount.
     let _keep = connected.keep;
     let mut socket = crate::control::socket_path(&mountpoint);
@@ -416,6 +417,7 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
             "permissions": if owners.checks { "sbxfs" } else { "kernel" },
             "transport": transport,
             "transport_why": why_scripts,
+            "scripts_run_by": scripts_by,
             "capabilities": info.capabilities,
         }),
         health: health.clone(),

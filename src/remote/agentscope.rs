@@ -504,5 +504,6 @@ pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Connected> {
         transport: "agentscope".into(),
         keep: Box::new(()),
         why_scripts: None,
+        scripts_by: Some("a command per operation (the exec API takes no standard input)".into()),
     })
 }

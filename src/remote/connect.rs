@@ -56,6 +56,9 @@ pub struct Connected {
     /// Why the exec-only scripts serve where an agent was wanted (`ctl status`'s
     /// `mount.transport_why`).
     pub why_scripts: Option<String>,
+    /// What runs the exec-only scripts: one python3 or sh session, or a command per operation
+    /// (`ctl status`'s `mount.scripts_run_by`).
+    pub scripts_by: Option<String>,
 }
 
 /// The transports, by URL scheme.
@@ -224,6 +227,7 @@ async fn connect_http(
         transport: transport.into(),
         keep: Box::new(()),
         why_scripts: None,
+        scripts_by: None,
     })
 }
 

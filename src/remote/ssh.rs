@@ -22,7 +22,6 @@ use std::sync::Arc;
 
 use super::client::AgentClient;
 use super::connect::{ConnectOptions, Connected};
-use super::exec::CommandRunner;
 use super::{Remote, RemoteError, Result};
 
 pub use deploy::{workspace_key, AGENT_IDLE_EXIT};
@@ -92,6 +91,7 @@ pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Connected> {
                     transport: "ssh+agent".into(),
                     keep: Box::new(()),
                     why_scripts: None,
+                    scripts_by: None,
                 });
             }
             Err(deploy::NoAgent(why)) => {
@@ -100,8 +100,8 @@ pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Connected> {
             }
         }
     }
-    let runner = CommandRunner::new(ssh.argv(&["sh"]))?;
-    let remote = super::exec::script_remote(Arc::new(runner), t.root.clone())?;
+    let (runner, by) = super::exec::scripts_runner(ssh.argv(&["sh"]), t.session).await?;
+    let remote = super::exec::script_remote(runner, t.root.clone())?;
     let info = remote.info().await.map_err(|e| match e {
         RemoteError::NotFound(_) | RemoteError::NotDir(_) => {
             named(deploy::missing_workspace(&t.root))
@@ -114,6 +114,7 @@ pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Connected> {
         transport: "ssh+scripts".into(),
         keep: Box::new(ssh),
         why_scripts: why_scripts.or_else(|| (!t.agent).then(|| "?agent=no".to_string())),
+        scripts_by: Some(by),
     })
 }
 

@@ -476,7 +476,7 @@ const STDERR_LOGGED: usize = 64 * 1024;
 
 /// Log what the channel prints on standard error (the agent's own log, the channel's
 /// complaints), in chunks, up to [`STDERR_LOGGED`] bytes; drain the rest.
-async fn log_stderr(mut stderr: impl tokio::io::AsyncRead + Unpin) {
+pub(crate) async fn log_stderr(mut stderr: impl tokio::io::AsyncRead + Unpin) {
     use tokio::io::AsyncReadExt;
     let mut buf = vec![0u8; 8192];
     let mut logged = 0usize;

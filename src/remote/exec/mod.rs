@@ -25,6 +25,7 @@ pub mod pyfast;
 pub mod query;
 pub mod remote;
 pub mod rgjson;
+pub mod session;
 pub mod statline;
 pub mod supervise;
 
@@ -238,6 +239,7 @@ async fn connect_runner(
         transport: transport.to_string(),
         keep: Box::new(()),
         why_scripts: None,
+        scripts_by: None,
     })
 }
 
@@ -248,19 +250,20 @@ pub async fn connect_shell(
     url: &str,
     opts: &super::connect::ConnectOptions,
 ) -> Result<super::connect::Connected> {
-    let (path_url, agent) = without_agent_query(url)?;
+    let (path_url, query) = without_agent_query(url)?;
     let root = url_path(path_url, "shell:")?;
     let argv = vec!["sh".to_string()];
-    let why = match agent {
+    let why = match query.agent {
         true => match stdio_agent(&argv, &root, "shell+agent", url, opts).await? {
             Ok(c) => return Ok(c),
             Err(why) => why,
         },
         false => "?agent=no".to_string(),
     };
-    let runner = std::sync::Arc::new(CommandRunner::new(argv)?);
+    let (runner, by) = scripts_runner(argv, query.session).await?;
     let mut c = connect_runner(runner, root, "shell", url).await?;
     c.why_scripts = Some(why);
+    c.scripts_by = Some(by);
     Ok(c)
 }
 
@@ -271,7 +274,7 @@ pub async fn connect_exec(
     url: &str,
     opts: &super::connect::ConnectOptions,
 ) -> Result<super::connect::Connected> {
-    let (path_url, agent) = without_agent_query(url)?;
+    let (path_url, query) = without_agent_query(url)?;
     let root = url_path(path_url, "exec:")?;
     let cmd = opts.exec.as_deref().ok_or_else(|| {
         RemoteError::Invalid(format!(
@@ -284,32 +287,88 @@ pub async fn connect_exec(
     if argv.is_empty() {
         return Err(RemoteError::Invalid("an empty exec command".into()));
     }
-    let why = match agent {
+    let why = match query.agent {
         true => match stdio_agent(&argv, &root, "exec+agent", url, opts).await? {
             Ok(c) => return Ok(c),
             Err(why) => why,
         },
         false => "?agent=no".to_string(),
     };
-    let runner = std::sync::Arc::new(CommandRunner::new(argv)?);
+    let (runner, by) = scripts_runner(argv, query.session).await?;
     let mut c = connect_runner(runner, root, "exec", url).await?;
     c.why_scripts = Some(why);
+    c.scripts_by = Some(by);
     Ok(c)
 }
 
 /// Longest a freshly started agent may take to answer its first request.
 const FIRST_ANSWER: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// A URL's `?agent=no` (the scripts, no agent deployed), and the URL without it.
-fn without_agent_query(url: &str) -> Result<(&str, bool)> {
-    match url.split_once('?') {
-        None => Ok((url, true)),
-        Some((path, "agent=no")) => Ok((path, false)),
-        Some((path, "agent=yes")) => Ok((path, true)),
-        Some((_, q)) => Err(RemoteError::Invalid(format!(
-            "{url:?}: unknown query {q:?} (the one known is ?agent=no; a '?' in the path is %3F)"
-        ))),
+/// What an exec URL's query asks for: `agent=no` (the scripts, no agent deployed) and
+/// `session=no` (the scripts as a command per operation, no persistent session), joined by `&`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExecQuery {
+    pub agent: bool,
+    pub session: bool,
+}
+
+impl ExecQuery {
+    /// Parse the part after `?` (None: no query); an error names what is not known.
+    pub fn parse(query: Option<&str>) -> std::result::Result<ExecQuery, String> {
+        let mut q = ExecQuery {
+            agent: true,
+            session: true,
+        };
+        for part in query.into_iter().flat_map(|q| q.split('&')) {
+            match part {
+                "" => {}
+                "agent=no" => q.agent = false,
+                "agent=yes" => q.agent = true,
+                "session=no" => q.session = false,
+                "session=yes" => q.session = true,
+                other => {
+                    return Err(format!(
+                        "unknown option {other:?} (known: agent=no, session=no; a '?' in the path is %3F)"
+                    ))
+                }
+            }
+        }
+        Ok(q)
     }
+}
+
+/// A URL's query and the URL without it.
+fn without_agent_query(url: &str) -> Result<(&str, ExecQuery)> {
+    let (path, query) = match url.split_once('?') {
+        None => (url, None),
+        Some((path, q)) => (path, Some(q)),
+    };
+    let q = ExecQuery::parse(query).map_err(|e| RemoteError::Invalid(format!("{url:?}: {e}")))?;
+    Ok((path, q))
+}
+
+/// The runner of the exec-only scripts over the channel `argv`: one persistent session
+/// ([`session`]) unless `?session=no`, or where none starts (then a command per program); with
+/// what runs them, for `ctl status`.
+pub async fn scripts_runner(
+    argv: Vec<String>,
+    session: bool,
+) -> Result<(std::sync::Arc<dyn Runner>, String)> {
+    if session {
+        match session::SessionRunner::start(argv.clone()).await {
+            Ok(r) => {
+                let by = r.server().map_or("one session", |s| s.describe());
+                return Ok((std::sync::Arc::new(r), by.to_string()));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "no persistent session in the sandbox: a command per operation");
+                let by = format!("a command per operation (no session: {e})");
+                return Ok((std::sync::Arc::new(CommandRunner::new(argv)?), by));
+            }
+        }
+    }
+    let by = "a command per operation (?session=no)".to_string();
+    Ok((std::sync::Arc::new(CommandRunner::new(argv)?), by))
 }
 
 /// The agent deployed through the exec channel `argv` and reached over its standard input
@@ -368,6 +427,7 @@ pub async fn stdio_agent(
                 transport: transport.to_string(),
                 keep: Box::new(bridge),
                 why_scripts: None,
+                scripts_by: None,
             }))
         }
         Err(e) => {

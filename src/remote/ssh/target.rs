@@ -15,9 +15,11 @@ pub struct SshTarget {
     pub root: Vec<u8>,
     /// False with `?agent=no`: the exec-only scripts, no deployed agent.
     pub agent: bool,
+    /// False with `?session=no`: the scripts as an ssh command per operation.
+    pub session: bool,
 }
 
-const FORM: &str = "expected ssh://[USER@]HOST[:PORT]/ABS/PATH[?agent=no]";
+const FORM: &str = "expected ssh://[USER@]HOST[:PORT]/ABS/PATH[?agent=no[&session=no]]";
 
 fn bad(url: &str, why: &str) -> RemoteError {
     RemoteError::Invalid(format!("{url:?}: {why} ({FORM})"))
@@ -62,18 +64,14 @@ pub fn parse(url: &str) -> Result<SshTarget> {
     if root.contains(&0) {
         return Err(bad(url, "the path holds a NUL byte"));
     }
-    let agent = match query {
-        None => true,
-        Some("agent=no") => false,
-        Some("agent=yes") | Some("") => true,
-        Some(q) => return Err(bad(url, &format!("unknown option {q:?}"))),
-    };
+    let q = crate::remote::exec::ExecQuery::parse(query).map_err(|e| bad(url, &e))?;
     Ok(SshTarget {
         user,
         host,
         port,
         root,
-        agent,
+        agent: q.agent,
+        session: q.session,
     })
 }
 
