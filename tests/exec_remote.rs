@@ -357,7 +357,20 @@ async fn shell_and_exec_urls_fail_clearly() {
         .await
         .err()
         .unwrap();
-    assert!(e.to_string().contains("?agent=no"), "{e}");
+    assert!(e.to_string().contains("agent=maybe"), "{e}");
+    assert!(e.to_string().contains("agent=no, session=no"), "{e}");
+    // Options combine; a command per operation on request.
+    let per_op = connect(
+        &format!("shell:{}?agent=no&session=no", root.display()),
+        &opts,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        per_op.scripts_by.as_deref(),
+        Some("a command per operation (?session=no)")
+    );
+    assert_eq!(scripts.scripts_by.as_deref(), Some("one python3 session"));
     // By default the agent runs over the shell's standard input and output.
     let with_agent = ConnectOptions {
         deploy_binary: Some(env!("CARGO_BIN_EXE_sbxfs").into()),
