@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everyday tools over `shell:` (no network: the sandbox is a local sh), with the agent over the
-# shell's stdin/stdout and, with --scripts, the exec-only scripts (`?agent=no`; minutes), next to
+# shell's stdin/stdout and, with --scripts, the exec-only scripts through one session (`?agent=no`)
+# and as a command per operation (`?agent=no&session=no`; minutes), next to
 # the same work on the local disk. Each row ends when the sandbox has everything (`ctl flush`).
 # Prints a Markdown table. Usage: scripts/bench/shell.sh [--scripts]
 set -euo pipefail
@@ -54,8 +55,9 @@ run local "$work/local"
 mount_shell agent ""
 labels=(local agent)
 if [ "${1:-}" = --scripts ]; then
-  mount_shell scripts "?agent=no"
-  labels+=(scripts)
+  mount_shell session "?agent=no"
+  mount_shell per-op "?agent=no&session=no"
+  labels+=(session per-op)
 fi
 
 printf '| workload |'; for l in "${labels[@]}"; do printf ' %s |' "$l"; done; echo
