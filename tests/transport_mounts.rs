@@ -303,15 +303,25 @@ fn nowhere_to_run(python: bool) {
     let by = if python {
         "one python3 session"
     } else {
-        "one sh session"
+        "one sh session (python3 not found)"
     };
     assert!(
         st.lines()
             .any(|l| l.starts_with("mount.scripts_run_by ") && l.ends_with(by)),
         "{st}"
     );
-    // Nothing was left in the host's own /tmp or HOME by the probe.
+    // Nothing was left in the host's own /tmp or HOME, or beside the workspace, by the probe.
     assert!(!home.join(".cache").exists());
+    let beside: Vec<_> = fs::read_dir(&parent)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(
+        beside,
+        ["ws"],
+        "the probe left something beside the workspace"
+    );
 }
 
 /// The agents a mount started through its exec channel: its children running `agent --stdio`.

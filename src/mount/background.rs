@@ -63,9 +63,10 @@ pub fn leave_session() {
     }
 }
 
-/// Once ready, before the "mounted" line: stdin and stderr to `/dev/null` (stderr stays when
-/// it is the journal).
-pub fn release_stdin_and_stderr() {
+/// Once ready, before the "mounted" line: stdin to `/dev/null`, stderr to `log` (a new
+/// private file; `/dev/null` if it cannot be made, or with no `log`: stderr is the journal).
+pub fn release_stdin_and_stderr(log: Option<&std::path::Path>) {
+    use std::os::unix::fs::OpenOptionsExt;
     let Ok(null) = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -74,9 +75,20 @@ pub fn release_stdin_and_stderr() {
         return;
     };
     let _ = rustix::stdio::dup2_stdin(null.as_fd());
-    if !super::notify::stderr_is_journal() {
-        let _ = rustix::stdio::dup2_stderr(null.as_fd());
+    if super::notify::stderr_is_journal() {
+        return;
     }
+    let file = log.and_then(|log| {
+        let _ = std::fs::remove_file(log);
+        std::fs::OpenOptions::new()
+            .append(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(log)
+            .ok()
+    });
+    let _ = rustix::stdio::dup2_stderr(file.as_ref().map_or(null.as_fd(), |f| f.as_fd()));
 }
 
 /// After the "mounted" line: stdout to `/dev/null` (the waiting parent has read it and left).

@@ -201,6 +201,7 @@ fn announce_ready(
     mountpoint: &Path,
     our_dev: Option<&str>,
     kernel_cache: &fuser::Notifier,
+    log_file: Option<&Path>,
 ) {
     use std::os::unix::fs::MetadataExt;
     match std::fs::metadata(mountpoint) {
@@ -218,7 +219,7 @@ fn announce_ready(
     // soon after a crash meets the dead daemon (ENOTCONN) rather than the cache.
     let _ = kernel_cache.inval_inode(fuser::INodeNo(1), -1, 0);
     if cfg.detached {
-        background::release_stdin_and_stderr();
+        background::release_stdin_and_stderr(log_file);
     }
     println!(
         "sbxfs mounted {} on {}",
@@ -404,6 +405,10 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
         )),
         rt: rt.handle().clone(),
     };
+    // A background daemon's log goes to a private file beside its socket (the journal keeps
+    // it where stderr is the journal).
+    let log_file =
+        (cfg.detached && !notify::stderr_is_journal()).then(|| socket.with_extension("log"));
     let control = Arc::new(Control {
         core: core.clone(),
         info: serde_json::json!({
@@ -418,6 +423,7 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
             "transport": transport,
             "transport_why": why_scripts,
             "scripts_run_by": scripts_by,
+            "log": log_file.as_ref().map(|p| p.display().to_string()),
             "capabilities": info.capabilities,
         }),
         health: health.clone(),
@@ -464,7 +470,13 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
             signal(SignalKind::interrupt()).context("SIGINT handler")?,
         )
     };
-    announce_ready(&cfg, &mountpoint, our_dev.as_deref(), &kernel_cache);
+    announce_ready(
+        &cfg,
+        &mountpoint,
+        our_dev.as_deref(),
+        &kernel_cache,
+        log_file.as_deref(),
+    );
 
     let retry_core = core.clone();
     rt.spawn(async move {

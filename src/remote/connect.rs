@@ -53,8 +53,9 @@ pub struct Connected {
     pub transport: String,
     /// Whatever must live as long as the connection (an ssh master, a forwarding).
     pub keep: Box<dyn std::any::Any + Send + Sync>,
-    /// Why the exec-only scripts serve where an agent was wanted (`ctl status`'s
-    /// `mount.transport_why`).
+    /// Why the transport is not the first choice: why the exec-only scripts serve where an
+    /// agent was wanted, or why ssh's agent speaks over a session, not a forwarded socket
+    /// (`ctl status`'s `mount.transport_why`).
     pub why_scripts: Option<String>,
     /// What runs the exec-only scripts: one python3 or sh session, or a command per operation
     /// (`ctl status`'s `mount.scripts_run_by`).

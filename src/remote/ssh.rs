@@ -66,6 +66,10 @@ pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Connected> {
                 match super::exec::stdio_agent(&argv, &t.root, "ssh+stdio", url, &opts).await? {
                     Ok(mut c) => {
                         c.keep = Box::new((c.keep, ssh));
+                        c.why_scripts = Some(format!(
+                            "the agent's socket cannot be reached through ssh (the server refuses \
+                             forwarding?): {e}"
+                        ));
                         return Ok(c);
                     }
                     Err(_) => Err(e),
@@ -108,6 +112,7 @@ pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Connected> {
         }
         other => other,
     })?;
+    tracing::info!("the exec-only scripts run through {by}");
     Ok(Connected {
         remote,
         info,

@@ -113,11 +113,15 @@ echo "arch $(uname -m 2>/dev/null)"
 u="$(id -u 2>/dev/null || echo 0)"
 # A directory of ours: made here if missing, a real directory (not a symlink) owned by this
 # user, then private. One made or planted by anyone else is never used (root could chmod it).
+# Where nothing can run, what this probe made goes again (rmdir: only if empty).
+unmake() { rmdir "$d" "$base/exec" "$base" ${up:+"$up"} 2>/dev/null; }
 mine() { mkdir "$1" 2>/dev/null; [ -d "$1" ] && [ ! -L "$1" ] && [ -O "$1" ] && chmod 700 "$1" 2>/dev/null; }
 for base in "${HOME:-/nonexistent}/.cache/sbxfs" "/tmp/sbxfs-$u" "/dev/shm/sbxfs-$u" "$(dirname "$4")/.sbxfs-$u"; do
   d="$base/exec/$1"
+  up="$(dirname "$base")"
+  [ -d "$up" ] && up=""
   mkdir -p "$(dirname "$base")" 2>/dev/null
-  mine "$base" && mine "$base/exec" && mine "$d" || continue
+  mine "$base" && mine "$base/exec" && mine "$d" || { unmake; continue; }
   # Other builds' copies no session has started for two days go (each session touches its own).
   for o in "$base/exec"/*; do
     [ "$o" = "$d" ] && continue
@@ -134,6 +138,7 @@ for base in "${HOME:-/nonexistent}/.cache/sbxfs" "/tmp/sbxfs-$u" "/dev/shm/sbxfs
     rm -f "$probe"; echo "__RESULT__ upload $d"; exit 0
   fi
   rm -f "$probe"
+  unmake
 done
 echo "__RESULT__ none"
 "#;
@@ -208,11 +213,29 @@ fn result(out: &Output, step: &str) -> Result<(String, Vec<String>)> {
         .collect();
     match text.lines().find_map(|l| l.strip_prefix("__RESULT__ ")) {
         Some(r) => Ok((r.to_string(), before)),
-        None => Err(RemoteError::Transport(format!(
-            "the agent's {step} step answered no result (status {}): {}",
-            out.code,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))),
+        None => {
+            let err = String::from_utf8_lossy(&out.stderr);
+            let err = err.trim();
+            Err(RemoteError::Transport(
+                match (err.is_empty(), text.trim().is_empty()) {
+                    (true, true) => format!(
+                        "the exec command exited at once (status {}) with no output: is it a \
+                     command that runs a shell reading its standard input (e.g. \
+                     'docker exec -i CONTAINER sh')?",
+                        out.code
+                    ),
+                    (true, false) => format!(
+                        "the agent's {step} step answered no result (status {}): it printed {:?}",
+                        out.code,
+                        text.chars().take(200).collect::<String>()
+                    ),
+                    (false, _) => format!(
+                        "the agent's {step} step answered no result (status {}): {err}",
+                        out.code
+                    ),
+                },
+            ))
+        }
     }
 }
 

@@ -98,6 +98,8 @@ pub struct FsCore {
     /// Subdirectories' listings from a subtree fetch, until their nodes exist.
     prefetched: super::prefetch::Prefetched,
     flights: subtree::Flights,
+    /// Stale listings fetched again, by directory ([`Self::relist_stale`]).
+    relists: subtree::Flights,
     /// The agent answers no packed trees: list directory by directory.
     tree_unsupported: AtomicBool,
     pages: PageCache,
@@ -133,6 +135,10 @@ pub struct NodeAttr {
     pub attr: Attr,
 }
 
+/// Most entries a stale listing may have to be fetched again for one name's sake
+/// ([`FsCore::relist_stale`]).
+const RELIST_MAX: usize = 4096;
+
 pub(super) fn now_ns() -> i64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -150,6 +156,7 @@ impl FsCore {
             meta: MetaCache::with_clock(cfg.clock.clone()),
             prefetched: Default::default(),
             flights: Default::default(),
+            relists: Default::default(),
             tree_unsupported: AtomicBool::new(false),
             pages: PageCache::new(cfg.cache_bytes),
             prefetchers: Default::default(),
@@ -370,6 +377,41 @@ impl FsCore {
 
     /// The sandbox's attributes of a node, applied to it unless the mount changed the node
     /// while the answer was on its way (then the node's own, newer, attributes).
+    /// Without a change feed, a stale listing of `dir` is fetched again, once for all who ask
+    /// meanwhile, rather than a stat per name: a `git status` past the TTL then costs a call
+    /// per directory, not per file (one program each over the exec-only scripts). Directories
+    /// of more than [`RELIST_MAX`] entries are left to stats.
+    async fn relist_stale(&self, dir: NodeId) {
+        // With no TTL a listing is stale at once: stats are all there is.
+        if self.feed.trusted() || self.ttl().is_zero() || self.offline() {
+            return;
+        }
+        match self.meta.listing(dir, self.ttl(), true) {
+            Some(l) if l.len() <= RELIST_MAX => {}
+            _ => return,
+        }
+        let _flight = self.relists.enter(dir).await;
+        // Fetched by the flight we waited for, or still to fetch.
+        if self.meta.listing(dir, self.ttl(), false).is_none() {
+            let _ = self.listing(dir).await;
+        }
+    }
+
+    /// A stale node's attributes from its directory's listing fetched again
+    /// ([`Self::relist_stale`]): whether that answered it (else a stat is in order).
+    async fn relisted(&self, node: NodeId) -> bool {
+        let asked = self.epoch();
+        let Some((parent, name)) = self.node(node).ok().and_then(|n| n.links.first().cloned())
+        else {
+            return false;
+        };
+        self.relist_stale(parent).await;
+        match self.meta.entry(parent, &name, self.ttl(), false) {
+            Some(Some(a)) => self.inodes.rebind_answer(node, &a, asked),
+            _ => false,
+        }
+    }
+
     async fn stat_node(&self, node: NodeId, path: &RemotePath) -> Result<Attr> {
         let asked = self.epoch();
         // The node's own attributes are the answer while the sandbox gives none.
@@ -455,6 +497,11 @@ impl FsCore {
             // The first look into a directory lists it with its subtree ([`super::subtree`]);
             // if that fails, the stat below says why.
             let _ = self.listing(parent).await;
+        }
+        if self.meta.entry(parent, name, self.ttl(), false).is_none()
+            && self.vouched_child(parent, name).is_none()
+        {
+            self.relist_stale(parent).await;
         }
         let offline = self.offline();
         let known = self.inodes.child(parent, name);
@@ -552,6 +599,7 @@ impl FsCore {
             _ if staged => n.attr,
             None => n.attr,
             Some(_) if self.fresh(n.fetched) || self.offline() => n.attr,
+            Some(_) if self.relisted(node).await => self.node(node)?.attr,
             Some(path) => match self.stat_node(node, &path).await {
                 Ok(a) => a,
                 Err(e) if unreachable(&e) => n.attr,

@@ -34,7 +34,7 @@ pub const SUBTREE_DEADLINE: Duration = Duration::from_secs(5);
 pub struct Flights(Mutex<HashMap<NodeId, Arc<tokio::sync::Mutex<()>>>>);
 
 impl Flights {
-    async fn enter(&self, dir: NodeId) -> FlightGuard<'_> {
+    pub(super) async fn enter(&self, dir: NodeId) -> FlightGuard<'_> {
         let lock = self
             .0
             .lock()
@@ -52,7 +52,7 @@ impl Flights {
     }
 }
 
-struct FlightGuard<'a> {
+pub(super) struct FlightGuard<'a> {
     flights: &'a Flights,
     dir: NodeId,
     lock: Arc<tokio::sync::Mutex<()>>,

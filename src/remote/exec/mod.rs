@@ -255,13 +255,14 @@ pub async fn connect_shell(
     let argv = vec!["sh".to_string()];
     let why = match query.agent {
         true => match stdio_agent(&argv, &root, "shell+agent", url, opts).await? {
-            Ok(c) => return Ok(c),
+            Ok(c) => return Ok(session_unused(c, query)),
             Err(why) => why,
         },
         false => "?agent=no".to_string(),
     };
     let (runner, by) = scripts_runner(argv, query.session).await?;
     let mut c = connect_runner(runner, root, "shell", url).await?;
+    tracing::info!(%why, "the exec-only scripts run through {by}");
     c.why_scripts = Some(why);
     c.scripts_by = Some(by);
     Ok(c)
@@ -289,16 +290,28 @@ pub async fn connect_exec(
     }
     let why = match query.agent {
         true => match stdio_agent(&argv, &root, "exec+agent", url, opts).await? {
-            Ok(c) => return Ok(c),
+            Ok(c) => return Ok(session_unused(c, query)),
             Err(why) => why,
         },
         false => "?agent=no".to_string(),
     };
     let (runner, by) = scripts_runner(argv, query.session).await?;
     let mut c = connect_runner(runner, root, "exec", url).await?;
+    tracing::info!(%why, "the exec-only scripts run through {by}");
     c.why_scripts = Some(why);
     c.scripts_by = Some(by);
     Ok(c)
+}
+
+/// The agent serves: `?session=no` (which is about the scripts) has nothing to do, and says so.
+fn session_unused(c: super::connect::Connected, query: ExecQuery) -> super::connect::Connected {
+    if !query.session {
+        tracing::warn!(
+            "?session=no applies to the exec-only scripts, and the agent serves this mount \
+             (add agent=no for the scripts: ?agent=no&session=no)"
+        );
+    }
+    c
 }
 
 /// Longest a freshly started agent may take to answer its first request.
@@ -357,8 +370,8 @@ pub async fn scripts_runner(
     if session {
         match session::SessionRunner::start(argv.clone()).await {
             Ok(r) => {
-                let by = r.server().map_or("one session", |s| s.describe());
-                return Ok((std::sync::Arc::new(r), by.to_string()));
+                let by = r.serving();
+                return Ok((std::sync::Arc::new(r), by));
             }
             Err(e) => {
                 tracing::warn!(error = %e, "no persistent session in the sandbox: a command per operation");

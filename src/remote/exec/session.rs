@@ -91,7 +91,7 @@ const BOOTSTRAP: &str = r#"sbxfs_session_sh() {
     rm -f "$s/$1.p" "$s/$1.o" "$s/$1.e"
     rmdir "$s/lock"
   }
-  echo __SBXFS_SESSION_SH__
+  echo "__SBXFS_SESSION_SH__ $1"
   while IFS=' ' read -r i n; do
     case "$i:$n" in *[!0-9:]* | :* | *:) break ;; esac
     if [ "$n" -eq 0 ]; then answer "$i" 0; continue; fi
@@ -101,13 +101,20 @@ const BOOTSTRAP: &str = r#"sbxfs_session_sh() {
       answer "$i" $?
     ) &
   done
+  exit 0
 }
 sbxfs_session() {
-  if [ -z "${SBXFS_SESSION_NO_PYTHON:-}" ] && command -v python3 > /dev/null 2>&1 && python3 -c 'import subprocess, threading' > /dev/null 2>&1; then
-    echo __SBXFS_SESSION_PY__
-    exec python3 -u -c 'PYTHON_SERVER'
+  if [ -n "${SBXFS_SESSION_NO_PYTHON:-}" ]; then
+    sbxfs_session_sh "SBXFS_SESSION_NO_PYTHON is set"
+  elif ! command -v python3 > /dev/null 2>&1; then
+    sbxfs_session_sh "python3 not found"
   fi
-  sbxfs_session_sh
+  # The real interpreter first on PATH: a shim (pyenv, asdf) costs every script that runs
+  # python3 its own start, often longer than the work.
+  d=$(python3 -c 'import os, subprocess, sys, threading; print(os.path.dirname(sys.executable))' 2> /dev/null) || sbxfs_session_sh "python3 cannot start or lacks subprocess/threading"
+  if [ -n "$d" ] && [ -x "$d/python3" ]; then PATH="$d:$PATH"; export PATH; fi
+  echo __SBXFS_SESSION_PY__
+  exec python3 -u -c 'PYTHON_SERVER'
 }
 sbxfs_session
 "#;
@@ -147,6 +154,8 @@ struct Live {
     ended: AtomicBool,
     next: AtomicU64,
     server: Server,
+    /// Why the `sh` loop serves rather than python3, as the bootstrap said.
+    why_sh: Option<String>,
     group: Option<i32>,
     /// Holds the child so it is reaped (and killed) when the session goes.
     _child: Mutex<Option<tokio::process::Child>>,
@@ -222,8 +231,8 @@ fn kill_group(group: Option<i32>) {
 pub struct SessionRunner {
     argv: Vec<String>,
     live: tokio::sync::Mutex<Option<Arc<Live>>>,
-    /// What served the last session (for messages).
-    server: Mutex<Option<Server>>,
+    /// What served the last session, and why not python3 (for messages).
+    server: Mutex<Option<(Server, Option<String>)>>,
 }
 
 impl SessionRunner {
@@ -245,7 +254,21 @@ impl SessionRunner {
 
     /// What serves the programs: python3 or the `sh` loop.
     pub fn server(&self) -> Option<Server> {
-        *self.server.lock().expect("not poisoned")
+        self.server
+            .lock()
+            .expect("not poisoned")
+            .as_ref()
+            .map(|s| s.0)
+    }
+
+    /// What serves the programs, in words, with why not python3 where the `sh` loop does:
+    /// "one sh session (python3 not found)".
+    pub fn serving(&self) -> String {
+        match &*self.server.lock().expect("not poisoned") {
+            None => "one session".into(),
+            Some((s, None)) => s.describe().into(),
+            Some((s, Some(why))) => format!("{} ({why})", s.describe()),
+        }
     }
 
     /// The running session, or a new one.
@@ -255,10 +278,11 @@ impl SessionRunner {
             return Ok(live.clone());
         }
         let live = open(&self.argv).await?;
-        if self.server() != Some(live.server) {
-            tracing::info!(command = %self.argv.join(" "), "the exec-only scripts run through {}", live.server.describe());
+        // The first server is logged by the connect, once the workspace is known to be there.
+        if self.server().is_some_and(|s| s != live.server) {
+            tracing::info!(command = %self.argv.join(" "), "the exec-only scripts now run through {}", live.server.describe());
         }
-        *self.server.lock().expect("not poisoned") = Some(live.server);
+        *self.server.lock().expect("not poisoned") = Some((live.server, live.why_sh.clone()));
         *slot = Some(live.clone());
         Ok(live)
     }
@@ -288,7 +312,7 @@ async fn open(argv: &[String]) -> Result<Arc<Live>> {
         stdin.flush().await.ok()?;
         first_line(&mut stdout).await
     };
-    let server = match tokio::time::timeout(START, started).await {
+    let (server, why_sh) = match tokio::time::timeout(START, started).await {
         Ok(Some(s)) => s,
         Ok(None) => {
             kill_group(group);
@@ -311,6 +335,7 @@ async fn open(argv: &[String]) -> Result<Arc<Live>> {
         ended: AtomicBool::new(false),
         next: AtomicU64::new(1),
         server,
+        why_sh,
         group,
         _child: Mutex::new(Some(child)),
     });
@@ -326,7 +351,9 @@ async fn open(argv: &[String]) -> Result<Arc<Live>> {
 }
 
 /// Read to the server's first line (after whatever the channel printed first, bounded).
-async fn first_line<R: tokio::io::AsyncBufRead + Unpin>(out: &mut R) -> Option<Server> {
+async fn first_line<R: tokio::io::AsyncBufRead + Unpin>(
+    out: &mut R,
+) -> Option<(Server, Option<String>)> {
     let mut banner = out.take(MAX_BANNER);
     let mut line = Vec::new();
     loop {
@@ -335,8 +362,12 @@ async fn first_line<R: tokio::io::AsyncBufRead + Unpin>(out: &mut R) -> Option<S
             return None;
         }
         match line.strip_suffix(b"\n") {
-            Some(b"__SBXFS_SESSION_PY__") => return Some(Server::Python),
-            Some(b"__SBXFS_SESSION_SH__") => return Some(Server::Sh),
+            Some(b"__SBXFS_SESSION_PY__") => return Some((Server::Python, None)),
+            Some(l) if l.starts_with(b"__SBXFS_SESSION_SH__") => {
+                let why = String::from_utf8_lossy(&l[b"__SBXFS_SESSION_SH__".len()..]);
+                let why = why.trim();
+                return Some((Server::Sh, (!why.is_empty()).then(|| why.to_string())));
+            }
             _ => {}
         }
     }
