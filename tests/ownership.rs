@@ -377,7 +377,7 @@ fn another_local_user_gets_the_posix_checks_against_the_owners_shown() {
     let bin_dir = tempfile::tempdir().unwrap();
     set_mode(bin_dir.path(), 0o755);
     let bin = bin_dir.path().join("sbxfs");
-    fs::copy(sbxfs_bin(), &bin).unwrap();
+    crate::common::copy_program(&sbxfs_bin(), &bin);
     let (_, out, err) = run(Command::new(&setpriv)
         .arg(format!("--reuid={OTHER_UID}"))
         .arg(format!("--regid={OTHER_UID}"))

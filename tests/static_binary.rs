@@ -84,8 +84,8 @@ fn the_static_agent_serves_a_workspace_from_a_chroot_with_nothing_else() {
     let r = root.path();
     std::fs::create_dir_all(r.join("bin")).unwrap();
     std::fs::create_dir_all(r.join("ws")).unwrap();
-    std::fs::copy(&bin, r.join("bin/sbxfs")).unwrap();
-    std::fs::copy(&busybox, r.join("bin/busybox")).unwrap();
+    common::copy_program(&bin, &r.join("bin/sbxfs"));
+    common::copy_program(&busybox, &r.join("bin/busybox"));
     std::os::unix::fs::symlink("busybox", r.join("bin/sh")).unwrap();
     std::fs::write(r.join("token"), "static-token-0123456789").unwrap();
 

@@ -741,3 +741,18 @@ impl Drop for CpuHogs {
         }
     }
 }
+
+/// Copy a program to be run from its copy, by `cp` in a process of its own: a file this test
+/// process writes itself is open for writing for a moment, and a child another test forks
+/// meanwhile inherits that descriptor until it execs, so running the copy could fail with
+/// ETXTBSY ("Text file busy").
+pub fn copy_program(from: &Path, to: &Path) {
+    let out = Command::new("cp").arg(from).arg(to).output().unwrap();
+    assert!(
+        out.status.success(),
+        "cp {} {}: {}",
+        from.display(),
+        to.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
