@@ -33,6 +33,7 @@ mod exec_read_speed;
 mod exec_remote;
 mod exerciser;
 mod lifecycle;
+mod local_events;
 mod memory_vs_agent;
 mod mount;
 mod offline_transports;

@@ -78,6 +78,21 @@ impl Authors {
         made.push_back((change, client));
     }
 
+    /// Whose rename moves `from` (or, with `from` None, moves something to `to`): for the
+    /// halves inotify reports of a rename before the whole (kept for the whole to take).
+    pub fn renaming(&self, from: Option<&[u8]>, to: Option<&[u8]>) -> Option<u64> {
+        let made = self.made.lock().expect("authors lock");
+        made.iter().find_map(|(m, client)| match m {
+            Made::Renamed { from: f, to: t }
+                if from.is_none_or(|x| x == f.as_slice())
+                    && to.is_none_or(|x| x == t.as_slice()) =>
+            {
+                Some(*client)
+            }
+            _ => None,
+        })
+    }
+
     /// Whose change `change` was (forgotten once asked).
     pub fn take_made(&self, change: &Made) -> Option<u64> {
         let mut made = self.made.lock().expect("authors lock");
@@ -111,8 +126,22 @@ impl ChangeFeed {
             Mode::empty(),
         )
         .map_err(|e| notify::Error::io(e.into()))?;
+        // The cookie of the last rename's first half: its second half comes with the whole
+        // rename right after it, which says it all.
+        let mut last_from: Option<usize> = None;
         let handler = move |res: notify::Result<notify::Event>| match res {
             Ok(ev) => {
+                match ev.kind {
+                    EventKind::Modify(ModifyKind::Name(RenameMode::From)) => {
+                        last_from = ev.attrs.tracker()
+                    }
+                    EventKind::Modify(ModifyKind::Name(RenameMode::To))
+                        if ev.attrs.tracker().is_some() && ev.attrs.tracker() == last_from =>
+                    {
+                        return;
+                    }
+                    _ => {}
+                }
                 for change in translate(&root_owned, ev, &authors) {
                     let to_inside = match &change.kind {
                         ChangeKind::Renamed { to } => beneath(&root_fd, &to.0),
@@ -280,8 +309,21 @@ fn translate(root: &Path, ev: notify::Event, authors: &Authors) -> Vec<ChangeEve
                 None => vec![change(ChangeKind::Created, to_rel)],
             }
         }
-        EventKind::Modify(ModifyKind::Name(RenameMode::From)) => one(ChangeKind::Removed),
-        EventKind::Modify(ModifyKind::Name(RenameMode::To)) => one(ChangeKind::Created),
+        // The halves of a rename a client asked for are its own, as the whole is.
+        EventKind::Modify(ModifyKind::Name(RenameMode::From)) => {
+            let mut evs = one(ChangeKind::Removed);
+            for ev in evs.iter_mut().filter(|e| e.author.is_none()) {
+                ev.author = authors.renaming(Some(&ev.path.0), None);
+            }
+            evs
+        }
+        EventKind::Modify(ModifyKind::Name(RenameMode::To)) => {
+            let mut evs = one(ChangeKind::Created);
+            for ev in evs.iter_mut().filter(|e| e.author.is_none()) {
+                ev.author = authors.renaming(None, Some(&ev.path.0));
+            }
+            evs
+        }
         EventKind::Modify(_) => one(ChangeKind::Modified),
         EventKind::Access(_) => Vec::new(),
         EventKind::Any | EventKind::Other => one(ChangeKind::Modified),

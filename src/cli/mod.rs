@@ -26,6 +26,7 @@ mod daemon;
 mod logging;
 mod output;
 mod query;
+mod watch;
 
 use std::path::PathBuf;
 
@@ -87,6 +88,9 @@ enum Command {
     /// Replace a string in a file, atomically.
     #[command(after_long_help = query::EDIT_HELP)]
     Edit(query::EditArgs),
+    /// Print the sandbox's changes under a path as they happen (created, modified, …).
+    #[command(after_long_help = watch::WATCH_HELP)]
+    Watch(watch::WatchArgs),
     /// Serve a workspace over HTTP for sbxfs mounts (run it inside the sandbox).
     #[command(after_long_help = daemon::AGENT_HELP)]
     Agent(daemon::AgentArgs),
@@ -279,6 +283,7 @@ pub fn main() -> i32 {
         Command::Mount(a) => daemon::run_mount(a),
         Command::Umount(a) => daemon::run_umount(a),
         Command::Ctl(a) => ctl::run_ctl(a),
+        Command::Watch(a) => watch::run_watch(a),
         Command::Completions { shell } => {
             let mut script = Vec::new();
             clap_complete::generate(shell, &mut command(), "sbxfs", &mut script);

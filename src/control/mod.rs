@@ -122,6 +122,14 @@ pub enum Request {
     Readlink {
         path: crate::remote::WireBytes,
     },
+    /// Stream the sandbox's changes under `path` (the workspace's root: empty), one JSON line
+    /// each (`{"seq","kind","path","to"}`), first those after `since`. A `{"lost": N}` line
+    /// says changes were dropped (not kept any more, or the watcher fell behind).
+    Watch {
+        path: crate::remote::WireBytes,
+        #[serde(default)]
+        since: Option<u64>,
+    },
 }
 
 impl Request {
@@ -145,6 +153,7 @@ impl Request {
                 replace_all,
             },
             Request::Invalidate { .. } => Request::Invalidate { path: w },
+            Request::Watch { since, .. } => Request::Watch { path: w, since },
             // A link cannot be opened for an ioctl (open follows it): the ioctl names its
             // directory, and the request the link's path relative to that directory.
             Request::Readlink { path } => {

@@ -289,6 +289,10 @@ async fn handle(stream: UnixStream, control: &Control) {
                 Err(e) => Err(e),
             }
         }
+        Request::Watch { path: p, since } => {
+            watch(core, &p.0, since, &mut reader, &mut write).await;
+            return;
+        }
         // A query whose client left is dropped (cancelled in the sandbox); requests that
         // change something (edit, flush) are seen through.
         query @ (Request::Glob { .. } | Request::Fuzzy { .. } | Request::Scan { .. }) => {
@@ -304,6 +308,65 @@ async fn handle(stream: UnixStream, control: &Control) {
         Err(e) => error_line(&e),
     };
     let _ = write.write_all(&l).await;
+}
+
+/// `sbxfs watch`: the sandbox's changes under `under`, kept ones after `since` first, until
+/// the client goes.
+async fn watch(
+    core: &crate::mount::core::FsCore,
+    under: &[u8],
+    since: Option<u64>,
+    reader: &mut (impl tokio::io::AsyncRead + Unpin),
+    write: &mut (impl tokio::io::AsyncWrite + Unpin),
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    let under = String::from_utf8_lossy(under).into_owned();
+    let wanted = |s: &crate::mount::echo::Seen| {
+        let within = |p: &str| {
+            under.is_empty()
+                || p == under
+                || p.strip_prefix(&under).is_some_and(|r| r.starts_with('/'))
+        };
+        within(&s.path) || s.to.as_deref().is_some_and(within)
+    };
+    let (kept, mut rx) = core.echoes().subscribe(since);
+    let mut last = since.unwrap_or_else(|| core.echoes().last_seq());
+    let mut out = Vec::new();
+    match kept {
+        Ok(kept) => {
+            for s in kept.iter().filter(|s| wanted(s)) {
+                out.extend(line(&json!(s)));
+            }
+            last = kept.last().map_or(last, |s| s.seq);
+        }
+        Err(first) => out.extend(line(&json!({ "lost": first.saturating_sub(last + 1) }))),
+    }
+    if write.write_all(&out).await.is_err() {
+        return;
+    }
+    let gone = client_gone(reader);
+    tokio::pin!(gone);
+    loop {
+        let next = tokio::select! {
+            n = rx.recv() => n,
+            _ = &mut gone => return,
+        };
+        let l = match next {
+            Ok(s) if s.seq <= last => continue,
+            Ok(s) => {
+                last = s.seq;
+                if !wanted(&s) {
+                    continue;
+                }
+                line(&json!(s))
+            }
+            Err(RecvError::Lagged(n)) => line(&json!({ "lost": n })),
+            Err(RecvError::Closed) => return,
+        };
+        if write.write_all(&l).await.is_err() {
+            return;
+        }
+    }
 }
 
 /// Resolves when the client has closed its end (it sends nothing after its request line):
@@ -348,6 +411,9 @@ pub async fn answer(control: &Control, request: Request) -> Result<serde_json::V
     let remote = core.remote().clone();
     let path = |w: crate::remote::WireBytes| RemotePath::new(w.0);
     match request {
+        Request::Watch { .. } => Err(RemoteError::Invalid(
+            "watch is a stream: ask the control socket".into(),
+        )),
         Request::Grep { path: p, options } => {
             // Collected whole: for the ioctl, whose answer must fit its buffer anyway.
             let p = path(p)?;

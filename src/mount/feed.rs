@@ -30,6 +30,7 @@ use serde_json::json;
 
 use super::core::FsCore;
 use super::core::{Applied, Change};
+use super::echo::Job;
 use super::health::Health;
 use super::inode::NodeId;
 use crate::remote::{stat_many_batches, ChangeEvent, ChangeKind, RemoteError, RemotePath};
@@ -343,6 +344,9 @@ async fn apply(core: &FsCore, batch: Vec<ChangeEvent>) -> crate::remote::Result<
         s.last_seq = batch.iter().map(|e| e.seq).max().or(s.last_seq);
     }
     let applied = || core.feed().lock().applied_seq = last;
+    // What the sandbox did, for watchers and inotify ([`super::echo`]): published once the
+    // caches know it.
+    let mut echoes = Vec::new();
     for ev in batch {
         let Ok(path) = RemotePath::new(ev.path.0.clone()) else {
             tracing::debug!(path = ?ev.path, "change event with an unusable path ignored");
@@ -357,12 +361,27 @@ async fn apply(core: &FsCore, batch: Vec<ChangeEvent>) -> crate::remote::Result<
             // So are the names it made, removed or renamed: its own answer already changed
             // the listing in place, and dropping it now could lose a name staged since.
             _ if ev.own => core.feed().lock().own_events += 1,
-            ChangeKind::Modified => touched(core, &path, false, &mut check),
-            ChangeKind::Created | ChangeKind::Removed => touched(core, &path, true, &mut check),
+            ChangeKind::Modified => {
+                touched(core, &path, false, &mut check);
+                echoes.push(Job::Modified(path));
+            }
+            ChangeKind::Created => {
+                touched(core, &path, true, &mut check);
+                echoes.push(Job::Created(path));
+            }
+            ChangeKind::Removed => {
+                let node = core.hold_node_at(&path);
+                touched(core, &path, true, &mut check);
+                echoes.push(Job::Removed(path, node));
+            }
             ChangeKind::Renamed { to } => {
+                let node = core.hold_node_at(&path);
                 touched(core, &path, true, &mut check);
                 match RemotePath::new(to.0) {
-                    Ok(to) => touched(core, &to, true, &mut check),
+                    Ok(to) => {
+                        touched(core, &to, true, &mut check);
+                        echoes.push(Job::Renamed(path, to, node));
+                    }
                     Err(_) => lost = true,
                 }
             }
@@ -377,9 +396,51 @@ async fn apply(core: &FsCore, batch: Vec<ChangeEvent>) -> crate::remote::Result<
         core.feed().trusted.store(true, Ordering::SeqCst);
         return Ok(());
     }
-    check_nodes(core, check.into_iter().collect()).await?;
+    let checked: Vec<(NodeId, RemotePath)> = check.into_iter().collect();
+    let changed = check_nodes(core, checked.clone()).await?;
     applied();
+    // A create or change of a name the mount had, whose check found it as the mount knew it,
+    // is the mount's own (the second half of its commit's rename, an atime): no echo.
+    let as_known = |p: &RemotePath| checked.iter().any(|(n, q)| q == p && !changed.contains(n));
+    echoes.retain(|j| match j {
+        Job::Created(p) | Job::Modified(p) => !as_known(p),
+        _ => true,
+    });
+    let (echoes, unheld) = without_halves_of_moves(echoes);
+    for node in unheld {
+        core.forget(node, 1);
+    }
+    for job in echoes {
+        core.echoes().sandbox_changed(job);
+    }
     Ok(())
+}
+
+/// A move is reported as its two halves too (a removal of the old name, a create of the new)
+/// where the agent's watcher sees it so: the rename says it all.
+fn without_halves_of_moves(jobs: Vec<Job>) -> (Vec<Job>, Vec<NodeId>) {
+    let moves: Vec<(RemotePath, RemotePath)> = jobs
+        .iter()
+        .filter_map(|j| match j {
+            Job::Renamed(from, to, _) => Some((from.clone(), to.clone())),
+            _ => None,
+        })
+        .collect();
+    let half = |j: &Job| match j {
+        Job::Removed(p, _) => moves.iter().any(|(from, _)| from == p),
+        Job::Created(p) => moves.iter().any(|(_, to)| to == p),
+        _ => false,
+    };
+    let (halves, kept): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(half);
+    // A dropped removal gives back the node it held for its echo.
+    let unheld = halves
+        .into_iter()
+        .filter_map(|j| match j {
+            Job::Removed(_, node) => node,
+            _ => None,
+        })
+        .collect();
+    (kept, unheld)
 }
 
 /// An event about `path`: the caches it touches are made stale ([`Change::Reported`]); a node
@@ -401,7 +462,7 @@ async fn revalidate_all(core: &FsCore, reason: &str) -> crate::remote::Result<()
     core.apply(Change::AllStale);
     let nodes = core.known_paths();
     let checked = nodes.len();
-    let changed = check_nodes(core, nodes).await?;
+    let changed = check_nodes(core, nodes).await?.len();
     tracing::info!(
         checked,
         changed,
@@ -419,11 +480,11 @@ async fn revalidate_all(core: &FsCore, reason: &str) -> crate::remote::Result<()
 }
 
 /// Ask the sandbox for the nodes' attributes in batched stats and drop what changed (here
-/// and in the kernel); what did not change is trusted afresh. Answers how many changed.
+/// and in the kernel); what did not change is trusted afresh. Answers which changed.
 async fn check_nodes(
     core: &FsCore,
     nodes: Vec<(NodeId, RemotePath)>,
-) -> crate::remote::Result<usize> {
+) -> crate::remote::Result<BTreeSet<NodeId>> {
     // Files with staged writes answer from their staged image: their own push (and its
     // conflict check) deals with the sandbox's version, or its end asks again.
     let nodes: Vec<(NodeId, RemotePath)> = nodes
@@ -431,7 +492,7 @@ async fn check_nodes(
         .filter(|(n, _)| !core.left_to_staging(*n))
         .collect();
     let paths: Vec<RemotePath> = nodes.iter().map(|(_, p)| p.clone()).collect();
-    let mut changed = 0;
+    let mut changed = BTreeSet::new();
     let mut at = 0;
     let mut unanswered = None;
     for batch in stat_many_batches(&paths) {
@@ -459,7 +520,7 @@ async fn check_nodes(
                         asked: before,
                     };
                     if core.apply(answered) == Applied::Changed {
-                        changed += 1;
+                        changed.insert(*node);
                     }
                 }
             }

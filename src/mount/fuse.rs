@@ -20,6 +20,7 @@ use tokio::runtime::Handle;
 use tracing::Instrument;
 
 use super::core::KernelCache;
+use super::echo::ECHO_FH;
 use super::gate::Caller;
 use super::gated::{Attributes, Entry, GatedFs, Opened, SetAttrs};
 use super::inode::NodeId;
@@ -198,6 +199,10 @@ impl Filesystem for SbxFs {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        if self.fs.is_echo(req.pid()) {
+            let r = self.fs.echo_entry(node(parent), name.as_bytes(), false);
+            return reply_entry(reply, "lookup", r);
+        }
         let (name, caller) = (name_bytes(name), self.caller(req));
         self.spawn("lookup", parent.0, move |fs| async move {
             reply_entry(
@@ -212,7 +217,10 @@ impl Filesystem for SbxFs {
         self.fs.forget(node(ino), nlookup);
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+    fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        if self.fs.is_echo(req.pid()) {
+            return reply_attr(reply, "getattr", self.fs.echo_attributes(node(ino)));
+        }
         self.spawn("getattr", ino.0, move |fs| async move {
             reply_attr(reply, "getattr", fs.getattr(node(ino)).await)
         });
@@ -236,6 +244,9 @@ impl Filesystem for SbxFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        if self.fs.is_echo(req.pid()) {
+            return reply_attr(reply, "setattr", self.fs.echo_attributes(node(ino)));
+        }
         let caller = self.caller(req);
         let set = SetAttrs {
             fh: fh.map(|f| f.0),
@@ -266,6 +277,10 @@ impl Filesystem for SbxFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        if self.fs.is_echo(req.pid()) {
+            let r = self.fs.echo_entry(node(parent), name.as_bytes(), true);
+            return reply_entry(reply, "mkdir", r);
+        }
         let (name, caller) = (name_bytes(name), self.caller(req));
         self.spawn("mkdir", parent.0, move |fs| async move {
             let r = fs.mkdir(&caller, node(parent), &name, mode & !umask).await;
@@ -283,6 +298,10 @@ impl Filesystem for SbxFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        if self.fs.is_echo(req.pid()) {
+            let r = self.fs.echo_entry(node(parent), name.as_bytes(), true);
+            return reply_entry(reply, "mknod", r);
+        }
         let (name, caller) = (name_bytes(name), self.caller(req));
         self.spawn("mknod", parent.0, move |fs| async move {
             let r = fs
@@ -293,6 +312,9 @@ impl Filesystem for SbxFs {
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        if self.fs.is_echo(req.pid()) {
+            return reply.ok();
+        }
         let (name, caller) = (name_bytes(name), self.caller(req));
         self.spawn("unlink", parent.0, move |fs| async move {
             reply_empty(
@@ -304,6 +326,9 @@ impl Filesystem for SbxFs {
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        if self.fs.is_echo(req.pid()) {
+            return reply.ok();
+        }
         let (name, caller) = (name_bytes(name), self.caller(req));
         self.spawn("rmdir", parent.0, move |fs| async move {
             reply_empty(reply, "rmdir", fs.rmdir(&caller, node(parent), &name).await)
@@ -318,6 +343,10 @@ impl Filesystem for SbxFs {
         target: &std::path::Path,
         reply: ReplyEntry,
     ) {
+        if self.fs.is_echo(req.pid()) {
+            let r = self.fs.echo_entry(node(parent), link_name.as_bytes(), true);
+            return reply_entry(reply, "symlink", r);
+        }
         let (name, caller) = (name_bytes(link_name), self.caller(req));
         let target = target.as_os_str().as_bytes().to_vec();
         self.spawn("symlink", parent.0, move |fs| async move {
@@ -347,6 +376,13 @@ impl Filesystem for SbxFs {
         } else {
             RenameMode::Replace
         };
+        if self.fs.is_echo(req.pid()) {
+            self.fs.echo_renamed(
+                (node(parent), name.as_bytes()),
+                (node(newparent), newname.as_bytes()),
+            );
+            return reply.ok();
+        }
         let (name, newname) = (name_bytes(name), name_bytes(newname));
         let caller = self.caller(req);
         self.spawn("rename", parent.0, move |fs| async move {
@@ -378,6 +414,9 @@ impl Filesystem for SbxFs {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if self.fs.is_echo(req.pid()) {
+            return reply.opened(FileHandle(ECHO_FH), FopenFlags::FOPEN_KEEP_CACHE);
+        }
         let caller = self.caller(req);
         self.spawn("open", ino.0, move |fs| async move {
             reply_opened(reply, "open", fs.open(&caller, node(ino), flags.0).await)
@@ -428,6 +467,9 @@ impl Filesystem for SbxFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        if fh.0 == ECHO_FH {
+            return reply.ok();
+        }
         let tid = req.pid();
         self.spawn("flush", ino.0, move |fs| async move {
             reply_empty(reply, "flush", fs.flush(fh.0, tid).await)
@@ -444,6 +486,9 @@ impl Filesystem for SbxFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        if fh.0 == ECHO_FH {
+            return reply.ok();
+        }
         self.spawn("release", ino.0, move |fs| async move {
             fs.release(fh.0).await;
             reply.ok();
@@ -458,6 +503,9 @@ impl Filesystem for SbxFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        if fh.0 == ECHO_FH {
+            return reply.ok();
+        }
         self.spawn("fsync", ino.0, move |fs| async move {
             reply_empty(reply, "fsync", fs.fsync(fh.0).await)
         });
@@ -561,6 +609,10 @@ impl Filesystem for SbxFs {
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        // The kernel asks for `security.capability` before the echo's truncate.
+        if self.fs.is_echo(req.pid()) {
+            return reply.error(Errno::from_i32(libc::ENODATA));
+        }
         let (name, caller) = (name_bytes(name), self.caller(req));
         self.spawn("getxattr", ino.0, move |fs| async move {
             let r = fs.getxattr(&caller, node(ino), &name).await;
@@ -631,6 +683,18 @@ impl Filesystem for SbxFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        if self.fs.is_echo(req.pid()) {
+            return match self.fs.echo_entry(node(parent), name.as_bytes(), true) {
+                Ok(e) => reply.created(
+                    &e.attr_ttl,
+                    &e.attr,
+                    Generation(0),
+                    FileHandle(ECHO_FH),
+                    FopenFlags::FOPEN_KEEP_CACHE,
+                ),
+                Err(e) => reply.error(fail("create", &e)),
+            };
+        }
         let (name, caller) = (name_bytes(name), self.caller(req));
         self.spawn("create", parent.0, move |fs| async move {
             match fs

@@ -216,6 +216,27 @@ impl GatedFs {
         Ok(self.entry(&self.core.lookup(parent, name).await?))
     }
 
+    /// Whether a request comes from the echo thread ([`super::echo`]); such requests are
+    /// answered by the `echo_*` methods, from the caches alone.
+    pub fn is_echo(&self, pid: u32) -> bool {
+        self.core.echoes().is_echo(pid)
+    }
+
+    /// The echo thread's lookup (`making`: false) or create, mkdir, symlink (true).
+    pub fn echo_entry(&self, parent: NodeId, name: &[u8], making: bool) -> Result<Entry> {
+        Ok(self.entry(&self.core.echo_entry(parent, name, making)?))
+    }
+
+    /// The echo thread's getattr or setattr: the attributes as cached, nothing set.
+    pub fn echo_attributes(&self, node: NodeId) -> Result<Attributes> {
+        Ok(self.attributes(&self.core.echo_attr(node)?))
+    }
+
+    /// The echo thread renamed what the sandbox renamed.
+    pub fn echo_renamed(&self, from: (NodeId, &[u8]), to: (NodeId, &[u8])) {
+        self.core.echo_renamed(from, to);
+    }
+
     pub fn forget(&self, node: NodeId, nlookup: u64) {
         self.core.forget(node, nlookup);
     }

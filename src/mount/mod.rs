@@ -27,6 +27,7 @@ pub mod caller;
 pub mod clock;
 pub mod control_server;
 pub mod core;
+pub mod echo;
 pub mod exit;
 pub mod feed;
 pub mod fuse;
@@ -191,6 +192,41 @@ fn staging_dir(
             Ok(d.to_path_buf())
         }
         None => state::staging_dir_for(remote_url, created).context("staging directory"),
+    }
+}
+
+/// The echo thread ([`echo`]): sandbox-side changes repeated on the mountpoint, so local
+/// watchers get their inotify events. It holds the core only while it works on a change.
+fn start_echoes(
+    core: &Arc<core::FsCore>,
+    kernel: &Arc<fuser::Notifier>,
+    mountpoint: &Path,
+    rt: &tokio::runtime::Handle,
+) {
+    let (weak, kernel, mnt, rt) = (
+        Arc::downgrade(core),
+        kernel.clone(),
+        mountpoint.to_path_buf(),
+        rt.clone(),
+    );
+    let started = std::thread::Builder::new()
+        .name("sbxfs-echo".into())
+        .spawn(move || {
+            if let Some(core) = weak.upgrade() {
+                core.echoes().claim_thread();
+            }
+            loop {
+                let Some(core) = weak.upgrade() else { break };
+                let Some(job) = core.echoes().next_job() else {
+                    break;
+                };
+                core.echo(job, &mnt, &kernel, &rt);
+            }
+        });
+    if let Err(e) = started {
+        tracing::warn!(
+            "no echo thread (local watchers will not hear of sandbox-side changes): {e}"
+        );
     }
 }
 
@@ -459,6 +495,7 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
         feed::without_feed(&core);
     }
     let background = session.spawn()?;
+    start_echoes(&core, &kernel_cache, &mountpoint, rt.handle());
     created.keep();
     // Signals are caught before the mount is announced: a SIGTERM right after the ready line
     // must push and unmount, not kill the daemon.
@@ -510,6 +547,7 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
             _ = ended => {}
         }
     });
+    core.echoes().stop();
     notify::tell(&format!(
         "{}\nSTATUS=pushing pending writes, then unmounting",
         notify::STOPPING

@@ -17,6 +17,7 @@
 use std::path::PathBuf;
 
 mod changes;
+mod echo;
 mod first_push;
 mod push;
 mod read_ahead;
@@ -125,6 +126,9 @@ pub struct FsCore {
     made_links: super::made_links::MadeLinks,
     /// Whether the change feed vouches for what is cached ([`super::feed`]).
     feed: super::feed::FeedState,
+    /// Sandbox-side changes repeated on the mountpoint for inotify, and `sbxfs watch`'s
+    /// stream ([`super::echo`]).
+    echoes: super::echo::Echoes,
     pub stats: CoreStats,
 }
 
@@ -172,6 +176,7 @@ impl FsCore {
             kernel: Mutex::new(None),
             made_links,
             feed: super::feed::FeedState::default(),
+            echoes: super::echo::Echoes::default(),
             stats: CoreStats::default(),
         })
     }

@@ -1,0 +1,243 @@
+//! The echo thread's work ([`crate::mount::echo`]): each sandbox-side change repeated on the
+//! mountpoint so the kernel raises its inotify events, and the answers the filesystem gives
+//! that thread's requests — from the caches alone, changing no file.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use super::{FsCore, NodeAttr};
+use crate::mount::echo::{Echoes, Job, Name, Planned};
+use crate::mount::inode::{NodeId, ROOT};
+use crate::remote::{FileKind, RemoteError, RemotePath, Result};
+
+/// A name whose directory the kernel holds: (directory, name).
+type Held = (NodeId, Vec<u8>);
+
+impl FsCore {
+    pub(in crate::mount) fn echoes(&self) -> &Echoes {
+        &self.echoes
+    }
+
+    /// Whether the kernel holds the node (so a watch may be on it).
+    fn kernel_holds(&self, node: NodeId) -> bool {
+        node == ROOT || self.inodes.get(node).is_some_and(|n| n.lookups > 0)
+    }
+
+    /// `path`'s directory and name, if the kernel holds that directory.
+    fn held(&self, path: &RemotePath) -> Option<Held> {
+        let (dir, name) = path.split_last()?;
+        let parent = self.inodes.resolve(&dir)?;
+        self.kernel_holds(parent).then(|| (parent, name.to_vec()))
+    }
+
+    /// The node a change reported at `path` concerns, held (one lookup reference) before
+    /// the caches forget the name, for its echo.
+    pub(in crate::mount) fn hold_node_at(&self, path: &RemotePath) -> Option<NodeId> {
+        let node = self.inodes.resolve(path)?;
+        self.inodes.looked_up(node);
+        Some(node)
+    }
+
+    fn give_back(&self, node: Option<NodeId>) {
+        if let Some(node) = node {
+            self.forget(node, 1);
+        }
+    }
+
+    /// Repeat one change on the mountpoint `mnt` (on the echo thread; `rt` runs the lookups
+    /// that learn a new name's node, `kernel` drops a name the kernel must ask about again).
+    pub(in crate::mount) fn echo(
+        &self,
+        job: Job,
+        mnt: &Path,
+        kernel: &fuser::Notifier,
+        rt: &tokio::runtime::Handle,
+    ) {
+        let at = |p: &RemotePath| -> PathBuf { mnt.join(OsStr::from_bytes(p.as_bytes())) };
+        let forget_name = |(parent, name): &Held| {
+            let _ = kernel.inval_entry(fuser::INodeNo(parent.0), OsStr::from_bytes(name));
+        };
+        // A node learnt here holds one lookup reference, which the kernel takes over if its
+        // request is answered with it ([`Echoes::planned`]) and is given back otherwise.
+        let learn = |(parent, name): &Held| -> Option<NodeAttr> {
+            rt.block_on(self.lookup(*parent, name)).ok()
+        };
+        // A removed or renamed name's node: held since the change was reported (the
+        // reference [`Self::hold_node_at`] took), so the kernel's forgetting it meanwhile
+        // did not drop it; that reference is the plan's.
+        let hold = |node: Option<NodeId>| node.and_then(|n| self.echo_attr(n).ok());
+        for node in self.echoes.released() {
+            self.forget(node, 1);
+        }
+        tracing::debug!(?job, "echoing a sandbox-side change");
+        let done: Option<std::io::Result<()>> = match job {
+            Job::Created(path) => self.held(&path).and_then(|h| {
+                let na = learn(&h)?;
+                forget_name(&h);
+                let (parent, name) = h;
+                self.echoes
+                    .set_plan(vec![(parent, name, Name::ToMake(na.node))]);
+                Some(make(&at(&path), na.attr.kind))
+            }),
+            Job::Modified(path) => self.held(&path).and_then(|h| {
+                let na = learn(&h)?;
+                let (parent, name) = h;
+                self.echoes
+                    .set_plan(vec![(parent, name, Name::Present(na.node))]);
+                // A file with staged writes: the local writer's events were raised, and
+                // the sandbox's change meets its push.
+                if na.attr.kind != FileKind::File || self.staged_of(na.node).is_some() {
+                    return None;
+                }
+                Some(modify(&at(&path), na.attr.size))
+            }),
+            Job::Removed(path, node) => match (self.held(&path), hold(node)) {
+                (Some((parent, name)), Some(na)) => {
+                    self.echoes
+                        .set_plan(vec![(parent, name, Name::Present(na.node))]);
+                    Some(match na.attr.kind {
+                        FileKind::Dir => std::fs::remove_dir(at(&path)),
+                        _ => std::fs::remove_file(at(&path)),
+                    })
+                }
+                _ => {
+                    self.give_back(node);
+                    None
+                }
+            },
+            Job::Renamed(from, to, node) => match (self.held(&from), self.held(&to), hold(node)) {
+                (Some((p1, n1)), Some(h2), Some(na)) => {
+                    forget_name(&h2);
+                    let (p2, n2) = h2;
+                    self.echoes.set_plan(vec![
+                        (p1, n1, Name::Present(na.node)),
+                        (p2, n2, Name::Absent),
+                    ]);
+                    Some(std::fs::rename(at(&from), at(&to)))
+                }
+                (Some(_), None, _) => return self.echo(Job::Removed(from, node), mnt, kernel, rt),
+                (_, Some(_), _) => {
+                    self.give_back(node);
+                    return self.echo(Job::Created(to), mnt, kernel, rt);
+                }
+                _ => {
+                    self.give_back(node);
+                    None
+                }
+            },
+            Job::Touched(dir) => self
+                .inodes
+                .resolve(&dir)
+                .filter(|d| self.kernel_holds(*d))
+                .map(|_| touch(&at(&dir))),
+        };
+        for node in self.echoes.end_plan() {
+            self.forget(node, 1);
+        }
+        let stats = &self.echoes.stats;
+        let counter = match done {
+            None => {
+                tracing::debug!("not echoed: nobody holds its directory, or its node is gone");
+                &stats.skipped
+            }
+            Some(Ok(())) => &stats.echoed,
+            Some(Err(e)) => {
+                tracing::debug!("a sandbox-side change could not be echoed: {e}");
+                &stats.failed
+            }
+        };
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The echo thread's lookup (`making`: false) or create (true) of `name` in `parent`:
+    /// as planned, else a name the caches hold, else absent. Never a remote call.
+    pub(in crate::mount) fn echo_entry(
+        &self,
+        parent: NodeId,
+        name: &[u8],
+        making: bool,
+    ) -> Result<NodeAttr> {
+        let absent = || RemoteError::NotFound(String::from_utf8_lossy(name).into_owned());
+        let node = match self.echoes.planned(parent, name, making) {
+            Planned::Node { node, counted } => {
+                if !counted {
+                    self.inodes.looked_up(node);
+                }
+                node
+            }
+            Planned::Absent => return Err(absent()),
+            Planned::No if making => {
+                return Err(RemoteError::Perm(
+                    "the echo thread makes only what it planned".into(),
+                ))
+            }
+            Planned::No => {
+                let node = self.inodes.child(parent, name).ok_or_else(absent)?;
+                self.inodes.looked_up(node);
+                node
+            }
+        };
+        self.echo_attr(node)
+    }
+
+    /// A node's attributes as cached, for the echo thread (its getattr and setattr).
+    pub(in crate::mount) fn echo_attr(&self, node: NodeId) -> Result<NodeAttr> {
+        let n = self.node(node)?;
+        Ok(NodeAttr {
+            node,
+            attr: self.with_staged(node, n.attr),
+        })
+    }
+
+    /// The echo thread renamed a name the sandbox renamed: the table follows, if the name
+    /// still leads where it did.
+    pub(in crate::mount) fn echo_renamed(
+        &self,
+        (p1, n1): (NodeId, &[u8]),
+        (p2, n2): (NodeId, &[u8]),
+    ) {
+        let planned = matches!(self.echoes.peek(p1, n1), Some(Name::Present(_)));
+        if planned && self.inodes.child(p1, n1).is_some() {
+            self.inodes.rename(p1, n1, p2, n2);
+        }
+    }
+}
+
+/// The create that raises `IN_CREATE` for a name of this kind.
+fn make(path: &Path, kind: FileKind) -> std::io::Result<()> {
+    match kind {
+        FileKind::Dir => std::fs::create_dir(path),
+        FileKind::Symlink => std::os::unix::fs::symlink("echo", path),
+        FileKind::File => std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path)
+            .map(drop),
+        _ => Err(std::io::Error::from_raw_os_error(libc::EOPNOTSUPP)),
+    }
+}
+
+/// `IN_MODIFY` (a truncate to the size it has) and `IN_CLOSE_WRITE`.
+fn modify(path: &Path, size: u64) -> std::io::Result<()> {
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    f.set_len(size)
+}
+
+/// `IN_ATTRIB` on a directory: its times set to now (answered with the times it has).
+fn touch(path: &Path) -> std::io::Result<()> {
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())?;
+    // SAFETY: a valid C string; NULL times means now.
+    let r = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), std::ptr::null(), 0) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}

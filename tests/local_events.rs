@@ -1,0 +1,413 @@
+//! Editors see the sandbox live: changes made in the served directory (never through the
+//! mount) raise inotify events on the mount, seen by a real `inotifywait -m -r`; a change
+//! made through the mount is reported once; the echoes change nothing; `sbxfs watch` streams
+//! the same changes and resumes with `--since`.
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::common::{require_tool, sbxfs_bin, AgentProcess, MountProcess};
+
+/// How long a sandbox-side change may take to reach a local watcher.
+const WITHIN: Duration = Duration::from_secs(10);
+
+/// A long-running watcher whose stdout lines are collected; killed by pid on drop.
+struct Lines {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Lines {
+    fn start(cmd: &mut Command, ready: Option<&str>) -> Lines {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let (out, err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+        for stream in [
+            Box::new(out) as Box<dyn std::io::Read + Send>,
+            Box::new(err),
+        ] {
+            let lines = lines.clone();
+            std::thread::spawn(move || {
+                for l in BufReader::new(stream).lines().map_while(Result::ok) {
+                    lines.lock().unwrap().push(l);
+                }
+            });
+        }
+        let w = Lines { child, lines };
+        if let Some(ready) = ready {
+            w.wait_for(&format!("the watcher's {ready:?}"), |l| l.contains(ready));
+        }
+        w
+    }
+
+    fn all(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+
+    fn wait_for(&self, what: &str, want: impl Fn(&str) -> bool) -> String {
+        let end = Instant::now() + WITHIN;
+        loop {
+            if let Some(l) = self.all().into_iter().find(|l| want(l)) {
+                return l;
+            }
+            assert!(
+                Instant::now() < end,
+                "no {what} within {WITHIN:?}: {:#?}",
+                self.all()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn count(&self, want: impl Fn(&str) -> bool) -> usize {
+        self.all().iter().filter(|l| want(l)).count()
+    }
+}
+
+impl Drop for Lines {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `inotifywait -m -r` on the mount: lines `EVENTS PATH COOKIE`.
+fn inotify(mnt: &Path) -> Option<Lines> {
+    let tool = require_tool("inotifywait")?;
+    Some(Lines::start(
+        Command::new(tool)
+            .args(["-m", "-r", "--format", "%e %w%f %c"])
+            .arg(mnt),
+        Some("Watches established"),
+    ))
+}
+
+/// A served workspace, mounted over the agent (`http`) or over `shell:`.
+struct Served {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    _agent: Option<AgentProcess>,
+    mount: MountProcess,
+}
+
+fn served(transport: &str) -> Served {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    fs::create_dir_all(root.join("sub")).unwrap();
+    fs::create_dir_all(root.join("gone-dir")).unwrap();
+    fs::write(root.join("a.txt"), "a\n").unwrap();
+    fs::write(root.join("gone.txt"), "g\n").unwrap();
+    fs::write(root.join("move-me.txt"), "m\n").unwrap();
+    fs::write(root.join("sub/across.txt"), "x\n").unwrap();
+    let (agent, mount) = match transport {
+        "http" => {
+            let agent = AgentProcess::start(&root);
+            let mount = MountProcess::start(&agent, &[]);
+            (Some(agent), mount)
+        }
+        _ => (
+            None,
+            MountProcess::start_url(&format!("shell:{}", root.display()), "unused", &[]),
+        ),
+    };
+    // What an editor has open: the tree listed.
+    for d in ["", "sub", "gone-dir"] {
+        fs::read_dir(mount.dir.join(d)).unwrap().for_each(drop);
+    }
+    Served {
+        _dir: dir,
+        root,
+        _agent: agent,
+        mount,
+    }
+}
+
+fn each_kind_of_change_raises_its_inotify_event(transport: &str) {
+    let s = served(transport);
+    let Some(w) = inotify(&s.mount.dir) else {
+        eprintln!("skipped: no inotifywait (scripts/install-deps.sh installs inotify-tools)");
+        return;
+    };
+    let m = s.mount.dir.display().to_string();
+    let event = |events: &'static str, path: String| {
+        let want = format!("{events} {m}/{path} ");
+        w.wait_for(&want.clone(), move |l| l.starts_with(&want))
+    };
+    fs::write(s.root.join("new.txt"), "new\n").unwrap();
+    event("CREATE", "new.txt".into());
+    fs::write(s.root.join("a.txt"), "a changed\n").unwrap();
+    event("MODIFY", "a.txt".into());
+    event("CLOSE_WRITE,CLOSE", "a.txt".into());
+    fs::create_dir(s.root.join("newdir")).unwrap();
+    event("CREATE,ISDIR", "newdir".into());
+    fs::remove_file(s.root.join("gone.txt")).unwrap();
+    event("DELETE", "gone.txt".into());
+    fs::remove_dir(s.root.join("gone-dir")).unwrap();
+    event("DELETE,ISDIR", "gone-dir".into());
+    fs::rename(s.root.join("move-me.txt"), s.root.join("moved.txt")).unwrap();
+    let from = event("MOVED_FROM", "move-me.txt".into());
+    let to = event("MOVED_TO", "moved.txt".into());
+    let cookie = |l: &str| l.rsplit(' ').next().unwrap().to_string();
+    assert_eq!(cookie(&from), cookie(&to), "one move: {from} / {to}");
+    fs::rename(s.root.join("sub/across.txt"), s.root.join("across.txt")).unwrap();
+    event("MOVED_FROM", "sub/across.txt".into());
+    event("MOVED_TO", "across.txt".into());
+    // The mount shows what the sandbox has, after all of it.
+    let mut names: Vec<String> = fs::read_dir(&s.mount.dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "a.txt",
+            "across.txt",
+            "moved.txt",
+            "new.txt",
+            "newdir",
+            "sub"
+        ]
+    );
+    assert_eq!(
+        fs::read_to_string(s.mount.dir.join("a.txt")).unwrap(),
+        "a changed\n"
+    );
+    assert_eq!(
+        fs::read_to_string(s.mount.dir.join("moved.txt")).unwrap(),
+        "m\n"
+    );
+    assert!(fs::read_dir(s.mount.dir.join("sub"))
+        .unwrap()
+        .next()
+        .is_none());
+}
+
+#[test]
+fn each_kind_of_sandbox_side_change_raises_its_inotify_event_agent() {
+    each_kind_of_change_raises_its_inotify_event("http");
+}
+
+#[test]
+fn each_kind_of_sandbox_side_change_raises_its_inotify_event_shell() {
+    each_kind_of_change_raises_its_inotify_event("shell");
+}
+
+/// What `ctl stats --json` says of pushes.
+fn commits(mnt: &Path) -> u64 {
+    let out = Command::new(sbxfs_bin())
+        .args(["ctl", "stats", "--json"])
+        .current_dir(mnt)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["stats"]["commits"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no commits in {v}"))
+}
+
+/// Names, kinds, sizes, contents and modification times under `root`.
+fn snapshot(root: &Path) -> Vec<(String, bool, u64, Vec<u8>, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut all = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let m = fs::symlink_metadata(&p).unwrap();
+            let rel = p.strip_prefix(root).unwrap().display().to_string();
+            let data = if m.is_file() {
+                fs::read(&p).unwrap()
+            } else {
+                Vec::new()
+            };
+            all.push((
+                rel,
+                m.is_dir(),
+                m.len(),
+                data,
+                m.mtime_nsec() + m.mtime() * 1_000_000_000,
+            ));
+            if m.is_dir() {
+                dirs.push(p);
+            }
+        }
+    }
+    all.sort();
+    all
+}
+
+#[test]
+fn a_change_through_the_mount_is_reported_once_and_the_echoes_change_nothing() {
+    let s = served("http");
+    let Some(w) = inotify(&s.mount.dir) else {
+        eprintln!("skipped: no inotifywait");
+        return;
+    };
+    let m = s.mount.dir.display().to_string();
+    // Through the mount: the kernel's own events, never doubled by the feed's echo.
+    fs::write(s.mount.dir.join("local.txt"), "local\n").unwrap();
+    let created = format!("CREATE {m}/local.txt ");
+    w.wait_for("the local create", |l| l.starts_with(&created));
+    // The push lands in the sandbox and its own feed event comes back: no echo for it.
+    let end = Instant::now() + WITHIN;
+    while fs::read(s.root.join("local.txt")).ok().as_deref() != Some(b"local\n") {
+        assert!(Instant::now() < end, "the write never reached the sandbox");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(w.count(|l| l.starts_with(&created)), 1, "{:#?}", w.all());
+    let modified = format!("MODIFY {m}/local.txt ");
+    assert_eq!(w.count(|l| l.starts_with(&modified)), 1, "{:#?}", w.all());
+
+    // Sandbox-side changes, each echoed: the sandbox's files, their times and the mount's
+    // pushes are the same after the echoes as the changes left them.
+    let pushed = commits(&s.mount.dir);
+    fs::write(s.root.join("e1.txt"), "one\n").unwrap();
+    fs::write(s.root.join("a.txt"), "a, changed in the sandbox\n").unwrap();
+    fs::create_dir(s.root.join("e-dir")).unwrap();
+    fs::rename(s.root.join("move-me.txt"), s.root.join("sub/moved.txt")).unwrap();
+    fs::remove_file(s.root.join("gone.txt")).unwrap();
+    let before = snapshot(&s.root);
+    for (what, path) in [
+        ("CREATE", "e1.txt"),
+        ("MODIFY", "a.txt"),
+        ("CREATE,ISDIR", "e-dir"),
+        ("MOVED_TO", "sub/moved.txt"),
+        ("DELETE", "gone.txt"),
+    ] {
+        let want = format!("{what} {m}/{path} ");
+        w.wait_for(&want.clone(), move |l| l.starts_with(&want));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(snapshot(&s.root), before, "the echoes changed the sandbox");
+    assert_eq!(commits(&s.mount.dir), pushed, "the echoes pushed something");
+    assert_eq!(
+        fs::read_to_string(s.mount.dir.join("a.txt")).unwrap(),
+        "a, changed in the sandbox\n"
+    );
+}
+
+#[test]
+fn a_burst_of_sandbox_side_creates_keeps_the_mount_answering_and_is_coalesced() {
+    let s = served("http");
+    let Some(w) = inotify(&s.mount.dir) else {
+        eprintln!("skipped: no inotifywait");
+        return;
+    };
+    fs::create_dir(s.root.join("burst")).unwrap();
+    let burst_dir = format!("CREATE,ISDIR {}/burst ", s.mount.dir.display());
+    w.wait_for("the burst directory", |l| l.starts_with(&burst_dir));
+    fs::read_dir(s.mount.dir.join("burst"))
+        .unwrap()
+        .for_each(drop);
+    const FILES: usize = 10_000;
+    let root = s.root.clone();
+    let maker = std::thread::spawn(move || {
+        for i in 0..FILES {
+            fs::write(root.join(format!("burst/f{i:05}")), b"x").unwrap();
+        }
+    });
+    // The mount answers all along (a generous bound: the suite runs beside CPU hogs).
+    let mut slowest = Duration::ZERO;
+    while !maker.is_finished() {
+        let t = Instant::now();
+        fs::metadata(s.mount.dir.join("a.txt")).unwrap();
+        slowest = slowest.max(t.elapsed());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    maker.join().unwrap();
+    assert!(slowest < Duration::from_secs(2), "a stat took {slowest:?}");
+    let burst = format!("{}/burst", s.mount.dir.display());
+    w.wait_for("events from the burst", |l| {
+        l.contains(&burst) && !l.contains("ISDIR")
+    });
+    // Everything is there, and the watcher heard no more than one event kind per file.
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        let n = fs::read_dir(s.mount.dir.join("burst")).unwrap().count();
+        if n == FILES {
+            break;
+        }
+        assert!(Instant::now() < end, "{n} of {FILES} files shown");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let creates = w.count(|l| l.starts_with("CREATE ") && l.contains(&burst));
+    assert!(creates <= FILES, "{creates} creates for {FILES} files");
+}
+
+#[test]
+fn sbxfs_watch_prints_the_changes_and_resumes_with_since() {
+    let s = served("http");
+    let watch = |extra: &[&str]| {
+        Lines::start(
+            Command::new(sbxfs_bin())
+                .arg("watch")
+                .args(extra)
+                .current_dir(&s.mount.dir),
+            None,
+        )
+    };
+    let text = watch(&[]);
+    let json = watch(&["--json", "sub"]);
+    std::thread::sleep(Duration::from_millis(500));
+    fs::write(s.root.join("w.txt"), "w\n").unwrap();
+    fs::write(s.root.join("sub/s.txt"), "s\n").unwrap();
+    fs::rename(s.root.join("move-me.txt"), s.root.join("sub/m.txt")).unwrap();
+    text.wait_for("created w.txt", |l| l == "created w.txt");
+    text.wait_for("created sub/s.txt", |l| l == "created sub/s.txt");
+    text.wait_for("the rename", |l| l == "renamed move-me.txt → sub/m.txt");
+    // Under sub only, as JSON lines; the rename into it is there, w.txt is not.
+    let line = json.wait_for("the rename as JSON", |l| l.contains("\"renamed\""));
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(v["path"], "move-me.txt");
+    assert_eq!(v["to"], "sub/m.txt");
+    let seen: Vec<serde_json::Value> = json
+        .all()
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(seen.iter().all(|v| v["path"] != "w.txt"), "{seen:?}");
+    let seq_of = |path: &str| {
+        seen.iter()
+            .find(|v| v["path"] == path)
+            .and_then(|v| v["seq"].as_u64())
+            .unwrap_or_else(|| panic!("{path} in {seen:?}"))
+    };
+    let wanted = [seq_of("sub/s.txt"), seq_of("move-me.txt")];
+    // Resuming just before them: they come again, from the mount's memory, and nothing
+    // from before.
+    let since = wanted.iter().min().unwrap() - 1;
+    let again = watch(&["--json", "--since", &since.to_string()]);
+    let seqs = |w: &Lines| -> Vec<u64> {
+        w.all()
+            .iter()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["seq"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect()
+    };
+    for n in wanted {
+        again.wait_for(&format!("change {n} again"), |l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["seq"].as_u64() == Some(n)
+        });
+    }
+    assert!(seqs(&again).iter().all(|n| *n > since), "{:?}", again.all());
+    // Not in a mount: one clear line.
+    let out = Command::new(sbxfs_bin())
+        .args(["watch", "/"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not in a live sbxfs mount"));
+}
