@@ -61,8 +61,10 @@
 //!   [`mount::lifecycle`]: clean, dirty, queued, pushing, retrying, refused-kept, conflict),
 //!   pushes queued by `close` ([`mount::pushq`]), new files created by their first push
 //!   ([`mount::newfiles`]), durable staged images ([`mount::staging`]) in a private directory
-//!   ([`mount::state`]), and the change feed follower's state ([`mount::feed`]: how long
-//!   caches are trusted). TTLs count in an injectable clock ([`mount::clock`]). Every remote
+//!   ([`mount::state`]), the change feed follower's state ([`mount::feed`]: how long
+//!   caches are trusted), and the echo thread's ([`mount::echo`]: sandbox-side changes
+//!   repeated on the mountpoint for local inotify watchers, answered by `core/echo.rs` from
+//!   the caches alone, and streamed to `sbxfs watch`). TTLs count in an injectable clock ([`mount::clock`]). Every remote
 //!   call has a deadline ([`remote::deadline`]), and every answer is bounded before it is held
 //!   (the client parses JSON as it streams, with caps on size, entries and names; a read
 //!   answer is never longer than asked). Symlink targets are shown so none leads out of the

@@ -46,6 +46,12 @@ fn status(mount: &Path) -> String {
 /// What programs do in a project tree, through the mount at `m` over the workspace `r`.
 fn real_tools(r: &Path, m: &Path) {
     fs::write(r.join("made-in-sandbox.txt"), "from the sandbox\n").unwrap();
+    // Within a second where a change feed vouches for a listing taken before.
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !m.join("made-in-sandbox.txt").exists() {
+        assert!(std::time::Instant::now() < end, "never shown");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     assert_eq!(
         fs::read_to_string(m.join("made-in-sandbox.txt")).unwrap(),
         "from the sandbox\n"
@@ -193,8 +199,14 @@ fn real_tools_work_over_exec_as_the_sandboxs_own_user() {
     let cache = home.join(".cache/sbxfs");
     assert_eq!(fs::metadata(&cache).unwrap().mode() & 0o777, 0o700);
     assert_eq!(fs::metadata(&cache).unwrap().uid(), 65534);
-    // A change made in the sandbox is reported by the agent's change feed.
+    // A change made in the sandbox is reported by the agent's change feed (within a second:
+    // until then the listing the feed vouches for is what the mount shows).
     fs::write(root.join("from-sandbox.txt"), "agent edit\n").unwrap();
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !mount.dir.join("from-sandbox.txt").exists() {
+        assert!(std::time::Instant::now() < end, "the feed never showed it");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     assert_eq!(
         fs::read_to_string(mount.dir.join("from-sandbox.txt")).unwrap(),
         "agent edit\n"

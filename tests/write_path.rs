@@ -902,3 +902,35 @@ fn a_childs_close_at_exec_publishes_nothing_half_written_agent() {
 fn a_childs_close_at_exec_publishes_nothing_half_written_shell() {
     a_childs_close_at_exec_publishes_nothing_half_written(Transport::Shell);
 }
+
+/// `cp` copies with `copy_file_range`, which the sandbox does itself: the copy shows its size
+/// and bytes at once, by `stat`, by a listing and by a read, while the change feed (which
+/// reports the copy as the mount's own) vouches for the caches.
+fn a_copy_by_copy_file_range_shows_its_size_at_once(t: Transport) {
+    let s = Sandbox::new(t);
+    let m = s.mnt();
+    fs::create_dir(m.join("src")).unwrap();
+    fs::write(m.join("src/a.txt"), "one\ntwo\n").unwrap();
+    fs::write(m.join("src/b.txt"), "b".repeat(100_000)).unwrap();
+    assert!(s.flush());
+    let (code, _, err) = bash(m, "cp src/a.txt a.txt && cp -r src copy");
+    assert_eq!(code, 0, "{err}");
+    for (name, size) in [("a.txt", 8), ("copy/a.txt", 8), ("copy/b.txt", 100_000)] {
+        assert_eq!(fs::metadata(m.join(name)).unwrap().len(), size, "{name}");
+        assert_eq!(fs::read(m.join(name)).unwrap().len() as u64, size, "{name}");
+    }
+    let (_, listed, _) = bash(m, "stat -c '%n %s' copy/*");
+    assert_eq!(listed, "copy/a.txt 8\ncopy/b.txt 100000\n");
+    assert!(s.flush());
+    assert_eq!(fs::read(s.root.join("copy/b.txt")).unwrap().len(), 100_000);
+}
+
+#[test]
+fn a_copy_by_copy_file_range_shows_its_size_at_once_agent() {
+    a_copy_by_copy_file_range_shows_its_size_at_once(Transport::Agent);
+}
+
+#[test]
+fn a_copy_by_copy_file_range_shows_its_size_at_once_shell() {
+    a_copy_by_copy_file_range_shows_its_size_at_once(Transport::Shell);
+}

@@ -352,6 +352,7 @@ async fn apply(core: &FsCore, batch: Vec<ChangeEvent>) -> crate::remote::Result<
             tracing::debug!(path = ?ev.path, "change event with an unusable path ignored");
             continue;
         };
+        tracing::trace!(?ev.kind, path = ?ev.path, own = ev.own, "feed event");
         match ev.kind {
             ChangeKind::Lost => lost = true,
             // This mount's own commit: its answer already told the mount what it made, in

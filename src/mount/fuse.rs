@@ -658,7 +658,7 @@ impl Filesystem for SbxFs {
         ino_in: INodeNo,
         fh_in: FileHandle,
         offset_in: u64,
-        _ino_out: INodeNo,
+        ino_out: INodeNo,
         fh_out: FileHandle,
         offset_out: u64,
         len: u64,
@@ -669,7 +669,11 @@ impl Filesystem for SbxFs {
             let r = fs
                 .copy_file_range((fh_in.0, offset_in), (fh_out.0, offset_out), len)
                 .await;
-            reply_written(reply, "copy_file_range", r)
+            let copied = r.is_ok();
+            reply_written(reply, "copy_file_range", r);
+            if copied {
+                fs.copied_replied(node(ino_out));
+            }
         });
     }
 

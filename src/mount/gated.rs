@@ -587,6 +587,12 @@ impl GatedFs {
         self.core.invalidate_kernel_attr(node);
     }
 
+    /// A `copy_file_range` into the node was answered: what the kernel set from its own
+    /// reckoning as it took the reply (the size, pages) goes, so the next `stat` asks.
+    pub fn copied_replied(&self, node: NodeId) {
+        self.core.invalidate_kernel_data(node);
+    }
+
     /// A query (grep, glob, fuzzy, scan, edit) and INFO run in the sandbox as its user: like
     /// the control socket, only for the mount's owner and root, never for another user let
     /// in by allow_other.

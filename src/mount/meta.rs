@@ -165,6 +165,17 @@ impl MetaCache {
         }
     }
 
+    /// A name's attributes changed through the mount: a cached listing that has the name
+    /// takes them in place (a name it lacks is not added).
+    pub fn update_existing(&self, dir: NodeId, name: &[u8], attr: Attr) {
+        let mut l = self.listings.lock().expect("listings lock");
+        if let Some(x) = l.get_mut(&dir) {
+            if let Some(&i) = x.by_name.get(name) {
+                Arc::make_mut(&mut x.entries)[i].1 = attr;
+            }
+        }
+    }
+
     /// One name removed through the mount: a cached listing drops it in place and keeps its
     /// age, as [`Self::upsert`] does for a name made.
     pub fn remove(&self, dir: NodeId, name: &[u8]) {

@@ -432,6 +432,14 @@ impl FsCore {
     pub(super) fn own_change(&self, node: NodeId, attr: &Attr) {
         self.bump();
         self.inodes.rebind_own(node, attr, self.epoch());
+        // Its names' entries in the listings too: a lookup answered from a listing must
+        // find the file as it now is (a server-side copy gives it another sandbox inode; a
+        // stale entry would make the name another node, of the old size).
+        if let Some(n) = self.inodes.get(node) {
+            for (dir, name) in &n.links {
+                self.meta.update_existing(*dir, name, attr.clone());
+            }
+        }
     }
 
     /// A remote stat that no local change raced: retried while the epoch moves under it.
@@ -1360,6 +1368,13 @@ impl FsCore {
     pub fn invalidate_kernel_attr(&self, node: NodeId) {
         if let Some(k) = self.kernel() {
             k.invalidate_attr(node);
+        }
+    }
+
+    /// Drop the kernel's pages and attributes of the node (after a reply that changed them).
+    pub fn invalidate_kernel_data(&self, node: NodeId) {
+        if let Some(k) = self.kernel() {
+            k.invalidate_data(node);
         }
     }
 

@@ -458,12 +458,27 @@ impl Runner for SessionRunner {
         let live = self.live().await?;
         let (id, answer) = live.register();
         let _forget = Forget(&live, id);
-        live.send(id, program.as_bytes()).await?;
+        // A frame is written whole or the session ends: from a task of its own, so a caller
+        // that gives up (a deadline, a cancel) never leaves half a frame on the channel for
+        // the server to take the next frames' bytes as the rest of it.
+        let sending = {
+            let (live, frame) = (live.clone(), program.as_bytes().to_vec());
+            tokio::spawn(async move { live.send(id, &frame).await })
+        };
+        let answered = async {
+            match sending.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(e),
+                Err(e) => return Err(RemoteError::Transport(format!("sending: {e}"))),
+            }
+            answer.await.unwrap_or_else(|_| {
+                Err(RemoteError::Transport("the sandbox's session ended".into()))
+            })
+        };
         let limit = ctl.timeout.unwrap_or(Duration::MAX);
         tokio::select! {
-            r = tokio::time::timeout(limit, answer) => match r {
-                Ok(Ok(r)) => r,
-                Ok(Err(_)) => Err(RemoteError::Transport("the sandbox's session ended".into())),
+            r = tokio::time::timeout(limit, answered) => match r {
+                Ok(r) => r,
                 Err(_) => {
                     // A slow program, or a hung session: a ping tells which.
                     tokio::spawn(check_alive(live.clone()));
@@ -486,10 +501,12 @@ impl Runner for SessionRunner {
 async fn check_alive(live: Arc<Live>) {
     let (id, pong) = live.register();
     let _forget = Forget(&live, id);
-    if live.send(id, b"").await.is_err() {
-        return;
-    }
-    if tokio::time::timeout(PING_WAIT, pong).await.is_err() {
+    // A send that cannot get through (the sandbox reads nothing) counts as no answer.
+    let answered = async {
+        live.send(id, b"").await.ok()?;
+        pong.await.ok()
+    };
+    if tokio::time::timeout(PING_WAIT, answered).await.is_err() {
         tracing::warn!("the sandbox's session does not answer: starting a new one");
         live.end(&format!("no answer to a ping within {PING_WAIT:?}"));
     }
@@ -592,6 +609,51 @@ mod tests {
             assert!(gone.is_err(), "{gone:?}");
             let again = r.run("echo back", &ctl).await.unwrap();
             assert_eq!(again.stdout, b"back\n");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_caller_that_gives_up_mid_send_leaves_a_whole_frame() {
+        // A sandbox that reads nothing for a while, then records what it was sent.
+        let dir = tempfile::tempdir().unwrap();
+        let seen = dir.path().join("seen");
+        let argv = vec![
+            "sh".to_string(),
+            "-c".into(),
+            format!(
+                "echo __SBXFS_SESSION_PY__; sleep 2; cat > '{}'",
+                seen.display()
+            ),
+        ];
+        let r = SessionRunner::start(argv).await.unwrap();
+        let program = "#".repeat(1 << 20);
+        // The caller's own deadline drops the run while the frame is half written.
+        let gave_up = tokio::time::timeout(
+            Duration::from_millis(300),
+            r.run(&program, &RunControl::default()),
+        )
+        .await;
+        assert!(gave_up.is_err());
+        let header = format!("1 {}\n", program.len());
+        let end = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let got = std::fs::read(&seen).unwrap_or_default();
+            if let Some(at) = got
+                .windows(header.len())
+                .position(|w| w == header.as_bytes())
+            {
+                let body = &got[at + header.len()..];
+                if body.len() >= program.len() {
+                    assert!(body[..program.len()].iter().all(|b| *b == b'#'));
+                    break;
+                }
+            }
+            assert!(
+                std::time::Instant::now() < end,
+                "the frame never arrived whole: {} bytes",
+                got.len()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
