@@ -411,3 +411,70 @@ fn sbxfs_watch_prints_the_changes_and_resumes_with_since() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not in a live sbxfs mount"));
 }
+
+/// The watchers editors and dev servers are built on react to sandbox-side changes: Node's
+/// `fs.watch` (VS Code's and vite's base) and a Python inotify loop (watchdog's).
+#[test]
+fn node_fs_watch_and_a_python_inotify_loop_see_sandbox_side_changes() {
+    let s = served("http");
+    let mut watchers = Vec::new();
+    if let Some(node) = require_tool("node") {
+        let script = "const fs = require('fs'); \
+             fs.watch(process.argv[1], (ev, name) => console.log('node', ev, name)); \
+             console.log('ready');";
+        let w = Lines::start(
+            Command::new(node).args(["-e", script]).arg(&s.mount.dir),
+            Some("ready"),
+        );
+        watchers.push((
+            w,
+            &[
+                "node rename by-agent.txt",
+                "node change a.txt",
+                "node rename gone.txt",
+            ][..],
+        ));
+    }
+    let python = "
+import ctypes, os, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.inotify_init1(0)
+IN_MODIFY, IN_CLOSE_WRITE, IN_CREATE, IN_DELETE = 0x2, 0x8, 0x100, 0x200
+names = {IN_MODIFY: 'modify', IN_CLOSE_WRITE: 'close_write', IN_CREATE: 'create', IN_DELETE: 'delete'}
+assert libc.inotify_add_watch(fd, sys.argv[1].encode(), IN_MODIFY | IN_CLOSE_WRITE | IN_CREATE | IN_DELETE) >= 0
+print('ready', flush=True)
+while True:
+    buf = os.read(fd, 65536)
+    at = 0
+    while at < len(buf):
+        wd, mask, cookie, size = struct.unpack_from('iIII', buf, at)
+        name = buf[at + 16: at + 16 + size].rstrip(b'\\0').decode()
+        at += 16 + size
+        for bit, word in names.items():
+            if mask & bit:
+                print('python', word, name, flush=True)
+";
+    let w = Lines::start(
+        Command::new("python3")
+            .args(["-c", python])
+            .arg(&s.mount.dir),
+        Some("ready"),
+    );
+    watchers.push((
+        w,
+        &[
+            "python create by-agent.txt",
+            "python modify a.txt",
+            "python close_write a.txt",
+            "python delete gone.txt",
+        ][..],
+    ));
+    fs::write(s.root.join("by-agent.txt"), "x\n").unwrap();
+    fs::write(s.root.join("a.txt"), "a, again\n").unwrap();
+    fs::remove_file(s.root.join("gone.txt")).unwrap();
+    for (w, wants) in &watchers {
+        for want in *wants {
+            w.wait_for(want, |l| l == *want);
+        }
+    }
+}

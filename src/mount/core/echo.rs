@@ -35,9 +35,19 @@ impl FsCore {
     /// The node a change reported at `path` concerns, held (one lookup reference) before
     /// the caches forget the name, for its echo.
     pub(in crate::mount) fn hold_node_at(&self, path: &RemotePath) -> Option<NodeId> {
-        let node = self.inodes.resolve(path)?;
-        self.inodes.looked_up(node);
-        Some(node)
+        if let Some(node) = self.inodes.resolve(path) {
+            self.inodes.looked_up(node);
+            return Some(node);
+        }
+        // A name only its directory's listing knows (listed, never looked up: `fs.watch`
+        // reads no entry): a node made from that entry, for the kernel to remove.
+        let (dir, name) = path.split_last()?;
+        let parent = self
+            .inodes
+            .resolve(&dir)
+            .filter(|p| self.kernel_holds(*p))?;
+        let attr = self.meta.entry(parent, name, self.ttl(), true)??;
+        Some(self.inodes.remember(parent, name, attr, true, None))
     }
 
     fn give_back(&self, node: Option<NodeId>) {
