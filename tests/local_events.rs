@@ -5,6 +5,7 @@
 
 use std::fs;
 use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -146,6 +147,8 @@ fn each_kind_of_change_raises_its_inotify_event(transport: &str) {
     fs::write(s.root.join("a.txt"), "a changed\n").unwrap();
     event("MODIFY", "a.txt".into());
     event("CLOSE_WRITE,CLOSE", "a.txt".into());
+    fs::set_permissions(s.root.join("a.txt"), fs::Permissions::from_mode(0o600)).unwrap();
+    event("ATTRIB", "a.txt".into());
     fs::create_dir(s.root.join("newdir")).unwrap();
     event("CREATE,ISDIR", "newdir".into());
     fs::remove_file(s.root.join("gone.txt")).unwrap();

@@ -75,7 +75,8 @@ pub enum Job {
     Modified(RemotePath),
     Removed(RemotePath, Option<NodeId>),
     Renamed(RemotePath, RemotePath, Option<NodeId>),
-    /// Too many changes at once: one attribute event on this directory stands for them.
+    /// An attribute event on this path: only its attributes changed (a chmod, a chown), or
+    /// (a directory) too many changes at once, for which one event stands.
     Touched(RemotePath),
 }
 

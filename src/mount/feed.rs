@@ -347,6 +347,8 @@ async fn apply(core: &FsCore, batch: Vec<ChangeEvent>) -> crate::remote::Result<
     // What the sandbox did, for watchers and inotify ([`super::echo`]): published once the
     // caches know it.
     let mut echoes = Vec::new();
+    // What each Modified echo's file held before its check, in order.
+    let mut contents = Vec::new();
     for ev in batch {
         let Ok(path) = RemotePath::new(ev.path.0.clone()) else {
             tracing::debug!(path = ?ev.path, "change event with an unusable path ignored");
@@ -363,8 +365,10 @@ async fn apply(core: &FsCore, batch: Vec<ChangeEvent>) -> crate::remote::Result<
             // the listing in place, and dropping it now could lose a name staged since.
             _ if ev.own => core.feed().lock().own_events += 1,
             ChangeKind::Modified => {
+                let content = core.content_at(&path);
                 touched(core, &path, false, &mut check);
                 echoes.push(Job::Modified(path));
+                contents.push(content);
             }
             ChangeKind::Created => {
                 touched(core, &path, true, &mut check);
@@ -403,8 +407,18 @@ async fn apply(core: &FsCore, batch: Vec<ChangeEvent>) -> crate::remote::Result<
     // A create or change of a name the mount had, whose check found it as the mount knew it,
     // is the mount's own (the second half of its commit's rename, an atime): no echo.
     let as_known = |p: &RemotePath| checked.iter().any(|(n, q)| q == p && !changed.contains(n));
+    // A change that left the data as it was changed attributes only: an attribute event.
+    let mut contents = contents.into_iter();
+    for j in echoes.iter_mut() {
+        if let Job::Modified(p) = j {
+            let before = contents.next().flatten();
+            if before.is_some() && before == core.content_at(p) {
+                *j = Job::Touched(p.clone());
+            }
+        }
+    }
     echoes.retain(|j| match j {
-        Job::Created(p) | Job::Modified(p) => !as_known(p),
+        Job::Created(p) | Job::Modified(p) | Job::Touched(p) => !as_known(p),
         _ => true,
     });
     let (echoes, unheld) = without_halves_of_moves(echoes);

@@ -50,6 +50,12 @@ impl FsCore {
         Some(self.inodes.remember(parent, name, attr, true, None))
     }
 
+    /// The data version and size cached for `path` (to tell a change of attributes only).
+    pub(in crate::mount) fn content_at(&self, path: &RemotePath) -> Option<(String, u64)> {
+        let n = self.inodes.get(self.inodes.resolve(path)?)?;
+        Some((n.attr.version.0, n.attr.size))
+    }
+
     fn give_back(&self, node: Option<NodeId>) {
         if let Some(node) = node {
             self.forget(node, 1);
@@ -137,11 +143,10 @@ impl FsCore {
                     None
                 }
             },
-            Job::Touched(dir) => self
-                .inodes
-                .resolve(&dir)
-                .filter(|d| self.kernel_holds(*d))
-                .map(|_| touch(&at(&dir))),
+            Job::Touched(path) => {
+                let held = path.is_root() || self.held(&path).is_some();
+                (held && self.inodes.resolve(&path).is_some()).then(|| touch(&at(&path)))
+            }
         };
         for node in self.echoes.end_plan() {
             self.forget(node, 1);
