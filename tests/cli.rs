@@ -454,11 +454,13 @@ fn each_command_has_a_man_page_with_its_options() {
     let (code, _, err) = sbxfs(Path::new("."), &["man", "bogus"]);
     assert_eq!(code, 2);
     assert!(err.contains("no command `bogus`"), "{err}");
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().to_str().unwrap();
+    let top = tempfile::tempdir().unwrap();
+    // A directory that does not exist yet (~/.local/share/man/man1 often does not) is made.
+    let dir = top.path().join("share/man/man1");
+    let out = dir.to_str().unwrap();
     let (code, _, err) = sbxfs(Path::new("."), &["man", "--dir", out]);
     assert_eq!(code, 0, "{err}");
-    let mut pages: Vec<String> = fs::read_dir(dir.path())
+    let mut pages: Vec<String> = fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
@@ -471,7 +473,7 @@ fn each_command_has_a_man_page_with_its_options() {
             .any(|p| p.contains("help") || p.contains("proxy")),
         "{pages:?}"
     );
-    let mount = fs::read_to_string(dir.path().join("sbxfs-mount.1")).unwrap();
+    let mount = fs::read_to_string(dir.join("sbxfs-mount.1")).unwrap();
     assert!(
         mount.contains("token\\-file") && mount.contains("cache\\-size"),
         "{mount}"

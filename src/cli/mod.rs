@@ -321,6 +321,10 @@ fn run_man(name: Option<String>, dir: Option<PathBuf>) -> i32 {
             Err(m) => fail(m),
         };
     };
+    // Made if missing, as `install -D` would: ~/.local/share/man/man1 often is.
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        return fail(format!("{}: {e}", dir.display()));
+    }
     let mut names = vec![None];
     names.extend(man_commands().into_iter().map(Some));
     for name in names {
