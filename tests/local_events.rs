@@ -481,3 +481,59 @@ while True:
         }
     }
 }
+
+/// What a program does in the sandbox at speed: files made in a directory right after it
+/// (before the agent's watch on it is in place) are reported, a file removed and made again
+/// is reported as there, and a `--since` from before a remount says so and goes on live.
+#[test]
+fn fast_trees_replaced_files_and_a_stale_since_are_reported_as_they_are() {
+    let s = served("http");
+    let watch = Lines::start(
+        Command::new(sbxfs_bin())
+            .args(["watch", "--json"])
+            .current_dir(&s.mount.dir),
+        None,
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let mut made = Vec::new();
+    for p in 0..30 {
+        let d = s.root.join(format!("node_modules/pkg{p:02}/lib"));
+        fs::create_dir_all(&d).unwrap();
+        for f in 0..20 {
+            fs::write(d.join(format!("f{f:02}.js")), "x").unwrap();
+            made.push(format!("node_modules/pkg{p:02}/lib/f{f:02}.js"));
+        }
+    }
+    for path in &made {
+        let want = format!("\"path\":\"{path}\"");
+        watch.wait_for(path, |l| l.contains(&want));
+    }
+    // Removed and made again, many times over: the last word is that it is there.
+    for round in 0..3 {
+        std::thread::sleep(Duration::from_millis(1500));
+        fs::remove_file(s.root.join("a.txt")).unwrap();
+        fs::write(s.root.join("a.txt"), format!("round {round}\n")).unwrap();
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let last = watch
+        .all()
+        .into_iter()
+        .rev()
+        .find(|l| l.contains("\"path\":\"a.txt\""))
+        .expect("a.txt reported");
+    assert!(!last.contains("\"deleted\""), "{last}");
+    assert_eq!(
+        fs::read_to_string(s.mount.dir.join("a.txt")).unwrap(),
+        "round 2\n"
+    );
+    // A number this mount never gave.
+    let stale = Lines::start(
+        Command::new(sbxfs_bin())
+            .args(["watch", "--json", "--since", "99999999"])
+            .current_dir(&s.mount.dir),
+        None,
+    );
+    stale.wait_for("the restart", |l| l.contains("\"restarted\":true"));
+    fs::write(s.root.join("after.txt"), "x").unwrap();
+    stale.wait_for("a live change after it", |l| l.contains("after.txt"));
+}

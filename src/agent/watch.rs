@@ -11,6 +11,8 @@
 //! race slipped through a swapped symlink reports nothing from outside).
 
 use std::collections::VecDeque;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -129,6 +131,7 @@ impl ChangeFeed {
         // The cookie of the last rename's first half: its second half comes with the whole
         // rename right after it, which says it all.
         let mut last_from: Option<usize> = None;
+        let to_scan = start_scanner(root.to_path_buf(), inner.clone(), tx.clone());
         let handler = move |res: notify::Result<notify::Event>| match res {
             Ok(ev) => {
                 match ev.kind {
@@ -149,8 +152,21 @@ impl ChangeFeed {
                     };
                     let inside =
                         change.kind == ChangeKind::Lost || beneath(&root_fd, &change.path.0);
-                    if inside && to_inside {
-                        publish(&ring, &sender, change);
+                    if !(inside && to_inside) {
+                        continue;
+                    }
+                    // A directory made by someone else: what was made in it before its watch
+                    // was in place raises nothing, so it is reported from a listing.
+                    let made_dir = change.kind == ChangeKind::Created
+                        && change.author.is_none()
+                        && std::fs::symlink_metadata(
+                            root_owned.join(OsStr::from_bytes(&change.path.0)),
+                        )
+                        .is_ok_and(|m| m.is_dir());
+                    let path = change.path.0.clone();
+                    publish(&ring, &sender, change);
+                    if made_dir {
+                        let _ = to_scan.send((std::time::Instant::now(), path));
                     }
                 }
             }
@@ -195,6 +211,75 @@ impl ChangeFeed {
     pub fn last_seq(&self) -> u64 {
         self.inner.lock().expect("change ring lock").next_seq - 1
     }
+}
+
+/// Most names a new directory's listing reports (a bigger tree made at once overflows the
+/// ring anyway, and the clients revalidate).
+const MAX_FOUND: usize = 4096;
+
+/// What a directory just made holds (every level, breadth first, at most [`MAX_FOUND`]
+/// names; symlinks are not followed), as workspace paths.
+fn made_before_its_watch(root: &Path, dir: &[u8]) -> Vec<Vec<u8>> {
+    let mut found = Vec::new();
+    let mut dirs = std::collections::VecDeque::from([dir.to_vec()]);
+    while let Some(d) = dirs.pop_front() {
+        let Ok(entries) = std::fs::read_dir(root.join(OsStr::from_bytes(&d))) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            if found.len() == MAX_FOUND {
+                return found;
+            }
+            let name = e.file_name();
+            if is_temp_name(name.as_bytes()) {
+                continue;
+            }
+            let mut p = d.clone();
+            p.push(b'/');
+            p.extend_from_slice(name.as_bytes());
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                dirs.push_back(p.clone());
+            }
+            found.push(p);
+        }
+    }
+    found
+}
+
+/// How long after a directory is made its listing is taken: by then the watcher has put its
+/// watch on it (it does so after passing the directory's own event on).
+const SCAN_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// A thread that lists each directory made in the sandbox [`SCAN_AFTER`] it was reported,
+/// and reports what it holds as created (a name reported twice is checked twice: harmless).
+fn start_scanner(
+    root: PathBuf,
+    ring: Arc<Mutex<Ring>>,
+    sender: broadcast::Sender<ChangeEvent>,
+) -> std::sync::mpsc::Sender<(std::time::Instant, Vec<u8>)> {
+    let (tx, rx) = std::sync::mpsc::channel::<(std::time::Instant, Vec<u8>)>();
+    let spawned = std::thread::Builder::new()
+        .name("sbxfs-feed-scan".into())
+        .spawn(move || {
+            for (at, dir) in rx {
+                if let Some(wait) =
+                    (at + SCAN_AFTER).checked_duration_since(std::time::Instant::now())
+                {
+                    std::thread::sleep(wait);
+                }
+                for found in made_before_its_watch(&root, &dir) {
+                    publish(
+                        &ring,
+                        &sender,
+                        ChangeEvent::new(0, found, ChangeKind::Created),
+                    );
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("no scanner for new directories: {e}");
+    }
+    tx
 }
 
 /// Number `change` (its `seq` is replaced) and send it.

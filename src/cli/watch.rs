@@ -23,7 +23,9 @@ Examples:
   sbxfs watch --mount ~/sb --json --since 12   # resume after the change numbered 12
 
 Ctrl-C ends it. A line (stderr; JSON: {\"lost\": N}) says when changes were lost: the mount keeps
-the last 65,536 for --since, and a watcher that falls far behind skips ahead.
+the last 65,536 for --since, and a watcher that falls far behind skips ahead. Numbers start
+again at each mount: a --since from before gives {\"lost\": null, \"restarted\": true}. A burst
+of more than 4,096 changes at once is told per directory (`modified DIR`) past that bound.
 
 ",
     exit_codes!()
@@ -72,7 +74,24 @@ pub(super) fn run_watch(a: WatchArgs) -> i32 {
             return fail(e.to_string());
         }
         let text = if a.json {
-            super::output::json_text(&v.to_string()) + "\n"
+            // Characters that reorder the screen are sent as JSON escapes, as controls are.
+            let json: String = v
+                .to_string()
+                .chars()
+                .map(|c| match c {
+                    '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' => {
+                        format!("\\u{:04x}", c as u32)
+                    }
+                    c => c.to_string(),
+                })
+                .collect();
+            super::output::json_text(&json) + "\n"
+        } else if v.get("restarted").is_some() {
+            eprintln!(
+                "sbxfs watch: --since is from before this mount started (numbers start again at \
+                 each mount): what changed meanwhile is unknown; live changes follow"
+            );
+            continue;
         } else if let Some(n) = v.get("lost") {
             eprintln!("sbxfs watch: {n} change(s) were lost");
             continue;

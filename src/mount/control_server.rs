@@ -339,7 +339,16 @@ async fn watch(
             }
             last = kept.last().map_or(last, |s| s.seq);
         }
-        Err(first) => out.extend(line(&json!({ "lost": first.saturating_sub(last + 1) }))),
+        // A number this mount never gave: from before a remount. How much was missed is
+        // unknown; what comes now is live.
+        Err(_) if since.is_some_and(|s| s > core.echoes().last_seq()) => {
+            last = core.echoes().last_seq();
+            out.extend(line(&json!({ "lost": null, "restarted": true })));
+        }
+        Err(first) => {
+            out.extend(line(&json!({ "lost": first.saturating_sub(last + 1) })));
+            last = first - 1;
+        }
     }
     if write.write_all(&out).await.is_err() {
         return;
@@ -484,6 +493,7 @@ pub async fn answer(control: &Control, request: Request) -> Result<serde_json::V
             "stats": core.stats_json(),
             "pending_commits": core.pending_count(),
             "remote_round_trip_ms": control.health.round_trip_ms(),
+            "echoes": json!(&core.echoes().stats),
         })),
         Request::Flush => {
             let failures = core.flush_all().await;

@@ -407,12 +407,19 @@ async fn apply(core: &FsCore, batch: Vec<ChangeEvent>) -> crate::remote::Result<
     // A create or change of a name the mount had, whose check found it as the mount knew it,
     // is the mount's own (the second half of its commit's rename, an atime): no echo.
     let as_known = |p: &RemotePath| checked.iter().any(|(n, q)| q == p && !changed.contains(n));
-    // A change that left the data as it was changed attributes only: an attribute event.
+    // A change the check saw move the change time of the same file, its data as it was,
+    // changed attributes only: an attribute event.
     let mut contents = contents.into_iter();
     for j in echoes.iter_mut() {
         if let Job::Modified(p) = j {
             let before = contents.next().flatten();
-            if before.is_some() && before == core.content_at(p) {
+            let attrs_only = match (before, core.content_at(p)) {
+                (Some((ino, v, size, ct)), Some((ino2, v2, size2, ct2))) => {
+                    (ino, v, size) == (ino2, v2, size2) && ct != ct2
+                }
+                _ => false,
+            };
+            if attrs_only {
                 *j = Job::Touched(p.clone());
             }
         }

@@ -313,7 +313,10 @@ impl Filesystem for SbxFs {
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         if self.fs.is_echo(req.pid()) {
-            return reply.ok();
+            return match self.fs.echo_may_change(node(parent), name.as_bytes()) {
+                true => reply.ok(),
+                false => reply.error(Errno::EPERM),
+            };
         }
         let (name, caller) = (name_bytes(name), self.caller(req));
         self.spawn("unlink", parent.0, move |fs| async move {
@@ -327,7 +330,10 @@ impl Filesystem for SbxFs {
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         if self.fs.is_echo(req.pid()) {
-            return reply.ok();
+            return match self.fs.echo_may_change(node(parent), name.as_bytes()) {
+                true => reply.ok(),
+                false => reply.error(Errno::EPERM),
+            };
         }
         let (name, caller) = (name_bytes(name), self.caller(req));
         self.spawn("rmdir", parent.0, move |fs| async move {
@@ -377,6 +383,9 @@ impl Filesystem for SbxFs {
             RenameMode::Replace
         };
         if self.fs.is_echo(req.pid()) {
+            if !self.fs.echo_may_change(node(parent), name.as_bytes()) {
+                return reply.error(Errno::EPERM);
+            }
             self.fs.echo_renamed(
                 (node(parent), name.as_bytes()),
                 (node(newparent), newname.as_bytes()),

@@ -232,6 +232,11 @@ impl GatedFs {
         Ok(self.attributes(&self.core.echo_attr(node)?))
     }
 
+    /// Whether the echo thread's unlink, rmdir or rename of the name is one it planned.
+    pub fn echo_may_change(&self, parent: NodeId, name: &[u8]) -> bool {
+        self.core.echo_may_change(parent, name)
+    }
+
     /// The echo thread renamed what the sandbox renamed.
     pub fn echo_renamed(&self, from: (NodeId, &[u8]), to: (NodeId, &[u8])) {
         self.core.echo_renamed(from, to);

@@ -29,7 +29,13 @@ impl FsCore {
     fn held(&self, path: &RemotePath) -> Option<Held> {
         let (dir, name) = path.split_last()?;
         let parent = self.inodes.resolve(&dir)?;
-        self.kernel_holds(parent).then(|| (parent, name.to_vec()))
+        // A directory still (the sandbox may have put a symlink in its place: the kernel
+        // would follow it to another directory's names).
+        let is_dir = self
+            .inodes
+            .get(parent)
+            .is_some_and(|n| n.attr.kind == FileKind::Dir);
+        (is_dir && self.kernel_holds(parent)).then(|| (parent, name.to_vec()))
     }
 
     /// The node a change reported at `path` concerns, held (one lookup reference) before
@@ -50,10 +56,14 @@ impl FsCore {
         Some(self.inodes.remember(parent, name, attr, true, None))
     }
 
-    /// The data version and size cached for `path` (to tell a change of attributes only).
-    pub(in crate::mount) fn content_at(&self, path: &RemotePath) -> Option<(String, u64)> {
+    /// What is cached for `path`: its file, data version, size, and change time (a change of
+    /// attributes only moves the last).
+    pub(in crate::mount) fn content_at(
+        &self,
+        path: &RemotePath,
+    ) -> Option<(u64, String, u64, i64)> {
         let n = self.inodes.get(self.inodes.resolve(path)?)?;
-        Some((n.attr.version.0, n.attr.size))
+        Some((n.attr.ino, n.attr.version.0, n.attr.size, n.attr.ctime_ns))
     }
 
     fn give_back(&self, node: Option<NodeId>) {
@@ -87,7 +97,12 @@ impl FsCore {
         for node in self.echoes.released() {
             self.forget(node, 1);
         }
+        let job = self.settled(job, rt);
         tracing::debug!(?job, "echoing a sandbox-side change");
+        if let Some(job) = &job {
+            self.echoes.publish(job);
+        }
+        let Some(job) = job else { return };
         let done: Option<std::io::Result<()>> = match job {
             Job::Created(path) => self.held(&path).and_then(|h| {
                 let na = learn(&h)?;
@@ -133,6 +148,17 @@ impl FsCore {
                     ]);
                     Some(std::fs::rename(at(&from), at(&to)))
                 }
+                // A name the mount never saw (an editor's temp file) moved over one it shows:
+                // the file now at the new name stands for it, so the move is raised as a local
+                // save's would be (and the old file's own watch sees it replaced).
+                (Some((p1, n1)), Some(h2), None) => learn(&h2).map(|na| {
+                    let (p2, n2) = h2;
+                    self.echoes.set_plan(vec![
+                        (p1, n1, Name::Present(na.node)),
+                        (p2, n2, Name::Absent),
+                    ]);
+                    std::fs::rename(at(&from), at(&to))
+                }),
                 (Some(_), None, _) => return self.echo(Job::Removed(from, node), mnt, kernel, rt),
                 (_, Some(_), _) => {
                     self.give_back(node);
@@ -143,10 +169,18 @@ impl FsCore {
                     None
                 }
             },
-            Job::Touched(path) => {
-                let held = path.is_root() || self.held(&path).is_some();
-                (held && self.inodes.resolve(&path).is_some()).then(|| touch(&at(&path)))
-            }
+            Job::Touched(path) if path.is_root() => Some(touch(mnt)),
+            Job::Touched(path) => match (self.held(&path), self.hold_node_at(&path)) {
+                (Some((parent, name)), Some(node)) => {
+                    self.echoes
+                        .set_plan(vec![(parent, name, Name::Present(node))]);
+                    Some(touch(&at(&path)))
+                }
+                (_, node) => {
+                    self.give_back(node);
+                    None
+                }
+            },
         };
         for node in self.echoes.end_plan() {
             self.forget(node, 1);
@@ -164,6 +198,26 @@ impl FsCore {
             }
         };
         counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// A change as the sandbox has it now (reports of a name removed and made again may
+    /// arrive in either order, and a burst merges them): a removal of a name that is there
+    /// again is its re-creation, and a creation of one gone again is nothing.
+    fn settled(&self, job: Job, rt: &tokio::runtime::Handle) -> Option<Job> {
+        let there = |p: &RemotePath| {
+            !matches!(
+                rt.block_on(self.remote().stat(p)),
+                Err(RemoteError::NotFound(_))
+            )
+        };
+        match job {
+            Job::Removed(path, node) if there(&path) => {
+                self.give_back(node);
+                Some(Job::Created(path))
+            }
+            Job::Created(path) if !there(&path) => None,
+            job => Some(job),
+        }
     }
 
     /// The echo thread's lookup (`making`: false) or create (true) of `name` in `parent`:
@@ -188,8 +242,18 @@ impl FsCore {
                     "the echo thread makes only what it planned".into(),
                 ))
             }
+            // A directory on the way to a planned name; nothing else (a symlink put in a
+            // directory's place would lead the walk elsewhere).
             Planned::No => {
-                let node = self.inodes.child(parent, name).ok_or_else(absent)?;
+                let node = self
+                    .inodes
+                    .child(parent, name)
+                    .filter(|n| {
+                        self.inodes
+                            .get(*n)
+                            .is_some_and(|n| n.attr.kind == FileKind::Dir)
+                    })
+                    .ok_or_else(absent)?;
                 self.inodes.looked_up(node);
                 node
             }
@@ -204,6 +268,11 @@ impl FsCore {
             node,
             attr: self.with_staged(node, n.attr),
         })
+    }
+
+    /// Whether the echo thread may remove or move `name` in `parent`: only a planned name.
+    pub(in crate::mount) fn echo_may_change(&self, parent: NodeId, name: &[u8]) -> bool {
+        matches!(self.echoes.peek(parent, name), Some(Name::Present(_)))
     }
 
     /// The echo thread renamed a name the sandbox renamed: the table follows, if the name
