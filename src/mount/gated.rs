@@ -229,7 +229,12 @@ impl GatedFs {
 
     /// The echo thread's getattr or setattr: the attributes as cached, nothing set.
     pub fn echo_attributes(&self, node: NodeId) -> Result<Attributes> {
-        Ok(self.attributes(&self.core.echo_attr(node)?))
+        // Valid for no time: the kernel must not keep what the caches had for the echo (a
+        // directory's link count may be due for a refetch).
+        Ok(Attributes {
+            ttl: Duration::ZERO,
+            ..self.attributes(&self.core.echo_attr(node)?)
+        })
     }
 
     /// Whether the echo thread's unlink, rmdir or rename of the name is one it planned.

@@ -386,20 +386,22 @@ impl FsCore {
     /// meanwhile, rather than a stat per name: a `git status` past the TTL then costs a call
     /// per directory, not per file (one program each over the exec-only scripts). Directories
     /// of more than [`RELIST_MAX`] entries are left to stats.
-    async fn relist_stale(&self, dir: NodeId) {
+    /// Whether the listing now answers for the directory's names (else a stat is in order).
+    async fn relist_stale(&self, dir: NodeId) -> bool {
         // With no TTL a listing is stale at once: stats are all there is.
         if self.feed.trusted() || self.ttl().is_zero() || self.offline() {
-            return;
+            return false;
         }
         match self.meta.listing(dir, self.ttl(), true) {
             Some(l) if l.len() <= RELIST_MAX => {}
-            _ => return,
+            _ => return false,
         }
         let _flight = self.relists.enter(dir).await;
         // Fetched by the flight we waited for, or still to fetch.
         if self.meta.listing(dir, self.ttl(), false).is_none() {
             let _ = self.listing(dir).await;
         }
+        true
     }
 
     /// A stale node's attributes from its directory's listing fetched again
@@ -410,7 +412,10 @@ impl FsCore {
         else {
             return false;
         };
-        self.relist_stale(parent).await;
+        // With a feed, the entry is what the mount last put there, no newer than the node.
+        if !self.relist_stale(parent).await {
+            return false;
+        }
         match self.meta.entry(parent, &name, self.ttl(), false) {
             Some(Some(a)) => self.inodes.rebind_answer(node, &a, asked),
             _ => false,
@@ -435,7 +440,13 @@ impl FsCore {
         // Its names' entries in the listings too: a lookup answered from a listing must
         // find the file as it now is (a server-side copy gives it another sandbox inode; a
         // stale entry would make the name another node, of the old size).
-        if let Some(n) = self.inodes.get(node) {
+        // (A directory's own entry is refetched: its link count and times follow what is
+        // made in it, which `dir_attrs_stale` handles.)
+        if let Some(n) = self
+            .inodes
+            .get(node)
+            .filter(|n| n.attr.kind != FileKind::Dir)
+        {
             for (dir, name) in &n.links {
                 self.meta.update_existing(*dir, name, attr.clone());
             }
@@ -947,7 +958,12 @@ impl FsCore {
         if let Some(s) = self.staged_of(h.node) {
             return self.read_staged(h.node, &s, offset, size as u64).await;
         }
-        let path = self.path_of(h.node)?;
+        // A file that lost its name to another (replaced in the sandbox, and the name since
+        // looked up): its old bytes are gone, as a replaced file's are below.
+        let path = self.path_of(h.node).map_err(|e| match e {
+            RemoteError::NotFound(m) => RemoteError::Stale(m),
+            e => e,
+        })?;
         if h.remote().dev == super::newfiles::UNPUSHED_DEV {
             // Opened while the file was new; pushed since: it is the sandbox's file now.
             h.follow(&self.node(h.node)?.attr);
