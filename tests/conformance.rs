@@ -710,6 +710,33 @@ async fn namespace_operations_and_their_errors(b: &Backend) {
         r.create(&rp("f"), 0o644).await,
         Err(RemoteError::Exists(_))
     ));
+    // A name that is a symlink to a device or a file outside is taken too: its target keeps
+    // its mode (a shell's noclobber opens such a name; a chmod after it followed the link
+    // and once left this machine's /dev/null 0644).
+    // (A device node of the test's own, made as root, stands for /dev/null.)
+    let outside = tempfile::tempdir().unwrap();
+    let device = outside.path().join("null");
+    let made = std::process::Command::new("mknod")
+        .args(["-m", "600"])
+        .arg(&device)
+        .args(["c", "1", "3"])
+        .status()
+        .is_ok_and(|s| s.success());
+    let target = if made {
+        device
+    } else {
+        let f = outside.path().join("file");
+        fs::write(&f, "").unwrap();
+        fs::set_permissions(&f, fs::Permissions::from_mode(0o600)).unwrap();
+        f
+    };
+    b.sb.symlink(target.as_os_str().as_bytes(), b"to_outside");
+    assert!(matches!(
+        r.create(&rp("to_outside"), 0o644).await,
+        Err(RemoteError::Exists(_))
+    ));
+    assert_eq!(fs::metadata(&target).unwrap().mode() & 0o7777, 0o600);
+    b.sb.remove(b"to_outside");
     assert_eq!(r.mkdir(&rp("d"), 0o750).await.unwrap().mode, 0o750);
     assert!(matches!(
         r.mkdir(&rp("d"), 0o755).await,

@@ -262,7 +262,12 @@ impl Filesystem for SbxFs {
         });
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        // The echo thread never follows a symlink: the sandbox chooses where it leads.
+        if self.fs.is_echo(req.pid()) {
+            let e = crate::remote::RemoteError::Perm("the echo thread follows no symlink".into());
+            return reply_data(reply, "readlink", Err(e));
+        }
         self.spawn("readlink", ino.0, move |fs| async move {
             reply_data(reply, "readlink", fs.readlink(node(ino)).await)
         });

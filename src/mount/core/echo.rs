@@ -314,11 +314,19 @@ fn modify(path: &Path, size: u64) -> std::io::Result<()> {
     f.set_len(size)
 }
 
-/// `IN_ATTRIB` on a directory: its times set to now (answered with the times it has).
+/// `IN_ATTRIB`: the name's times set to now (answered with the times it has). Never through
+/// a symlink: the sandbox chooses its target, which the kernel would resolve on this machine.
 fn touch(path: &Path) -> std::io::Result<()> {
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())?;
     // SAFETY: a valid C string; NULL times means now.
-    let r = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), std::ptr::null(), 0) };
+    let r = unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            std::ptr::null(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
     if r == 0 {
         Ok(())
     } else {

@@ -8,7 +8,11 @@ exists() { [ -e "$1" ] || [ -L "$1" ]; }
 run() { o=$("$@" 2>&1) || fail SYS "$o"; }
 case $op in
 create)
-  if ! o=$( (set -C && : >"$P") 2>&1); then fail SYS "$o"; fi
+  # The shells' noclobber lets `>` open an existing non-regular file (a symlink to
+  # /dev/null, a fifo): refused first, and the mode set only on the regular file made.
+  exists "$P" && fail EEXIST "$1"
+  if ! o=$( (umask 077 && set -C && : >"$P") 2>&1); then fail SYS "$o"; fi
+  { [ -f "$P" ] && ! [ -L "$P" ]; } || fail EEXIST "$1"
   run chmod "$2" -- "$P"
   ;;
 mkdir)
