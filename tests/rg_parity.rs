@@ -7,6 +7,7 @@
 use crate::common;
 
 use std::fs;
+use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -174,7 +175,36 @@ fn cases() -> Vec<Vec<&'static str>> {
         &["-0", "-C1", "needle"],
         &["-0", "--heading", "-n", "needle"],
     ];
-    cases.iter().map(|c| c.to_vec()).collect()
+    cases
+        .iter()
+        .chain(everyday_cases())
+        .map(|c| c.to_vec())
+        .collect()
+}
+
+/// rg's everyday flags beyond the first set: -e, -x, -m, -q, -r, -U, --vimgrep.
+fn everyday_cases() -> &'static [&'static [&'static str]] {
+    &[
+        &["-e", "needle", "-e", "TODO", "-n"],
+        &["-e", "needle", "sub", "ctx.txt"],
+        &["-e", "-needle"],
+        &["-x", "-n", ".*needle.*", "ctx.txt"],
+        &["-x", "needle"],
+        &["-F", "-x", "-e", "a.b(", "-e", "// a.b(", "sub"],
+        &["-m", "1", "needle"],
+        &["-m1", "-c", "needle"],
+        &["-m", "2", "-n", "-A1", "needle", "ctx.txt"],
+        &["-q", "needle"],
+        &["-q", "zzz-no-such-thing"],
+        &["-q", "needle", "nonexistent", "ctx.txt"],
+        &["-r", "NEEDLE", "needle"],
+        &["-o", "-r", "[$0]", "ne+dle"],
+        &["-r", "$1", "-n", "(n)eedle", "ctx.txt"],
+        &["-U", "-n", r"fn needle\(\) \{\}\n//", "sub"],
+        &["-U", "-c", r"e\ne"],
+        &["--vimgrep", "needle"],
+        &["--vimgrep", "-o", "e", "ctx.txt"],
+    ]
 }
 
 /// Exit status and stdout of a command run in `dir`, as bytes.
@@ -259,6 +289,54 @@ fn grep_in_a_mount_prints_what_rg_prints_in_the_sandbox() {
         vec!["-n", "-C1", "needle", "../ctx.txt", "x.txt"],
     ];
     compare_all(&rg_bin, &t.root.join("sub"), &mount.dir.join("sub"), &below);
+}
+
+#[test]
+fn grep_over_shell_prints_what_rg_prints_for_the_everyday_flags() {
+    let Some(rg_bin) = require_tool("rg") else {
+        return;
+    };
+    let t = tree();
+    let mount = MountProcess::start_url(&format!("shell:{}", t.root.display()), "unused", &[]);
+    let cases: Vec<Vec<&str>> = everyday_cases().iter().map(|c| c.to_vec()).collect();
+    compare_all(&rg_bin, &t.root, &mount.dir, &cases);
+}
+
+#[test]
+fn grep_with_no_path_searches_a_pipe_on_stdin_as_rg_does() {
+    let Some(rg_bin) = require_tool("rg") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let input = b"one needle\ntwo\nneedle three\n";
+    for args in [
+        &["needle"][..],
+        &["-n", "needle"],
+        &["-c", "needle"],
+        &["-H", "--vimgrep", "needle"],
+        &["-v", "-A1", "needle"],
+        &["-q", "needle"],
+        &["zzz"],
+    ] {
+        let piped = |program: &Path, pre: &[&str]| {
+            let mut child = Command::new(program)
+                .args(pre)
+                .args(args)
+                .current_dir(dir.path())
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            child.stdin.take().unwrap().write_all(input).unwrap();
+            let out = child.wait_with_output().unwrap();
+            (out.status.code(), out.stdout)
+        };
+        assert_eq!(
+            piped(&sbxfs_bin(), &["grep"]),
+            piped(&rg_bin, &[]),
+            "{args:?}"
+        );
+    }
 }
 
 /// Run `program args` under `script`, so its stdout is a terminal; the bytes it printed.

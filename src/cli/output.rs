@@ -32,6 +32,8 @@ pub struct Printer {
     written: bool,
     /// stdout is a terminal: a sandbox's name never reaches it raw.
     to_terminal: bool,
+    /// grep -q: nothing is printed; what would have been still counts.
+    pub quiet: bool,
 }
 
 /// Join a root given on the command line and a path relative to it, for display.
@@ -62,10 +64,14 @@ impl Printer {
             file_separator: None,
             written: false,
             to_terminal,
+            quiet: false,
         }
     }
 
     fn write(&mut self, bytes: &[u8]) -> bool {
+        if self.quiet {
+            return true;
+        }
         if !self.closed && self.out.write_all(bytes).is_err() {
             self.closed = true;
         }
@@ -131,6 +137,9 @@ impl Printer {
     }
 
     pub fn grep_summary(&mut self, s: &GrepSummary) {
+        if self.quiet {
+            return;
+        }
         if self.json {
             self.json_line(&json!({"summary": s, "truncated": s.truncated}));
         } else if s.truncated && !self.closed {

@@ -69,8 +69,17 @@ pub(super) enum SortBy {
 pub(super) struct GrepArgs {
     /// The regular expression to search for (ripgrep's syntax; a literal with -F). With --files
     /// it is the first PATH instead.
-    #[arg(value_name = "PATTERN", required_unless_present_any = ["files", "type_list"])]
+    #[arg(value_name = "PATTERN", required_unless_present_any = ["files", "type_list", "regexp"])]
     pattern: Option<String>,
+    /// A pattern to search for; repeatable, a line matching any of them matches (a pattern
+    /// may start with `-`). With -e, every positional argument is a PATH.
+    #[arg(
+        short = 'e',
+        long = "regexp",
+        value_name = "PATTERN",
+        allow_hyphen_values = true
+    )]
+    regexp: Vec<String>,
     /// Files or directories to search (default: the current directory, printed without `./`).
     #[arg(value_name = "PATH")]
     paths: Vec<PathBuf>,
@@ -89,6 +98,30 @@ pub(super) struct GrepArgs {
     /// Select the lines that do not match.
     #[arg(short = 'v', long = "invert-match")]
     invert: bool,
+    /// Only matches that are a whole line.
+    #[arg(short = 'x', long = "line-regexp")]
+    line_regexp: bool,
+    /// At most NUM matching lines of each file.
+    #[arg(short = 'm', long = "max-count", value_name = "NUM")]
+    max_count: Option<u64>,
+    /// Print nothing, stop at the first match; the exit status says whether one was found
+    /// (0, even if a file could not be read; else 1, or 2 on an error).
+    #[arg(short = 'q', long)]
+    quiet: bool,
+    /// Print every match replaced by this (`$1`, `$name`: a capture group; `$$`: a `$`).
+    #[arg(
+        short = 'r',
+        long,
+        value_name = "REPLACEMENT",
+        allow_hyphen_values = true
+    )]
+    replace: Option<String>,
+    /// Let a match span lines: `\n` in the pattern matches a line's end.
+    #[arg(short = 'U', long)]
+    multiline: bool,
+    /// Every match on a line of its own as PATH:LINE:COLUMN:LINE (Vim's quickfix format).
+    #[arg(long)]
+    vimgrep: bool,
     /// Lines of context before and after each match (as rg: the last of -C, -A, -B given
     /// wins over the others).
     #[arg(short = 'C', long, value_name = "NUM", overrides_with_all = ["before_context", "after_context"])]
@@ -390,17 +423,100 @@ fn remote_grep(
     ))
 }
 
+/// Whether stdin holds data to search, as rg decides: a pipe, a file or a socket (not a
+/// terminal, not /dev/null).
+fn stdin_is_data() -> bool {
+    let Ok(meta) = rustix::fs::fstat(rustix::stdio::stdin()) else {
+        return false;
+    };
+    let kind = rustix::fs::FileType::from_raw_mode(meta.st_mode);
+    matches!(
+        kind,
+        rustix::fs::FileType::Fifo
+            | rustix::fs::FileType::RegularFile
+            | rustix::fs::FileType::Socket
+    )
+}
+
+/// `sbxfs grep PATTERN` reading a pipe: stdin searched here, shown as `<stdin>` where a
+/// path is printed.
+fn grep_stdin(
+    opts: &search::grep::GrepOptions,
+    print: Option<PrintOptions>,
+    p: &mut Printer,
+) -> i32 {
+    use std::io::Read;
+    let mut data = Vec::new();
+    if let Err(e) = std::io::stdin().lock().read_to_end(&mut data) {
+        eprintln!("sbxfs grep: <stdin>: {e}");
+        return ERROR;
+    }
+    let mut opts = opts.clone();
+    opts.print = print.map(|pr| PrintOptions {
+        shown_root: crate::remote::WireBytes(b"<stdin>".to_vec()),
+        ..pr
+    });
+    let r = search::grep::grep_bytes(&data, "<stdin>", &opts, &mut |item| match item {
+        GrepItem::Match(m) => p.grep_match(&m),
+        GrepItem::Printed(f) => p.printed_file(&f),
+    });
+    match r {
+        Ok(s) => {
+            p.grep_summary(&s);
+            p.flush();
+            found(s.matches > 0)
+        }
+        Err(e) => {
+            p.error(&e);
+            p.flush();
+            ERROR
+        }
+    }
+}
+
 impl GrepArgs {
     /// The pattern and the paths, as ripgrep reads them (`--files` takes no pattern).
     fn pattern_and_paths(&self) -> (String, Vec<PathBuf>) {
         let mut paths = self.paths.clone();
-        if self.files {
+        if self.files || !self.regexp.is_empty() {
             if let Some(first) = &self.pattern {
                 paths.insert(0, PathBuf::from(first));
             }
+        }
+        if self.files {
             return (String::new(), paths);
         }
-        (self.pattern.clone().unwrap_or_default(), paths)
+        let patterns = match &self.pattern {
+            _ if !self.regexp.is_empty() => self.regexp.clone(),
+            Some(p) => vec![p.clone()],
+            None => Vec::new(),
+        };
+        (self.combined(&patterns), paths)
+    }
+
+    /// Several patterns as one, as rg joins them: an alternation (each a literal with -F),
+    /// whole lines with -x.
+    fn combined(&self, patterns: &[String]) -> String {
+        let literal = self.fixed_strings && (patterns.len() > 1 || self.line_regexp);
+        let one = |p: &String| if literal { regex::escape(p) } else { p.clone() };
+        let joined = match patterns {
+            [p] => one(p),
+            many => many
+                .iter()
+                .map(|p| format!("(?:{})", one(p)))
+                .collect::<Vec<_>>()
+                .join("|"),
+        };
+        if self.line_regexp {
+            format!("^(?:{joined})$")
+        } else {
+            joined
+        }
+    }
+
+    /// Whether the patterns went into the regex as literals already ([`Self::combined`]).
+    fn literal_combined(&self) -> bool {
+        self.fixed_strings && (self.regexp.len() > 1 || self.line_regexp)
     }
 
     fn print_kind(&self) -> PrintKind {
@@ -435,18 +551,28 @@ impl GrepArgs {
                     && std::env::var_os("TERM").is_some_and(|t| t != "dumb")
             }
         };
+        // rg --vimgrep: the path, line and column on every line, no heading.
+        let vim = self.vimgrep && kind == PrintKind::Lines;
         PrintOptions {
             kind,
             shown_root: Default::default(),
-            with_filename,
+            with_filename: if vim && !self.no_filename {
+                Some(true)
+            } else {
+                with_filename
+            },
             line_number: kind == PrintKind::Lines
-                && !self.no_line_number
-                && (self.line_number || self.column || tty),
-            column: self.column,
+                && (vim || !self.no_line_number && (self.line_number || self.column || tty)),
+            column: self.column || vim,
             only_matching: self.only_matching,
-            heading: !self.no_heading && (self.heading || tty),
+            heading: !vim && !self.no_heading && (self.heading || tty),
             color,
             null: self.null,
+            per_match: vim,
+            replacement: self
+                .replace
+                .as_ref()
+                .map(|r| crate::remote::WireBytes(r.clone().into_bytes())),
         }
     }
 
@@ -460,7 +586,7 @@ impl GrepArgs {
         walk.hidden |= self.unrestricted >= 2;
         GrepOptions {
             pattern,
-            fixed_strings: self.fixed_strings,
+            fixed_strings: self.fixed_strings && !self.literal_combined(),
             case_insensitive: self.ignore_case,
             smart_case: self.smart_case,
             word: self.word,
@@ -474,6 +600,8 @@ impl GrepArgs {
             max_bytes: self.max_bytes,
             threads: self.threads,
             print: None,
+            max_count: self.max_count,
+            multiline: self.multiline,
         }
     }
 }
@@ -497,9 +625,21 @@ pub(super) fn run_grep(a: GrepArgs) -> i32 {
     let tty = std::io::stdout().is_terminal();
     let mut p = Printer::new(a.json);
     p.files_only = a.files_with_matches;
+    p.quiet = a.quiet;
     let (pattern, given) = a.pattern_and_paths();
-    let opts = a.options(pattern);
-    let print = (!a.json).then(|| a.print_options(&given, tty));
+    let mut opts = a.options(pattern);
+    let mut print = (!a.json).then(|| a.print_options(&given, tty));
+    if a.quiet {
+        // The first match answers: one file's name, never printed.
+        opts.max_results = Some(1);
+        if let Some(pr) = &mut print {
+            pr.kind = PrintKind::FilesWithMatches;
+        }
+    }
+    // As rg: no path, and a pipe or a file on stdin: stdin is searched (here; it is local).
+    if given.is_empty() && !a.files && stdin_is_data() {
+        return grep_stdin(&opts, print, &mut p);
+    }
     p.file_separator = print.as_ref().and_then(|pr| pr.file_separator(&opts));
     let paths = if given.is_empty() {
         vec![PathBuf::from(".")]
@@ -566,9 +706,12 @@ pub(super) fn run_grep(a: GrepArgs) -> i32 {
         p.grep_summary(&total);
     }
     p.flush();
-    // As ripgrep: any error makes the status 2, even with matches. A closed stdout ends the
-    // search quietly; the status then says whether a file printed before it matched.
-    if failed {
+    // As ripgrep: any error makes the status 2, even with matches (but for -q with a match).
+    // A closed stdout ends the search quietly; the status then says whether a file printed
+    // before it matched.
+    if a.quiet && total.matches > 0 {
+        FOUND
+    } else if failed {
         ERROR
     } else if p.is_closed() {
         found(p.delivered() > 0)

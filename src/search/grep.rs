@@ -148,6 +148,10 @@ pub struct GrepOptions {
     pub search_binary: bool,
     /// Answer with ripgrep's text output, one [`PrintedFile`] per file, instead of matches.
     pub print: Option<PrintOptions>,
+    /// ripgrep `-m`: at most this many matching lines of each file.
+    pub max_count: Option<u64>,
+    /// ripgrep `-U`: a match may span lines (`\n` in the pattern matches a line's end).
+    pub multiline: bool,
 }
 
 /// What a search yields: a match, or (with [`GrepOptions::print`]) one file's printed output.
@@ -200,7 +204,10 @@ pub fn build_matcher(opts: &GrepOptions) -> Result<RegexMatcher, SearchError> {
     b.case_insensitive(opts.case_insensitive)
         .case_smart(opts.smart_case)
         .word(opts.word)
-        .line_terminator(Some(b'\n'))
+        // As rg: across lines with -U (`^` and `$` still at each line's ends), else a line
+        // at a time.
+        .multi_line(opts.multiline)
+        .line_terminator((!opts.multiline).then_some(b'\n'))
         .size_limit(REGEX_SIZE_LIMIT)
         .dfa_size_limit(DFA_SIZE_LIMIT);
     let pattern = if opts.fixed_strings {
@@ -477,6 +484,46 @@ pub fn grep_source_items(
     Ok(emitter.summary)
 }
 
+/// [`grep_items`] over bytes in hand (a pipe on stdin): one file, named `shown`.
+pub fn grep_bytes(
+    bytes: &[u8],
+    shown: &str,
+    opts: &GrepOptions,
+    sink: &mut dyn FnMut(GrepItem) -> bool,
+) -> Result<GrepSummary, SearchError> {
+    if opts.before_context > MAX_CONTEXT_LINES || opts.after_context > MAX_CONTEXT_LINES {
+        return Err(SearchError::LimitExceeded(format!(
+            "context is limited to {MAX_CONTEXT_LINES} lines"
+        )));
+    }
+    let matcher = build_matcher(opts)?;
+    let mut searcher = new_searcher(opts);
+    let mut emitter = Emitter {
+        opts,
+        sink,
+        summary: GrepSummary::default(),
+        stopped: false,
+        redo: None,
+    };
+    let result = match &opts.print {
+        Some(p) => print_with(
+            &mut searcher,
+            &matcher,
+            opts,
+            p,
+            remaining(opts, &emitter.summary),
+            Path::new(shown),
+            true,
+            Haystack::Bytes(bytes),
+        ),
+        None => search_with(&matcher, opts, shown.to_string(), |sink| {
+            searcher.search_slice(&matcher, bytes, sink)
+        }),
+    };
+    emitter.emit_file(result);
+    Ok(emitter.summary)
+}
+
 /// Workers used when `threads` is 0: past this, one disk and one walker are the bottleneck.
 pub const MAX_AUTO_THREADS: usize = 8;
 /// Files handed to a worker at once: one channel hand-off per file costs more than searching
@@ -519,6 +566,7 @@ fn new_searcher(opts: &GrepOptions) -> Searcher {
     }
     SearcherBuilder::new()
         .invert_match(opts.invert)
+        .multi_line(opts.multiline)
         .line_number(true)
         .before_context(opts.before_context)
         .after_context(opts.after_context)
@@ -884,7 +932,8 @@ impl<'s> FileSink<'s> {
         if self.opts.after_context == 0 {
             self.done.extend(self.pending.drain(..));
         }
-        !self.over_caps()
+        let held = (self.done.len() + self.pending.len()) as u64;
+        !self.over_caps() && self.opts.max_count.is_none_or(|m| held < m)
     }
 }
 

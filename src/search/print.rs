@@ -58,6 +58,12 @@ pub struct PrintOptions {
     /// `-0`: every printed path is followed by a NUL byte (in place of the newline after a
     /// listed path, or the `:` before a line or count), as `rg -0` prints.
     pub null: bool,
+    /// `--vimgrep`: a line of its own for every match (with the path, line and column, which
+    /// the caller turns on).
+    pub per_match: bool,
+    /// `-r`: each match printed replaced by this (`$1`, `$name` for capture groups).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replacement: Option<WireBytes>,
 }
 
 /// One file's printed output, and how many matches it counted (for the caps and the exit code).
@@ -193,6 +199,7 @@ impl PrintOptions {
 pub fn searcher(opts: &GrepOptions, print: &PrintOptions) -> Searcher {
     SearcherBuilder::new()
         .line_number(print.line_number)
+        .multi_line(opts.multiline)
         .invert_match(opts.invert)
         .before_context(opts.before_context)
         .after_context(opts.after_context)
@@ -248,6 +255,11 @@ pub fn print_file(
     hay: &Haystack<'_>,
 ) -> io::Result<PrintedFile> {
     searcher.set_binary_detection(binary_detection(opts, explicit));
+    // `-m` caps each file; the search's own cap what is left of it.
+    let max_matches = match (max_matches, opts.max_count) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     let buf = if print.color {
         Buffer::ansi()
     } else {
@@ -268,6 +280,8 @@ pub fn print_file(
                 .heading(print.heading)
                 .path(print.with_filename.unwrap_or(!explicit))
                 .only_matching(print.only_matching)
+                .per_match(print.per_match)
+                .replacement(print.replacement.as_ref().map(|r| r.0.clone()))
                 .max_matches(max_matches)
                 .column(print.column)
                 .separator_search(None)

@@ -68,6 +68,9 @@ pub fn plan(opts: &GrepOptions) -> std::result::Result<Plan, &'static str> {
     if opts.pattern.contains('\n') {
         return Err("a line break in the pattern");
     }
+    if opts.max_count.is_some() || opts.multiline {
+        return Err("-m or -U");
+    }
     let mut walk: Vec<String> = [
         "--no-config",
         "--sort",
