@@ -564,3 +564,44 @@ fn allow_other_for_a_user_is_refused_with_the_fuse_conf_line_to_add() {
         "{out}"
     );
 }
+
+#[test]
+fn umount_of_a_busy_mount_names_who_uses_it_and_lazy_detaches_it() {
+    let s = setup_with(&[]);
+    fs::write(s.mount.dir.join("f"), "kept").unwrap();
+    // A program whose working directory is in the mount, as a shell left there.
+    let mut user = Command::new("sleep")
+        .arg("60")
+        .current_dir(&s.mount.dir)
+        .spawn()
+        .unwrap();
+    struct Stop<'a>(&'a mut std::process::Child);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let pid = user.id();
+    let _stop = Stop(&mut user);
+    let dir = s.mount.dir.to_str().unwrap();
+    let (code, err) = run_within(&mut sbxfs(&["umount", dir]), Duration::from_secs(30));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("is busy"), "{err}");
+    assert!(
+        err.contains(&format!(
+            "pid {pid} (sleep): its working directory is there"
+        )),
+        "{err}"
+    );
+    assert!(err.contains("--lazy"), "{err}");
+    assert!(mountinfo_line(&s.mount.dir).is_some(), "still mounted");
+    let (code, err) = run_within(
+        &mut sbxfs(&["umount", "--lazy", dir]),
+        Duration::from_secs(30),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(mountinfo_line(&s.mount.dir).is_none(), "detached");
+    // What was written was pushed before the detach.
+    assert_eq!(fs::read_to_string(s.root.join("f")).unwrap(), "kept");
+}

@@ -151,6 +151,10 @@ pub(super) struct UmountArgs {
     /// directory, and the next mount of the sandbox pushes them); the exit code still says so.
     #[arg(long)]
     force: bool,
+    /// Detach the mount now even while programs use it (fusermount3 -z): they keep what they
+    /// have open, and the daemon pushes and exits when the last of them lets go.
+    #[arg(short = 'z', long)]
+    lazy: bool,
 }
 
 #[derive(Args, Debug)]
@@ -419,12 +423,28 @@ pub(super) fn run_umount(a: UmountArgs) -> i32 {
     }
     let failed = !unpushed.is_empty();
     // The daemon sees its session end, pushes what is staged, and exits.
-    let code = match std::process::Command::new("fusermount3")
-        .arg("-u")
+    let mut unmount = std::process::Command::new("fusermount3");
+    unmount.arg("-u");
+    if a.lazy {
+        unmount.arg("-z");
+    }
+    let code = match unmount
         .arg(&at)
-        .status()
+        .stderr(std::process::Stdio::piped())
+        .output()
     {
-        Ok(s) if s.success() && failed => {
+        Ok(o) if !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("busy") => {
+            eprintln!("sbxfs umount: {shown} is busy: programs are using it");
+            for (pid, name, what) in users_of(&at).iter().take(MAX_USERS_SHOWN) {
+                eprintln!("sbxfs umount:   pid {pid} ({name}): {what}");
+            }
+            eprintln!(
+                "sbxfs umount: stop them or leave the directory, or detach it now with \
+                 `sbxfs umount --lazy {shown}` (the daemon pushes and exits when they let go)"
+            );
+            return ERROR;
+        }
+        Ok(o) if o.status.success() && failed => {
             eprintln!(
                 "sbxfs umount: unmounted {shown}; {} file(s) not pushed are kept in {} for the \
                  next mount",
@@ -436,9 +456,26 @@ pub(super) fn run_umount(a: UmountArgs) -> i32 {
             );
             ERROR
         }
-        Ok(s) if s.success() => 0,
-        Ok(_) => {
-            eprintln!("sbxfs umount: fusermount3 could not unmount {shown}");
+        // Detached: the daemon stays while programs hold it, so it is not waited for.
+        Ok(o) if o.status.success() && a.lazy => {
+            eprintln!(
+                "sbxfs umount: detached {shown}; its daemon pushes and exits when the programs \
+                 using it let go"
+            );
+            return 0;
+        }
+        Ok(o) if o.status.success() => 0,
+        Ok(o) => {
+            let why = String::from_utf8_lossy(&o.stderr);
+            let why = why.trim().rsplit(": ").next().unwrap_or("").to_string();
+            eprintln!(
+                "sbxfs umount: fusermount3 could not unmount {shown}{}",
+                if why.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", visible(&why))
+                }
+            );
             return ERROR;
         }
         Err(e) => {
@@ -471,6 +508,43 @@ pub(super) fn run_umount(a: UmountArgs) -> i32 {
         }
     }
     code
+}
+
+/// Programs named when a mount is busy; past this, the first are enough to act on.
+const MAX_USERS_SHOWN: usize = 10;
+
+/// The processes using something at or below `at`: pid, command name, and how (their
+/// working or root directory, an open file). Read from `/proc` links, which never touch the
+/// mount.
+fn users_of(at: &std::path::Path) -> Vec<(u32, String, &'static str)> {
+    let below = |link: &std::path::Path| std::fs::read_link(link).is_ok_and(|t| t.starts_with(at));
+    let mut users = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return users;
+    };
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let dir = p.path();
+        let what = if below(&dir.join("cwd")) {
+            Some("its working directory is there")
+        } else if below(&dir.join("root")) {
+            Some("its root directory is there")
+        } else if std::fs::read_dir(dir.join("fd"))
+            .is_ok_and(|fds| fds.flatten().any(|fd| below(&fd.path())))
+        {
+            Some("it has a file there open")
+        } else {
+            None
+        };
+        if let Some(what) = what {
+            let name = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+            users.push((pid, visible(name.trim()), what));
+        }
+    }
+    users.sort();
+    users
 }
 
 /// How long `umount` waits for the daemon to exit after the unmount.
