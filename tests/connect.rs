@@ -219,3 +219,19 @@ fn a_mount_over_https_reads_writes_and_names_its_transport() {
         assert_eq!(caps[c], true, "{c}: {v:#}");
     }
 }
+
+#[test]
+fn http_to_an_ssh_port_says_it_is_ssh_and_names_ssh_urls() {
+    let b = common::sshbox::SshBox::start();
+    let port = b.sshd.as_ref().unwrap().port;
+    for scheme in ["http", "https"] {
+        let (code, err) = mount_fails(&format!("{scheme}://127.0.0.1:{port}"), &[]);
+        assert_eq!(code, 6, "{scheme}: {err}");
+        assert!(
+            err.contains("an SSH server answered (SSH-2.0-") && err.contains("ssh://"),
+            "{scheme}: {err}"
+        );
+        assert!(!err.contains("TLS"), "{scheme}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{scheme}: {err}");
+    }
+}

@@ -56,6 +56,8 @@ pub enum ReachError {
         ours: u32,
         agent_version: String,
     },
+    #[error("{url}: an SSH server answered ({banner}), not an sbxfs agent: mount over SSH with ssh://[USER@]HOST[:PORT]/PATH")]
+    Ssh { url: String, banner: String },
     #[error("{url}: {why}")]
     Other { url: String, why: String },
 }
@@ -69,9 +71,10 @@ impl ReachError {
             | ReachError::NotResolved { .. }
             | ReachError::TimedOut { .. }
             | ReachError::Other { .. } => EXIT_UNREACHABLE,
-            ReachError::Tls { .. } | ReachError::NotAgent { .. } | ReachError::Protocol { .. } => {
-                EXIT_NOT_AGENT
-            }
+            ReachError::Tls { .. }
+            | ReachError::NotAgent { .. }
+            | ReachError::Protocol { .. }
+            | ReachError::Ssh { .. } => EXIT_NOT_AGENT,
             ReachError::TokenRejected { .. } => EXIT_TOKEN,
         }
     }
@@ -169,6 +172,17 @@ pub fn classify(url: &str, e: &reqwest::Error, waited: Duration) -> ReachError {
              (an agent serves https only when started with --tls-cert)"
         ))
     };
+    // An SSH server greets first, and its greeting reads as a bad HTTP version, or as a
+    // failed handshake: it says what it is.
+    let garbled = chain
+        .iter()
+        .any(|m| m.contains("invalid HTTP version") || m.contains("InvalidContentType"))
+        || (https && e.is_connect() && tls_error(e).is_none());
+    if garbled {
+        if let Some(banner) = ssh_banner(&addr) {
+            return ReachError::Ssh { url: url_s, banner };
+        }
+    }
     match tls_error(e) {
         Some(rustls::Error::InvalidCertificate(
             rustls::CertificateError::NotValidForName
@@ -194,6 +208,26 @@ pub fn classify(url: &str, e: &reqwest::Error, waited: Duration) -> ReachError {
             why: describe(e),
         },
     }
+}
+
+/// The greeting line of an SSH server at `addr` (`SSH-2.0-OpenSSH_9.2p1 …`), if one is
+/// there: read within a second of connecting, before anything is sent.
+fn ssh_banner(addr: &str) -> Option<String> {
+    use std::io::Read;
+    use std::net::ToSocketAddrs;
+    const WAIT: Duration = Duration::from_secs(1);
+    let to = addr.to_socket_addrs().ok()?.next()?;
+    let mut conn = std::net::TcpStream::connect_timeout(&to, WAIT).ok()?;
+    conn.set_read_timeout(Some(WAIT)).ok()?;
+    let mut buf = [0u8; 128];
+    let n = conn.read(&mut buf).ok()?;
+    let greeting = buf[..n].strip_prefix(b"SSH-")?;
+    let line = greeting.split(|&b| b == b'\r' || b == b'\n').next()?;
+    let shown: String = String::from_utf8_lossy(line)
+        .chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect();
+    Some(format!("SSH-{shown}"))
 }
 
 /// A certificate error that says the certificate names other hosts.
