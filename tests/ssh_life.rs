@@ -460,3 +460,21 @@ fn an_sshd_that_refuses_forwarding_still_gets_the_agent_over_a_session() {
     let log = m.log_text();
     assert!(log.contains("refuse"), "the log says why: {log}");
 }
+
+#[test]
+fn deploying_a_dynamically_linked_build_says_so_and_names_the_static_one() {
+    if !ready() {
+        return;
+    }
+    let b = SshBox::start();
+    fs::write(b.root.join("a.txt"), "a\n").unwrap();
+    let m = mount(&b, "");
+    assert_eq!(fs::read_to_string(m.dir.join("a.txt")).unwrap(), "a\n");
+    // The test build is dynamically linked, as a `cargo build` is.
+    let log = m.log_text();
+    assert!(
+        log.contains("deploying a dynamically linked sbxfs")
+            && log.contains("scripts/build-static.sh"),
+        "{log}"
+    );
+}
