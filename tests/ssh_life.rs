@@ -478,3 +478,32 @@ fn deploying_a_dynamically_linked_build_says_so_and_names_the_static_one() {
         "{log}"
     );
 }
+
+#[test]
+fn umount_stop_agent_pushes_then_stops_the_agent_the_mount_started() {
+    if !ready() {
+        return;
+    }
+    let b = SshBox::start();
+    let m = mount(&b, "");
+    fs::write(m.dir.join("last.txt"), "pushed before the agent stops\n").unwrap();
+    let agent = b.agent_pid();
+    assert!(Path::new(&format!("/proc/{agent}")).exists());
+    let (code, _, err) = run(Command::new(sbxfs_bin())
+        .args(["umount", "--stop-agent"])
+        .arg(&m.dir)
+        .env("SBXFS_LOG", "warn"));
+    let err = String::from_utf8_lossy(&err);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("stops once the last push is done"), "{err}");
+    assert_eq!(
+        fs::read_to_string(b.root.join("last.txt")).unwrap(),
+        "pushed before the agent stops\n"
+    );
+    within(Duration::from_secs(20), "the agent exits", || {
+        (!Path::new(&format!("/proc/{agent}")).exists()).then_some(())
+    });
+    // None is started again, and its pid file is gone.
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(b.agent_pid_files().is_empty(), "{:?}", b.agent_pid_files());
+}

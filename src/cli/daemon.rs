@@ -155,6 +155,11 @@ pub(super) struct UmountArgs {
     /// have open, and the daemon pushes and exits when the last of them lets go.
     #[arg(short = 'z', long)]
     lazy: bool,
+    /// Stop the agent this mount started in the sandbox (over ssh://) once the daemon has
+    /// pushed everything, instead of leaving it for the next mount (it exits by itself after
+    /// 30 minutes without one).
+    #[arg(long)]
+    stop_agent: bool,
 }
 
 #[derive(Args, Debug)]
@@ -422,6 +427,9 @@ pub(super) fn run_umount(a: UmountArgs) -> i32 {
         }
     }
     let failed = !unpushed.is_empty();
+    if a.stop_agent {
+        ask_to_stop_the_agent(&at);
+    }
     // The daemon sees its session end, pushes what is staged, and exits.
     let mut unmount = std::process::Command::new("fusermount3");
     unmount.arg("-u");
@@ -508,6 +516,43 @@ pub(super) fn run_umount(a: UmountArgs) -> i32 {
         }
     }
     code
+}
+
+/// `umount --stop-agent`: the daemon stops the agent it started as it exits (after its last
+/// push). Said at once when the mount's agent is not one it started.
+fn ask_to_stop_the_agent(at: &std::path::Path) {
+    let Some(info) = crate::control::client::mount_info(at) else {
+        eprintln!("sbxfs umount: --stop-agent: the mount's daemon does not answer");
+        return;
+    };
+    let socket = PathBuf::from(&info.socket);
+    let transport = status(&socket)
+        .and_then(|s| s["mount"]["transport"].as_str().map(str::to_string))
+        .unwrap_or_default();
+    if transport.ends_with("+stdio") {
+        eprintln!("sbxfs umount: its agent runs on the mount's own session and ends with it");
+        return;
+    }
+    if transport != "ssh+agent" {
+        eprintln!(
+            "sbxfs umount: --stop-agent: this mount did not start its agent ({}): nothing to \
+             stop here (stop an agent you run where it runs)",
+            if transport.is_empty() {
+                "unknown transport"
+            } else {
+                transport.as_str()
+            }
+        );
+        return;
+    }
+    let answered =
+        crate::control::client::Awaited::send(&socket, crate::control::Request::StopAgent)
+            .ok()
+            .and_then(|mut ask| ask.within(std::time::Duration::from_secs(5)).ok().flatten());
+    match answered {
+        Some(_) => eprintln!("sbxfs umount: its agent in the sandbox stops once the last push is done"),
+        None => eprintln!("sbxfs umount: --stop-agent: the daemon did not answer; the agent exits by itself after 30 minutes without a mount"),
+    }
 }
 
 /// Programs named when a mount is busy; past this, the first are enough to act on.

@@ -112,6 +112,10 @@ pub enum Request {
     },
     Stats,
     Flush,
+    /// When the daemon exits (after its last push), stop the agent this mount started in the
+    /// sandbox (`sbxfs umount --stop-agent`). Answer: `{"stop_agent": "at exit"}`.
+    #[serde(rename = "stop_agent")]
+    StopAgent,
     Invalidate {
         path: crate::remote::WireBytes,
     },

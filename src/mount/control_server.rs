@@ -39,6 +39,8 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// What a control request is answered from.
 pub struct Control {
+    /// `sbxfs umount --stop-agent` asked: the daemon stops the agent as it exits.
+    pub stop_agent_at_exit: std::sync::atomic::AtomicBool,
     pub core: Arc<FsCore>,
     /// Which mount this is: mountpoint, socket, remote and options (status reports it).
     pub info: serde_json::Value,
@@ -400,6 +402,7 @@ pub async fn answer_one(
         // Not started by `mount::run` (no probe): reachability is unknown, and said so.
         None => {
             let control = Control {
+                stop_agent_at_exit: Default::default(),
                 core: core.clone(),
                 info: info.clone(),
                 health: Arc::new(Health::default()),
@@ -505,6 +508,12 @@ pub async fn answer(control: &Control, request: Request) -> Result<serde_json::V
                 "staging": core.config().staging_dir.display().to_string(),
                 "pid": std::process::id(),
             }))
+        }
+        Request::StopAgent => {
+            control
+                .stop_agent_at_exit
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok(json!({ "stop_agent": "at exit" }))
         }
         Request::Invalidate { path: p } => match path(p) {
             Ok(p) => {

@@ -446,6 +446,7 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     let log_file =
         (cfg.detached && !notify::stderr_is_journal()).then(|| socket.with_extension("log"));
     let control = Arc::new(Control {
+        stop_agent_at_exit: Default::default(),
         core: core.clone(),
         info: serde_json::json!({
             "mountpoint": mountpoint.display().to_string(),
@@ -577,6 +578,16 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     });
     for (path, e) in &failures {
         tracing::error!(file = %path, "could not push before unmounting: {e}");
+    }
+    // After the last push: the agent this mount started, if `umount --stop-agent` asked.
+    if control
+        .stop_agent_at_exit
+        .load(std::sync::atomic::Ordering::SeqCst)
+    {
+        match rt.block_on(core.remote().stop_agent()) {
+            Ok(done) => tracing::info!("{done}"),
+            Err(e) => tracing::warn!("the agent was not stopped: {e}"),
+        }
     }
     let saved = if failures.is_empty() {
         Vec::new()

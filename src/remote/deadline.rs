@@ -273,6 +273,9 @@ impl<R: Remote> Remote for Deadlines<R> {
     async fn statfs(&self) -> Result<StatFs> {
         within("statfs", self.call, self.inner.statfs()).await
     }
+    async fn stop_agent(&self) -> Result<String> {
+        within("stop_agent", self.call, self.inner.stop_agent()).await
+    }
     async fn getxattr(&self, path: &RemotePath, name: &[u8]) -> Result<Vec<u8>> {
         within("getxattr", self.call, self.inner.getxattr(path, name)).await
     }

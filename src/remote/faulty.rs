@@ -629,6 +629,9 @@ impl<R: Remote> Remote for FaultyRemote<R> {
         let after = self.control.begin(Op::Statfs).await?;
         after.answer(Op::Statfs, self.inner.statfs().await).await
     }
+    async fn stop_agent(&self) -> Result<String> {
+        self.inner.stop_agent().await
+    }
 
     async fn getxattr(&self, path: &RemotePath, name: &[u8]) -> Result<Vec<u8>> {
         let after = self.control.begin(Op::Getxattr).await?;

@@ -710,6 +710,16 @@ pub trait Remote: Send + Sync {
 
     /// Change events after `since` (or from now); a `Lost` event means some were dropped.
     async fn watch(&self, since: Option<u64>) -> Result<BoxStream<'static, Result<ChangeEvent>>>;
+
+    /// Stop the agent this connection started in the sandbox (one deployed over ssh), and
+    /// start none again; answers what was stopped. Transports whose agent someone else runs,
+    /// or that run none, answer `Unsupported` saying so.
+    async fn stop_agent(&self) -> Result<String> {
+        Err(RemoteError::Unsupported(
+            "this mount did not start its agent (an agent you run, or none): stop it where it runs"
+                .into(),
+        ))
+    }
 }
 
 #[cfg(test)]

@@ -131,6 +131,9 @@ impl Remote for Retrying {
     async fn statfs(&self) -> Result<StatFs> {
         again(|| self.inner.statfs()).await
     }
+    async fn stop_agent(&self) -> Result<String> {
+        self.inner.stop_agent().await
+    }
     async fn getxattr(&self, path: &RemotePath, name: &[u8]) -> Result<Vec<u8>> {
         again(|| self.inner.getxattr(path, name)).await
     }

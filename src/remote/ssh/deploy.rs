@@ -93,6 +93,37 @@ done
 echo "__RESULT__ started $a/sock"
 "#;
 
+/// Stop the agent whose socket is `$1` (`…/agents/KEY/sock`): the process its pid file
+/// names, if that is the deployed sbxfs. Answers `stopped PID` or `gone`.
+const STOP: &str = r#"
+set -u
+a=${1%/sock}
+d=${a%/agents/*}
+p=$(cat "$a/pid" 2>/dev/null) || p=
+if [ -n "$p" ] && [ "$(readlink "/proc/$p/exe" 2>/dev/null)" = "$d/sbxfs" ] && kill "$p" 2>/dev/null; then
+  rm -f "$a/pid"; echo "__RESULT__ stopped $p"
+else
+  echo "__RESULT__ gone"
+fi
+"#;
+
+/// Stop the deployed agent answering on `sock` in the sandbox; what was done, in words.
+pub async fn stop(ssh: &Master, sock: &[u8]) -> Result<String> {
+    let out = ssh
+        .run(
+            command(STOP, &[sock]),
+            Input::Bytes(Vec::new()),
+            Duration::from_secs(30),
+        )
+        .await?;
+    let (said, _) = result(&out, "stop")?;
+    let dir = String::from_utf8_lossy(sock.strip_suffix(b"/sock").unwrap_or(sock)).into_owned();
+    Ok(match said.split_once(' ') {
+        Some(("stopped", pid)) => format!("stopped the agent (pid {pid} in the sandbox, {dir})"),
+        _ => format!("the agent ({dir}) had already exited"),
+    })
+}
+
 /// Where the deployed agent answers, and its token.
 pub struct Deployed {
     pub remote_socket: Vec<u8>,

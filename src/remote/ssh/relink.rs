@@ -68,6 +68,8 @@ struct State {
     link: Option<Arc<Link>>,
     /// A repair is running.
     repairing: bool,
+    /// The agent was stopped on purpose (`sbxfs umount --stop-agent`): none is started again.
+    stopped: bool,
     /// Why the link broke (for the fail-fast error).
     cause: String,
 }
@@ -108,6 +110,7 @@ impl SshAgent {
                         forward: agent.forward,
                     })),
                     repairing: false,
+                    stopped: false,
                     cause: String::new(),
                 }),
             }),
@@ -198,7 +201,7 @@ impl Shared {
     fn repair(this: &Arc<Shared>) {
         {
             let mut st = this.lock();
-            if st.repairing {
+            if st.repairing || st.stopped {
                 return;
             }
             st.repairing = true;
@@ -396,6 +399,12 @@ impl Remote for SshAgent {
         self.call(|c| async move { c.setattr(path, attr).await })
             .await
     }
+    async fn stop_agent(&self) -> Result<String> {
+        let link = self.current()?;
+        self.shared.lock().stopped = true;
+        super::deploy::stop(&link.master, &link.forward.1).await
+    }
+
     async fn statfs(&self) -> Result<StatFs> {
         self.call(|c| async move { c.statfs().await }).await
     }
