@@ -484,7 +484,8 @@ pub async fn answer(control: &Control, request: Request) -> Result<serde_json::V
             Ok(p) => {
                 let _ = core.flush_all().await;
                 let r = remote.edit(&p, &old, &new, replace_all).await;
-                // The file changed under the mount's caches and the kernel's: drop them.
+                // The file changed under the mount's caches and the kernel's: drop them (the
+                // edit replaced it: the name leads to another sandbox inode now).
                 core.invalidate_path(&p);
                 r.map(|count| json!({ "count": count }))
             }

@@ -1930,9 +1930,14 @@ impl FsCore {
                 k.invalidate_data(id);
             }
         }
-        if let Some((parent, _)) = path.split_last() {
+        if let Some((parent, name)) = path.split_last() {
             if let Some(p) = self.inodes.resolve(&parent) {
                 self.meta.invalidate(p);
+                // The kernel's entry too: the name may lead to another file now (an edit in
+                // the sandbox replaces it), which only a new lookup finds.
+                if let Some(k) = self.kernel() {
+                    k.invalidate_entry(p, name);
+                }
             }
         }
     }
