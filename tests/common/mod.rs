@@ -597,7 +597,7 @@ impl MountProcess {
             .arg("--token-file")
             .arg(&token_file)
             .args(extra)
-            .env("SBXFS_LOG", std::env::var("SBXFS_TEST_MOUNT_LOG").unwrap_or("info".into()))
+            .env("SBXFS_LOG", "info")
             .env("XDG_CACHE_HOME", &cache)
             .envs(env.iter().copied())
             .stdout(std::process::Stdio::piped())
