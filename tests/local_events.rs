@@ -537,3 +537,54 @@ fn fast_trees_replaced_files_and_a_stale_since_are_reported_as_they_are() {
     fs::write(s.root.join("after.txt"), "x").unwrap();
     stale.wait_for("a live change after it", |l| l.contains("after.txt"));
 }
+
+#[test]
+fn a_detached_mounts_echoes_never_touch_the_laptop_directory_left_at_its_path() {
+    let s = served("http");
+    let m = s.mount.dir.clone();
+    // A program keeps the mount busy, so a lazy unmount leaves the daemon serving it.
+    struct Stop(Child);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let user = Stop(
+        Command::new("sleep")
+            .arg("60")
+            .current_dir(m.join("sub"))
+            .spawn()
+            .unwrap(),
+    );
+    let pid = user.0.id();
+    let out = Command::new(sbxfs_bin())
+        .args(["umount", "--lazy"])
+        .arg(&m)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(std::path::Path::new(&format!("/proc/{pid}")).exists());
+    // The path is a plain laptop directory now, holding the laptop's own file.
+    fs::write(m.join("a.txt"), "the laptop's own\n").unwrap();
+    fs::create_dir(m.join("gone-dir")).unwrap();
+    // The sandbox changes the same names, and makes new ones.
+    fs::write(s.root.join("a.txt"), "changed in the sandbox\n").unwrap();
+    fs::write(s.root.join("new.txt"), "new\n").unwrap();
+    fs::create_dir(s.root.join("newdir")).unwrap();
+    fs::remove_dir(s.root.join("gone-dir")).unwrap();
+    fs::rename(s.root.join("move-me.txt"), s.root.join("moved.txt")).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let mut names: Vec<String> = fs::read_dir(&m)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["a.txt", "gone-dir"]);
+    assert_eq!(
+        fs::read_to_string(m.join("a.txt")).unwrap(),
+        "the laptop's own\n"
+    );
+    fs::remove_file(m.join("a.txt")).unwrap();
+    fs::remove_dir(m.join("gone-dir")).unwrap();
+}

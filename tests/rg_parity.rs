@@ -204,6 +204,7 @@ fn everyday_cases() -> &'static [&'static [&'static str]] {
         &["-U", "-c", r"e\ne"],
         &["--vimgrep", "needle"],
         &["--vimgrep", "-o", "e", "ctx.txt"],
+        &["-U", "--vimgrep", r"fn needle\(\) \{\}\n//", "sub"],
     ]
 }
 

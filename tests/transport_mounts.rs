@@ -478,3 +478,50 @@ fn planted_cache_directories_are_never_used() {
         "the victim's directory was changed: {seen}"
     );
 }
+
+#[test]
+fn another_builds_agent_copy_is_removed_unless_it_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (home, root) = (dir.path().join("home"), dir.path().join("ws"));
+    fs::create_dir_all(&root).unwrap();
+    fs::write(root.join("f"), "f\n").unwrap();
+    let exec = home.join(".cache/sbxfs/exec");
+    // A copy another build left (a rebuild a day would fill the disk), and one a running
+    // process uses.
+    let old = exec.join("0.0.1-p1-old-build");
+    fs::create_dir_all(&old).unwrap();
+    fs::write(old.join("sbxfs"), "an older build").unwrap();
+    let busy = exec.join("0.0.1-p1-busy-build");
+    fs::create_dir_all(&busy).unwrap();
+    fs::copy("/bin/sleep", busy.join("sbxfs")).unwrap();
+    for d in [
+        home.join(".cache/sbxfs"),
+        exec.clone(),
+        old.clone(),
+        busy.clone(),
+    ] {
+        fs::set_permissions(&d, fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    let mut running = Command::new(busy.join("sbxfs")).arg("60").spawn().unwrap();
+    let home_s = home.display().to_string();
+    let m = MountProcess::start_url_env(
+        &format!("shell:{}", root.display()),
+        "unused",
+        &[],
+        &[("HOME", &home_s)],
+    );
+    assert_eq!(fs::read_to_string(m.dir.join("f")).unwrap(), "f\n");
+    let _ = running.kill();
+    let _ = running.wait();
+    let left: Vec<String> = fs::read_dir(&exec)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(!old.exists(), "{left:?}");
+    assert!(busy.exists(), "{left:?}");
+    assert_eq!(
+        left.len(),
+        2,
+        "this build's copy and the busy one: {left:?}"
+    );
+}

@@ -56,6 +56,7 @@ pub use self::core::subtree;
 pub mod state;
 pub mod writeback;
 
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -201,17 +202,27 @@ fn start_echoes(
     core: &Arc<core::FsCore>,
     kernel: &Arc<fuser::Notifier>,
     mountpoint: &Path,
+    our_dev: Option<&str>,
     rt: &tokio::runtime::Handle,
 ) {
-    let (weak, kernel, mnt, rt) = (
-        Arc::downgrade(core),
-        kernel.clone(),
-        mountpoint.to_path_buf(),
-        rt.clone(),
-    );
+    // The echoes work beneath a descriptor of this mount's root, never by the mountpoint's
+    // path: once the mount is detached (umount --lazy) or a directory above it renamed, that
+    // path leads to a plain laptop directory, which must never see a sandbox's change.
+    let root = match echo_root(mountpoint, our_dev) {
+        Ok(fd) => fd,
+        Err(e) => {
+            tracing::warn!(
+                "no echo thread (local watchers will not hear of sandbox-side changes): {e}"
+            );
+            return;
+        }
+    };
+    let mnt = PathBuf::from(format!("/proc/self/fd/{}", root.as_raw_fd()));
+    let (weak, kernel, rt) = (Arc::downgrade(core), kernel.clone(), rt.clone());
     let started = std::thread::Builder::new()
         .name("sbxfs-echo".into())
         .spawn(move || {
+            let _root = root;
             if let Some(core) = weak.upgrade() {
                 core.echoes().claim_thread();
             }
@@ -228,6 +239,29 @@ fn start_echoes(
             "no echo thread (local watchers will not hear of sandbox-side changes): {e}"
         );
     }
+}
+
+/// A descriptor of the mount's root (`O_PATH`), checked to be this mount's (its device).
+fn echo_root(mountpoint: &Path, our_dev: Option<&str>) -> std::io::Result<std::os::fd::OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    let fd = rustix::fs::open(
+        mountpoint,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let st = rustix::fs::fstat(&fd)?;
+    let dev = format!(
+        "{}:{}",
+        rustix::fs::major(st.st_dev),
+        rustix::fs::minor(st.st_dev)
+    );
+    if our_dev.is_none_or(|d| d != dev) {
+        return Err(std::io::Error::other(format!(
+            "{} is not this mount (device {dev})",
+            mountpoint.display()
+        )));
+    }
+    Ok(fd)
 }
 
 /// The mount is up when a stat of the mountpoint is answered by it (the device number is the
@@ -496,7 +530,13 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
         feed::without_feed(&core);
     }
     let background = session.spawn()?;
-    start_echoes(&core, &kernel_cache, &mountpoint, rt.handle());
+    start_echoes(
+        &core,
+        &kernel_cache,
+        &mountpoint,
+        our_dev.as_deref(),
+        rt.handle(),
+    );
     created.keep();
     // Signals are caught before the mount is announced: a SIGTERM right after the ready line
     // must push and unmount, not kill the daemon.

@@ -122,10 +122,20 @@ for base in "${HOME:-/nonexistent}/.cache/sbxfs" "/tmp/sbxfs-$u" "/dev/shm/sbxfs
   [ -d "$up" ] && up=""
   mkdir -p "$(dirname "$base")" 2>/dev/null
   mine "$base" && mine "$base/exec" && mine "$d" || { unmake; continue; }
-  # Other builds' copies no session has started for two days go (each session touches its own).
+  # Other builds' copies go unless a process runs from one (each is a whole binary: a
+  # rebuild a day would fill the disk); without /proc, those no session started for two days.
+  exes=
+  if [ -d /proc/self ]; then
+    for e in /proc/[0-9]*/exe; do exes="$exes
+$(readlink "$e" 2>/dev/null)"; done
+  fi
   for o in "$base/exec"/*; do
-    [ "$o" = "$d" ] && continue
-    [ -n "$(find "$o" -prune -mtime +1 2>/dev/null)" ] && rm -rf "$o"
+    [ "$o" = "$d" ] || [ ! -d "$o" ] && continue
+    if [ -d /proc/self ]; then
+      case "$exes" in *"$o/sbxfs"*) ;; *) rm -rf "$o" ;; esac
+    else
+      [ -n "$(find "$o" -prune -mtime +1 2>/dev/null)" ] && rm -rf "$o"
+    fi
   done
   if [ -e "$d/.does-not-run" ]; then echo "__RESULT__ norun $(cat "$d/.does-not-run")"; exit 0; fi
   if [ -x "$d/sbxfs" ] && [ ! -L "$d/sbxfs" ] && [ -O "$d/sbxfs" ] \

@@ -281,6 +281,8 @@ pub fn print_file(
                 .path(print.with_filename.unwrap_or(!explicit))
                 .only_matching(print.only_matching)
                 .per_match(print.per_match)
+                // A match across lines: its first line only, once (rg's --vimgrep).
+                .per_match_one_line(print.per_match)
                 .replacement(print.replacement.as_ref().map(|r| r.0.clone()))
                 .max_matches(max_matches)
                 .column(print.column)

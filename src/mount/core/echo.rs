@@ -169,7 +169,8 @@ impl FsCore {
                     None
                 }
             },
-            Job::Touched(path) if path.is_root() => Some(touch(mnt)),
+            // `.`: the root itself (the base is a link to it, which is not to be touched).
+            Job::Touched(path) if path.is_root() => Some(touch(&mnt.join("."))),
             Job::Touched(path) => match (self.held(&path), self.hold_node_at(&path)) {
                 (Some((parent, name)), Some(node)) => {
                     self.echoes
