@@ -796,3 +796,23 @@ fn a_name_with_a_space_reaches_xargs_0_whole() {
         );
     }
 }
+
+#[test]
+fn a_name_with_a_line_break_is_skipped_by_grep_and_hides_no_other_match() {
+    let s = sandbox();
+    for name in ["aaa", "nl\nfake:1:match", "zzz"] {
+        fs::write(s.root.join(name), "needle\n").unwrap();
+    }
+    for args in [&["-l"][..], &["-n"], &["-c"]] {
+        let (code, out, err) = run(Command::new(sbxfs_bin())
+            .arg("grep")
+            .args(args)
+            .arg("needle")
+            .current_dir(&s.mount.dir));
+        let (out, err) = (String::from_utf8_lossy(&out), String::from_utf8_lossy(&err));
+        assert_eq!(code, 2, "{args:?}: {out} {err}");
+        let files: Vec<&str> = out.lines().map(|l| l.split(':').next().unwrap()).collect();
+        assert_eq!(files, ["aaa", "zzz"], "{args:?}: {out}");
+        assert!(err.contains("line break"), "{args:?}: {err}");
+    }
+}

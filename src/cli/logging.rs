@@ -75,12 +75,17 @@ where
     }
 }
 
+/// Bidirectional marks, overrides and isolates: they reorder what follows them on screen
+/// ("rlo\u{202e}txt.exe" shows as "rloexe.txt").
+pub fn reorders(c: char) -> bool {
+    matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
 /// `text` with control characters (terminal escapes in a sandbox-chosen name) shown as
 /// `\u{1b}`-style escapes.
 pub fn visible(text: &str) -> String {
     // Bidirectional overrides and isolates reorder what follows them on screen
     // ("rlo\u{202e}txt.exe" shows as "rloexe.txt"): escaped as controls are.
-    let reorders = |c: char| matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
     text.chars()
         .map(|c| {
             if c.is_control() || reorders(c) {

@@ -264,7 +264,8 @@ fn stopped_short(r: &ScanResult, requested_end: Option<u64>) -> Option<u64> {
 pub fn json_text(json: &str) -> String {
     let mut out = String::with_capacity(json.len());
     for c in json.chars() {
-        if ('\u{80}'..='\u{9f}').contains(&c) {
+        // C1 controls, and the characters that reorder the screen (bidi overrides, isolates).
+        if ('\u{80}'..='\u{9f}').contains(&c) || super::logging::reorders(c) {
             out.push_str(&format!("\\u{:04x}", c as u32));
         } else {
             out.push(c);
@@ -275,6 +276,16 @@ pub fn json_text(json: &str) -> String {
 
 #[cfg(test)]
 mod json_tests {
+    #[test]
+    fn bidi_overrides_are_escaped_and_the_json_means_the_same() {
+        let name = "bidi\u{202e}txt.exe\u{2066}x\u{200f}";
+        let v = serde_json::json!({ "path": name });
+        let text = super::json_text(&serde_json::to_string(&v).unwrap());
+        assert!(!text.chars().any(crate::cli::logging::reorders), "{text}");
+        let back: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(back["path"], name);
+    }
+
     #[test]
     fn c1_controls_are_escaped_and_the_json_means_the_same() {
         let v = serde_json::json!({"path": "a\u{9b}31mb\u{85}\u{7f}é\u{a0}"});

@@ -381,6 +381,9 @@ fn remote_grep(
         truncated: true,
         ..Default::default()
     };
+    // Files whose names hold a line break: never printed raw (a name could fake other lines
+    // of the output), said on stderr, and the search goes on.
+    let mut unprintable = Vec::new();
     for line in lines {
         let v = line.map_err(|e| SearchError::Io("control socket".into(), e.to_string()))?;
         if let Some(e) = socket_error(&v) {
@@ -406,6 +409,13 @@ fn remote_grep(
                 }
             }
             Ok(crate::remote::GrepEvent::Printed(f)) => {
+                if let Some(path) = f.path.as_ref().filter(|p| p.0.contains(&b'\n')) {
+                    unprintable.push(format!(
+                        "{}: a name with a line break is not printed in text output (use --json)",
+                        super::logging::visible(&String::from_utf8_lossy(&path.0))
+                    ));
+                    continue;
+                }
                 if let Some(print) = &opts.print {
                     search::print::check_printed(print, &f).map_err(refused)?;
                 }
@@ -413,7 +423,10 @@ fn remote_grep(
                     return Ok(gone());
                 }
             }
-            Ok(crate::remote::GrepEvent::Summary { summary, .. }) => return Ok(summary),
+            Ok(crate::remote::GrepEvent::Summary { mut summary, .. }) => {
+                summary.errors.extend(unprintable);
+                return Ok(summary);
+            }
             Err(e) => return Err(SearchError::Io("control socket".into(), e.to_string())),
         }
     }

@@ -75,17 +75,7 @@ pub(super) fn run_watch(a: WatchArgs) -> i32 {
         }
         let text = if a.json {
             // Characters that reorder the screen are sent as JSON escapes, as controls are.
-            let json: String = v
-                .to_string()
-                .chars()
-                .map(|c| match c {
-                    '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' => {
-                        format!("\\u{:04x}", c as u32)
-                    }
-                    c => c.to_string(),
-                })
-                .collect();
-            super::output::json_text(&json) + "\n"
+            super::output::json_text(&v.to_string()) + "\n"
         } else if v.get("restarted").is_some() {
             eprintln!(
                 "sbxfs watch: --since is from before this mount started (numbers start again at \

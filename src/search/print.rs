@@ -260,10 +260,16 @@ pub fn print_file(
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     };
-    let buf = if print.color {
-        Buffer::ansi()
-    } else {
-        Buffer::no_color()
+    let buf = Capped {
+        inner: if print.color {
+            Buffer::ansi()
+        } else {
+            Buffer::no_color()
+        },
+        // A file is printed whole or not at all: past the search's byte cap its output is of
+        // no use, and it is never held (`-r '$0$0…'` multiplies what a line prints).
+        left: opts.max_bytes.map_or(u64::MAX, |m| m.saturating_add(1)),
+        hit: false,
     };
     let (buf, matches) = match print.kind {
         PrintKind::Files => {
@@ -291,9 +297,14 @@ pub fn print_file(
                 .path_terminator(print.null.then_some(b'\0'))
                 .build(buf);
             let mut sink = printer.sink_with_path(matcher, shown);
-            run(searcher, matcher, hay, &mut sink)?;
+            let r = run(searcher, matcher, hay, &mut sink);
             let matches = sink.match_count();
-            (printer.into_inner(), matches)
+            let buf = printer.into_inner();
+            // Over the cap: what was held is enough to say the file does not fit.
+            if !buf.hit {
+                r?;
+            }
+            (buf, matches)
         }
         kind => {
             let kind = match kind {
@@ -318,10 +329,55 @@ pub fn print_file(
     };
     use std::os::unix::ffi::OsStrExt;
     Ok(PrintedFile {
-        printed: WireBytes(buf.into_inner()),
+        printed: WireBytes(buf.inner.into_inner()),
         matches,
         path: Some(WireBytes(shown.as_os_str().as_bytes().to_vec())),
     })
+}
+
+/// A printer's buffer that refuses to grow past `left` more bytes (the search then stops).
+struct Capped {
+    inner: Buffer,
+    left: u64,
+    hit: bool,
+}
+
+impl Write for Capped {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        if b.len() as u64 > self.left {
+            let n = self.left as usize;
+            self.inner.write_all(&b[..n])?;
+            self.left = 0;
+            self.hit = true;
+            return Err(io::Error::other("the file's output passes the byte cap"));
+        }
+        self.left -= b.len() as u64;
+        self.inner.write(b)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+impl WriteColor for Capped {
+    fn supports_color(&self) -> bool {
+        self.inner.supports_color()
+    }
+    fn set_color(&mut self, spec: &termcolor::ColorSpec) -> io::Result<()> {
+        self.inner.set_color(spec)
+    }
+    fn reset(&mut self) -> io::Result<()> {
+        self.inner.reset()
+    }
+    fn is_synchronous(&self) -> bool {
+        self.inner.is_synchronous()
+    }
+    fn set_hyperlink(&mut self, link: &termcolor::HyperlinkSpec) -> io::Result<()> {
+        self.inner.set_hyperlink(link)
+    }
+    fn supports_hyperlinks(&self) -> bool {
+        self.inner.supports_hyperlinks()
+    }
 }
 
 fn write_path(out: &mut impl Write, path: &Path) -> io::Result<()> {
