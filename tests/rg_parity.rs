@@ -725,6 +725,7 @@ fn new_options_cross_the_wire_and_old_requests_still_parse() {
         printed: sbxfs::remote::WireBytes(b"a.txt:x\n".to_vec()),
         matches: 1,
         path: Some(sbxfs::remote::WireBytes(b"a.txt".to_vec())),
+        over_cap: false,
     });
     let line = serde_json::to_string(&printed).unwrap();
     assert_eq!(serde_json::from_str::<GrepEvent>(&line).unwrap(), printed);

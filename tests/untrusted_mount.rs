@@ -816,3 +816,29 @@ fn a_name_with_a_line_break_is_skipped_by_grep_and_hides_no_other_match() {
         assert!(err.contains("line break"), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn a_replacement_that_multiplies_output_stops_at_the_cap_in_bounded_time() {
+    let s = sandbox();
+    fs::write(s.root.join("many"), format!("{}\n", "a".repeat(200_000))).unwrap();
+    // Each one-byte match printed as 4,000 bytes: 800 MB for the one line, which the
+    // printer would build whole before writing it.
+    let replacement = "$0".repeat(2000);
+    let started = Instant::now();
+    let (code, out, err) = run(Command::new("timeout")
+        .arg("120")
+        .arg(sbxfs_bin())
+        .args(["grep", "-o", "-r", &replacement, "a", "many"])
+        .current_dir(&s.mount.dir));
+    let err = String::from_utf8_lossy(&err);
+    assert!(started.elapsed() < Duration::from_secs(60), "{err}");
+    assert_ne!(code, 124, "killed by timeout: {err}");
+    assert!(out.len() as u64 <= 64 << 20, "{} bytes", out.len());
+    assert!(err.contains("truncated"), "{code}: {err}");
+    // A small one prints as rg does.
+    let (code, out, _) = run(Command::new(sbxfs_bin())
+        .args(["grep", "-o", "-r", "<$0>", "a+", "many"])
+        .current_dir(&s.mount.dir));
+    assert_eq!(code, 0);
+    assert_eq!(out.len(), 200_000 + 3);
+}

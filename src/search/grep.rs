@@ -795,10 +795,11 @@ impl Emitter<'_> {
             }
         }
         let cost = printed.printed.0.len() as u64;
-        if self
-            .opts
-            .max_bytes
-            .is_some_and(|max| self.summary.bytes + cost > max)
+        if printed.over_cap
+            || self
+                .opts
+                .max_bytes
+                .is_some_and(|max| self.summary.bytes + cost > max)
         {
             self.summary.truncated = true;
             self.stopped = true;

@@ -8,6 +8,7 @@
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
+use grep_matcher::{Match, Matcher};
 use grep_printer::{ColorSpecs, StandardBuilder, SummaryBuilder, SummaryKind};
 use grep_regex::RegexMatcher;
 use grep_searcher::{BinaryDetection, Searcher, SearcherBuilder, Sink};
@@ -75,6 +76,10 @@ pub struct PrintedFile {
     /// the printed lines against ([`check_printed`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<WireBytes>,
+    /// Its output would pass the search's byte cap (it was not held whole): the search ends
+    /// before it, as for any file that does not fit.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub over_cap: bool,
 }
 
 /// Whether a file's printed output, as the sandbox answered it, is what ripgrep could print
@@ -220,9 +225,9 @@ fn binary_detection(opts: &GrepOptions, explicit: bool) -> BinaryDetection {
     }
 }
 
-fn run<S: Sink<Error = io::Error>>(
+fn run<M: Matcher, S: Sink<Error = io::Error>>(
     searcher: &mut Searcher,
-    matcher: &RegexMatcher,
+    matcher: M,
     hay: &Haystack<'_>,
     sink: S,
 ) -> io::Result<()> {
@@ -296,10 +301,27 @@ pub fn print_file(
                 .separator_context(Some(b"--".to_vec()))
                 .path_terminator(print.null.then_some(b'\0'))
                 .build(buf);
-            let mut sink = printer.sink_with_path(matcher, shown);
-            let r = run(searcher, matcher, hay, &mut sink);
-            let matches = sink.match_count();
-            let buf = printer.into_inner();
+            // With -r, matching stops before the replaced text could pass the byte cap: the
+            // printer builds a line's replaced text whole before it writes any of it.
+            let budget = print
+                .replacement
+                .as_ref()
+                .zip(opts.max_bytes)
+                .map(|(r, max)| Budgeted::new(matcher, r.0.len() as u64, max));
+            let (r, matches) = match &budget {
+                Some(b) => {
+                    let mut sink = printer.sink_with_path(b, shown);
+                    let r = run(searcher, b, hay, &mut sink);
+                    (r, sink.match_count())
+                }
+                None => {
+                    let mut sink = printer.sink_with_path(matcher, shown);
+                    let r = run(searcher, matcher, hay, &mut sink);
+                    (r, sink.match_count())
+                }
+            };
+            let mut buf = printer.into_inner();
+            buf.hit |= budget.is_some_and(|b| b.spent.get());
             // Over the cap: what was held is enough to say the file does not fit.
             if !buf.hit {
                 r?;
@@ -329,10 +351,84 @@ pub fn print_file(
     };
     use std::os::unix::ffi::OsStrExt;
     Ok(PrintedFile {
+        over_cap: buf.hit,
         printed: WireBytes(buf.inner.into_inner()),
         matches,
         path: Some(WireBytes(shown.as_os_str().as_bytes().to_vec())),
     })
+}
+
+/// `-r`'s matcher under a byte cap: each match may print the replacement with every group
+/// the whole match (`per_byte` × (1 + its length) bytes at most); once that could pass
+/// `budget`, no further match is found and the file is marked over the cap.
+struct Budgeted<'m> {
+    inner: &'m RegexMatcher,
+    per_byte: u64,
+    left: std::cell::Cell<u64>,
+    spent: std::cell::Cell<bool>,
+}
+
+impl<'m> Budgeted<'m> {
+    fn new(inner: &'m RegexMatcher, replacement_len: u64, budget: u64) -> Self {
+        Budgeted {
+            inner,
+            per_byte: replacement_len.max(1),
+            left: std::cell::Cell::new(budget),
+            spent: std::cell::Cell::new(false),
+        }
+    }
+}
+
+impl Matcher for Budgeted<'_> {
+    type Captures = <RegexMatcher as Matcher>::Captures;
+    type Error = <RegexMatcher as Matcher>::Error;
+
+    fn find_at(&self, haystack: &[u8], at: usize) -> Result<Option<Match>, Self::Error> {
+        self.inner.find_at(haystack, at)
+    }
+    fn new_captures(&self) -> Result<Self::Captures, Self::Error> {
+        self.inner.new_captures()
+    }
+    fn capture_count(&self) -> usize {
+        self.inner.capture_count()
+    }
+    fn capture_index(&self, name: &str) -> Option<usize> {
+        self.inner.capture_index(name)
+    }
+    fn captures_at(
+        &self,
+        haystack: &[u8],
+        at: usize,
+        caps: &mut Self::Captures,
+    ) -> Result<bool, Self::Error> {
+        use grep_matcher::Captures;
+        if self.spent.get() || !self.inner.captures_at(haystack, at, caps)? {
+            return Ok(false);
+        }
+        let len = caps.get(0).map_or(0, |m| m.len() as u64);
+        let cost = self.per_byte.saturating_mul(len + 1);
+        if cost > self.left.get() {
+            self.spent.set(true);
+            return Ok(false);
+        }
+        self.left.set(self.left.get() - cost);
+        Ok(true)
+    }
+    fn shortest_match_at(&self, haystack: &[u8], at: usize) -> Result<Option<usize>, Self::Error> {
+        self.inner.shortest_match_at(haystack, at)
+    }
+    fn non_matching_bytes(&self) -> Option<&grep_matcher::ByteSet> {
+        self.inner.non_matching_bytes()
+    }
+    fn line_terminator(&self) -> Option<grep_matcher::LineTerminator> {
+        self.inner.line_terminator()
+    }
+    fn find_candidate_line(
+        &self,
+        haystack: &[u8],
+    ) -> Result<Option<grep_matcher::LineMatchKind>, Self::Error> {
+        self.inner.find_candidate_line(haystack)
+    }
 }
 
 /// A printer's buffer that refuses to grow past `left` more bytes (the search then stops).
