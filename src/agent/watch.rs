@@ -246,9 +246,12 @@ fn made_before_its_watch(root: &Path, dir: &[u8]) -> Vec<Vec<u8>> {
     found
 }
 
-/// How long after a directory is made its listing is taken: by then the watcher has put its
-/// watch on it (it does so after passing the directory's own event on).
+/// How long after a directory is made its listing is taken: by then the watcher has usually
+/// put its watch on it (it does so after passing the directory's own event on).
 const SCAN_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
+/// And once more this long after: on a busy machine the watcher may add its watch after the
+/// first listing, and what was made between the two would be reported by neither.
+const SCAN_AGAIN_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A thread that lists each directory made in the sandbox [`SCAN_AFTER`] it was reported,
 /// and reports what it holds as created (a name reported twice is checked twice: harmless).
@@ -261,13 +264,46 @@ fn start_scanner(
     let spawned = std::thread::Builder::new()
         .name("sbxfs-feed-scan".into())
         .spawn(move || {
-            for (at, dir) in rx {
-                if let Some(wait) =
-                    (at + SCAN_AFTER).checked_duration_since(std::time::Instant::now())
-                {
+            use std::sync::mpsc::RecvTimeoutError;
+            use std::time::Instant;
+            // Directories listed once, waiting for their second listing (in order made).
+            let mut again: std::collections::VecDeque<(Instant, Vec<u8>)> = Default::default();
+            loop {
+                let due = again.front().map(|(at, _)| *at + SCAN_AGAIN_AFTER);
+                let (at, dir, after, first) = match due {
+                    Some(due) if due <= Instant::now() => {
+                        let (at, dir) = again.pop_front().expect("checked");
+                        (at, dir, SCAN_AGAIN_AFTER, false)
+                    }
+                    Some(due) => match rx.recv_timeout(due - Instant::now()) {
+                        Ok((at, dir)) => (at, dir, SCAN_AFTER, true),
+                        Err(RecvTimeoutError::Timeout) => continue,
+                        Err(RecvTimeoutError::Disconnected) => {
+                            std::thread::sleep(due.saturating_duration_since(Instant::now()));
+                            continue;
+                        }
+                    },
+                    None => match rx.recv() {
+                        Ok((at, dir)) => (at, dir, SCAN_AFTER, true),
+                        Err(_) => break,
+                    },
+                };
+                if let Some(wait) = (at + after).checked_duration_since(Instant::now()) {
                     std::thread::sleep(wait);
                 }
+                if first {
+                    again.push_back((at, dir.clone()));
+                }
+                // The second listing reports only what nothing reported yet.
+                let reported = if first {
+                    Default::default()
+                } else {
+                    reported_beneath(&ring, &dir)
+                };
                 for found in made_before_its_watch(&root, &dir) {
+                    if reported.contains(&found) {
+                        continue;
+                    }
                     publish(
                         &ring,
                         &sender,
@@ -280,6 +316,24 @@ fn start_scanner(
         tracing::warn!("no scanner for new directories: {e}");
     }
     tx
+}
+
+/// The paths beneath `dir` that events still in the ring name.
+fn reported_beneath(ring: &Mutex<Ring>, dir: &[u8]) -> std::collections::HashSet<Vec<u8>> {
+    let r = ring.lock().expect("change ring lock");
+    let below = |p: &[u8]| p.len() > dir.len() && p.starts_with(dir) && p[dir.len()] == b'/';
+    let mut found = std::collections::HashSet::new();
+    for e in &r.events {
+        if below(&e.path.0) {
+            found.insert(e.path.0.clone());
+        }
+        if let ChangeKind::Renamed { to } = &e.kind {
+            if below(&to.0) {
+                found.insert(to.0.clone());
+            }
+        }
+    }
+    found
 }
 
 /// Number `change` (its `seq` is replaced) and send it.
