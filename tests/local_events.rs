@@ -588,3 +588,39 @@ fn a_detached_mounts_echoes_never_touch_the_laptop_directory_left_at_its_path() 
     fs::remove_file(m.join("a.txt")).unwrap();
     fs::remove_dir(m.join("gone-dir")).unwrap();
 }
+
+#[test]
+fn a_file_written_as_it_is_made_in_the_sandbox_is_created_and_modified_once() {
+    let s = served("http");
+    let Some(w) = inotify(&s.mount.dir) else {
+        eprintln!("skipped: no inotifywait (scripts/install-deps.sh installs inotify-tools)");
+        return;
+    };
+    let m = s.mount.dir.display().to_string();
+    for i in 0..12 {
+        fs::write(s.root.join(format!("n{i}.txt")), format!("c{i}\n")).unwrap();
+    }
+    let last = format!("{m}/n11.txt ");
+    w.wait_for("the last file's events", |l| {
+        l.contains(&last) && l.contains("CLOSE_WRITE")
+    });
+    // Whatever else would come (a second modify) comes within the echo's second.
+    std::thread::sleep(Duration::from_secs(3));
+    let lines = w.all();
+    for i in 0..12 {
+        let path = format!("{m}/n{i}.txt ");
+        let count = |kind: &str| {
+            lines
+                .iter()
+                .filter(|l| {
+                    l.contains(&path) && l.split(' ').next().unwrap().split(',').any(|k| k == kind)
+                })
+                .count()
+        };
+        assert_eq!(
+            (count("CREATE"), count("MODIFY")),
+            (1, 1),
+            "n{i}.txt: {lines:#?}"
+        );
+    }
+}

@@ -174,8 +174,15 @@ pub struct Echoes {
     wake: Condvar,
     ring: Mutex<Ring>,
     watchers: tokio::sync::broadcast::Sender<Seen>,
+    /// Files whose creation was echoed with their content (their version then): a change
+    /// reported after it that leaves them so raises nothing more.
+    made: Mutex<std::collections::HashMap<RemotePath, crate::remote::Version>>,
     pub stats: EchoStats,
 }
+
+/// Most created files remembered for [`Echoes::made_as`]: past it, the memory starts again
+/// (a forgotten one raises one more modify).
+const MAX_MADE: usize = 4096;
 
 impl Default for Echoes {
     fn default() -> Self {
@@ -186,12 +193,32 @@ impl Default for Echoes {
             wake: Condvar::new(),
             ring: Mutex::new(Ring::default()),
             watchers: tokio::sync::broadcast::channel(4096).0,
+            made: Default::default(),
             stats: EchoStats::default(),
         }
     }
 }
 
 impl Echoes {
+    /// The echo made `path` holding its content at `version`.
+    pub(in crate::mount) fn note_made(&self, path: &RemotePath, version: crate::remote::Version) {
+        let mut m = self.made.lock().unwrap_or_else(|e| e.into_inner());
+        if m.len() >= MAX_MADE {
+            m.clear();
+        }
+        m.insert(path.clone(), version);
+    }
+
+    /// Whether `path` is as its echoed creation made it (then a modify adds nothing).
+    pub(in crate::mount) fn made_as(
+        &self,
+        path: &RemotePath,
+        version: &crate::remote::Version,
+    ) -> bool {
+        let mut m = self.made.lock().unwrap_or_else(|e| e.into_inner());
+        m.remove(path).is_some_and(|v| &v == version)
+    }
+
     /// Whether a request comes from the echo thread.
     pub fn is_echo(&self, pid: u32) -> bool {
         pid != 0 && self.tid.load(Ordering::Relaxed) == pid

@@ -110,7 +110,11 @@ impl FsCore {
                 let (parent, name) = h;
                 self.echoes
                     .set_plan(vec![(parent, name, Name::ToMake(na.node))]);
-                Some(make(&at(&path), na.attr.kind))
+                let made = make(&at(&path), na.attr.kind, na.attr.size);
+                if made.is_ok() && na.attr.kind == FileKind::File {
+                    self.echoes.note_made(&path, na.attr.version.clone());
+                }
+                Some(made)
             }),
             Job::Modified(path) => self.held(&path).and_then(|h| {
                 let na = learn(&h)?;
@@ -120,6 +124,11 @@ impl FsCore {
                 // A file with staged writes: the local writer's events were raised, and
                 // the sandbox's change meets its push.
                 if na.attr.kind != FileKind::File || self.staged_of(na.node).is_some() {
+                    return None;
+                }
+                // Its creation was echoed with this very content (a file written right
+                // after it was made): raised once, as a local writer's would be.
+                if self.echoes.made_as(&path, &na.attr.version) {
                     return None;
                 }
                 Some(modify(&at(&path), na.attr.size))
@@ -290,18 +299,24 @@ impl FsCore {
     }
 }
 
-/// The create that raises `IN_CREATE` for a name of this kind.
-fn make(path: &Path, kind: FileKind) -> std::io::Result<()> {
+/// The create that raises `IN_CREATE` for a name of this kind; a file with content also
+/// `IN_MODIFY` (a truncate to its size) before its `IN_CLOSE_WRITE`, as its writer raised.
+fn make(path: &Path, kind: FileKind, size: u64) -> std::io::Result<()> {
     match kind {
         FileKind::Dir => std::fs::create_dir(path),
         FileKind::Symlink => std::os::unix::fs::symlink("echo", path),
-        FileKind::File => std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(path)
-            .map(drop),
+        FileKind::File => {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                .open(path)?;
+            if size > 0 {
+                f.set_len(size)?;
+            }
+            Ok(())
+        }
         _ => Err(std::io::Error::from_raw_os_error(libc::EOPNOTSUPP)),
     }
 }
