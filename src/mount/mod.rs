@@ -56,7 +56,6 @@ pub use self::core::subtree;
 pub mod state;
 pub mod writeback;
 
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -205,24 +204,22 @@ fn start_echoes(
     our_dev: Option<&str>,
     rt: &tokio::runtime::Handle,
 ) {
-    // The echoes work beneath a descriptor of this mount's root, never by the mountpoint's
-    // path: once the mount is detached (umount --lazy) or a directory above it renamed, that
-    // path leads to a plain laptop directory, which must never see a sandbox's change.
-    let root = match echo_root(mountpoint, our_dev) {
-        Ok(fd) => fd,
-        Err(e) => {
-            tracing::warn!(
-                "no echo thread (local watchers will not hear of sandbox-side changes): {e}"
-            );
-            return;
-        }
+    let Some(dev) = our_dev.map(str::to_string) else {
+        tracing::warn!(
+            "no echo thread (local watchers will not hear of sandbox-side changes): the mount's \
+             device is unknown"
+        );
+        return;
     };
-    let mnt = PathBuf::from(format!("/proc/self/fd/{}", root.as_raw_fd()));
-    let (weak, kernel, rt) = (Arc::downgrade(core), kernel.clone(), rt.clone());
+    let (weak, kernel, mnt, rt) = (
+        Arc::downgrade(core),
+        kernel.clone(),
+        mountpoint.to_path_buf(),
+        rt.clone(),
+    );
     let started = std::thread::Builder::new()
         .name("sbxfs-echo".into())
         .spawn(move || {
-            let _root = root;
             if let Some(core) = weak.upgrade() {
                 core.echoes().claim_thread();
             }
@@ -231,7 +228,15 @@ fn start_echoes(
                 let Some(job) = core.echoes().next_job() else {
                     break;
                 };
-                core.echo(job, &mnt, &kernel, &rt);
+                // Only while the mountpoint's path leads to this mount: once it is detached
+                // (umount --lazy) or a directory above it renamed, that path is a plain
+                // laptop directory, which must never see a sandbox's change. (No descriptor
+                // of the mount is held for this: it would keep the mount busy.)
+                if still_ours(&mnt, &dev) {
+                    core.echo(job, &mnt, &kernel, &rt);
+                } else {
+                    core.echo_dropped(job);
+                }
             }
         });
     if let Err(e) = started {
@@ -241,27 +246,13 @@ fn start_echoes(
     }
 }
 
-/// A descriptor of the mount's root (`O_PATH`), checked to be this mount's (its device).
-fn echo_root(mountpoint: &Path, our_dev: Option<&str>) -> std::io::Result<std::os::fd::OwnedFd> {
-    use rustix::fs::{Mode, OFlags};
-    let fd = rustix::fs::open(
-        mountpoint,
-        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
-    let st = rustix::fs::fstat(&fd)?;
-    let dev = format!(
-        "{}:{}",
-        rustix::fs::major(st.st_dev),
-        rustix::fs::minor(st.st_dev)
-    );
-    if our_dev.is_none_or(|d| d != dev) {
-        return Err(std::io::Error::other(format!(
-            "{} is not this mount (device {dev})",
-            mountpoint.display()
-        )));
-    }
-    Ok(fd)
+/// Whether `mountpoint` is this mount's root (its device is `dev`, "major:minor"), looked at
+/// without following a symlink put in its place.
+fn still_ours(mountpoint: &Path, dev: &str) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(mountpoint).is_ok_and(|m| {
+        m.is_dir() && format!("{}:{}", libc::major(m.dev()), libc::minor(m.dev())) == dev
+    })
 }
 
 /// The mount is up when a stat of the mountpoint is answered by it (the device number is the

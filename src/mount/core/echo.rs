@@ -66,6 +66,17 @@ impl FsCore {
         Some((n.attr.ino, n.attr.version.0, n.attr.size, n.attr.ctime_ns))
     }
 
+    /// A job not echoed (the mountpoint is not this mount any more): its node reference goes.
+    pub(in crate::mount) fn echo_dropped(&self, job: Job) {
+        if let Job::Removed(_, node) | Job::Renamed(_, _, node) = job {
+            self.give_back(node);
+        }
+        self.echoes
+            .stats
+            .skipped
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
     fn give_back(&self, node: Option<NodeId>) {
         if let Some(node) = node {
             self.forget(node, 1);
@@ -178,8 +189,7 @@ impl FsCore {
                     None
                 }
             },
-            // `.`: the root itself (the base is a link to it, which is not to be touched).
-            Job::Touched(path) if path.is_root() => Some(touch(&mnt.join("."))),
+            Job::Touched(path) if path.is_root() => Some(touch(mnt)),
             Job::Touched(path) => match (self.held(&path), self.hold_node_at(&path)) {
                 (Some((parent, name)), Some(node)) => {
                     self.echoes
