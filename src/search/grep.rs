@@ -283,11 +283,7 @@ fn grep_files(
     opts: &GrepOptions,
     sink: &mut dyn FnMut(GrepItem) -> bool,
 ) -> Result<GrepSummary, SearchError> {
-    if opts.before_context > MAX_CONTEXT_LINES || opts.after_context > MAX_CONTEXT_LINES {
-        return Err(SearchError::LimitExceeded(format!(
-            "context is limited to {MAX_CONTEXT_LINES} lines"
-        )));
-    }
+    check_context(opts)?;
     let matcher = build_matcher(opts)?;
     files.check_root()?;
     let cancel = files.cancel();
@@ -441,20 +437,10 @@ pub fn grep_source_items(
     opts: &GrepOptions,
     sink: &mut dyn FnMut(GrepItem) -> bool,
 ) -> Result<GrepSummary, SearchError> {
-    if opts.before_context > MAX_CONTEXT_LINES || opts.after_context > MAX_CONTEXT_LINES {
-        return Err(SearchError::LimitExceeded(format!(
-            "context is limited to {MAX_CONTEXT_LINES} lines"
-        )));
-    }
+    check_context(opts)?;
     let matcher = build_matcher(opts)?;
     let mut searcher = new_searcher(opts);
-    let mut emitter = Emitter {
-        opts,
-        sink,
-        summary: GrepSummary::default(),
-        stopped: false,
-        redo: None,
-    };
+    let mut emitter = Emitter::new(opts, sink);
     walk_source(source, root, &opts.walk, |file| {
         let result = match source.content(&file.path) {
             Some(bytes) => match &opts.print {
@@ -484,6 +470,16 @@ pub fn grep_source_items(
     Ok(emitter.summary)
 }
 
+/// Context beyond [`MAX_CONTEXT_LINES`] is refused before any search.
+fn check_context(opts: &GrepOptions) -> Result<(), SearchError> {
+    if opts.before_context > MAX_CONTEXT_LINES || opts.after_context > MAX_CONTEXT_LINES {
+        return Err(SearchError::LimitExceeded(format!(
+            "context is limited to {MAX_CONTEXT_LINES} lines"
+        )));
+    }
+    Ok(())
+}
+
 /// [`grep_items`] over bytes in hand (a pipe on stdin): one file, named `shown`.
 pub fn grep_bytes(
     bytes: &[u8],
@@ -491,20 +487,10 @@ pub fn grep_bytes(
     opts: &GrepOptions,
     sink: &mut dyn FnMut(GrepItem) -> bool,
 ) -> Result<GrepSummary, SearchError> {
-    if opts.before_context > MAX_CONTEXT_LINES || opts.after_context > MAX_CONTEXT_LINES {
-        return Err(SearchError::LimitExceeded(format!(
-            "context is limited to {MAX_CONTEXT_LINES} lines"
-        )));
-    }
+    check_context(opts)?;
     let matcher = build_matcher(opts)?;
     let mut searcher = new_searcher(opts);
-    let mut emitter = Emitter {
-        opts,
-        sink,
-        summary: GrepSummary::default(),
-        stopped: false,
-        redo: None,
-    };
+    let mut emitter = Emitter::new(opts, sink);
     let result = match &opts.print {
         Some(p) => print_with(
             &mut searcher,
@@ -703,6 +689,19 @@ struct Emitter<'a> {
     /// Print a file again allowing at most this many matches: a file printed in parallel
     /// may hold more than the matches left when its turn comes.
     redo: Option<Redo<'a>>,
+}
+
+impl<'a> Emitter<'a> {
+    /// One file at a time, on the calling thread: nothing to print again.
+    fn new(opts: &'a GrepOptions, sink: &'a mut dyn FnMut(GrepItem) -> bool) -> Self {
+        Emitter {
+            opts,
+            sink,
+            summary: GrepSummary::default(),
+            stopped: false,
+            redo: None,
+        }
+    }
 }
 
 impl Emitter<'_> {
