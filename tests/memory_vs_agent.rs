@@ -257,9 +257,9 @@ proptest! {
                 // closed as a request went out fails that request's transport, and an idempotent
                 // one (the snapshot's tree walk) is asked again. Changes are never retried, so a
                 // step's answer is still the agent's first.
-                let remote: Arc<dyn Remote> = Arc::new(sbxfs::remote::retry::Retrying::new(
-                    Arc::new(process.client()),
-                ));
+                let remote: Arc<dyn Remote> = Arc::new(sbxfs::remote::retry::retrying(Arc::new(
+                    process.client(),
+                )));
                 Agent { _process: process, _dir: dir, root, remote }
             });
             empty_the_workspace(&agent.root);

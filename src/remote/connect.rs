@@ -15,7 +15,7 @@ use std::time::Duration;
 use super::deadline::Deadlines;
 use super::httpsetup::HttpSetup;
 use super::reach::{ReachError, EXIT_TOKEN, EXIT_UNREACHABLE, EXIT_USAGE};
-use super::retry::Retrying;
+use super::retry::retrying;
 use super::{Remote, RemoteError, RemoteInfo, Result};
 
 /// Everything besides the URL that a transport may need.
@@ -169,7 +169,10 @@ pub async fn connect_reporting(
         Scheme::AgentScope => super::agentscope::connect(url, opts).await?,
     };
     let call = opts.call_timeout.unwrap_or(super::deadline::CALL);
-    c.remote = Arc::new(Deadlines::with_call_deadline(Retrying::new(c.remote), call));
+    c.remote = Arc::new(Deadlines::with_call_deadline(
+        Arc::new(retrying(c.remote)),
+        call,
+    ));
     Ok(c)
 }
 

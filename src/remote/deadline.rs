@@ -13,13 +13,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
+use futures_util::future::{BoxFuture, FutureExt};
 use futures_util::stream::BoxStream;
 
+use super::layer::{Bound, CallFn, CommitFn, Inner, Items, Layer, Layered, Op};
 use super::*;
-use crate::search::fuzzy::FuzzyMatch;
-use crate::search::grep::GrepOptions;
-use crate::search::scan::{ScanRequest, ScanResult};
 
 /// A metadata call (stat, list, create, rename, …): one round trip, however far the sandbox.
 pub const CALL: Duration = Duration::from_secs(10);
@@ -36,25 +34,85 @@ const MIN_UPLOAD_BYTES_PER_SEC: u64 = 64 * 1024;
 /// How often a whole-file upload's progress is looked at.
 const UPLOAD_CHECK: Duration = Duration::from_secs(5);
 
-pub struct Deadlines<R> {
-    inner: R,
+/// The deadline [`Layer`]: each [`Op`]'s [`Bound`] made a time limit.
+pub struct Deadlines {
+    inner: Inner,
     call: Duration,
     query: Duration,
     idle: Duration,
 }
 
-impl<R> Deadlines<R> {
-    pub fn new(inner: R) -> Self {
+impl Deadlines {
+    /// `inner` with the default deadlines.
+    pub fn new(inner: Inner) -> Layered<Deadlines> {
         Self::with_call_deadline(inner, CALL)
     }
 
     /// Deadlines scaled from one call's (queries get 6×, an idle transfer 3×).
-    pub fn with_call_deadline(inner: R, call: Duration) -> Self {
-        Deadlines {
+    pub fn with_call_deadline(inner: Inner, call: Duration) -> Layered<Deadlines> {
+        Layered::of(Deadlines {
             inner,
             call,
             query: call * (QUERY.as_secs() / CALL.as_secs()) as u32,
             idle: call * (IDLE.as_secs() / CALL.as_secs()) as u32,
+        })
+    }
+
+    /// The time a call of `op` moving `bytes` may take to answer (a stream: to start).
+    fn limit(&self, op: Op, bytes: u64) -> Duration {
+        match op.bound() {
+            Bound::Query => self.query,
+            Bound::PerByte => for_bytes(self.call, bytes),
+            Bound::Upload => for_bytes(self.idle, bytes),
+            Bound::Call | Bound::Stream | Bound::Feed => self.call,
+        }
+    }
+
+    /// A whole-file upload: given [`IDLE`] after the last byte it read from its body, and
+    /// failed when it averages less than [`MIN_UPLOAD_BYTES_PER_SEC`] after that.
+    async fn upload(
+        &self,
+        path: &RemotePath,
+        reader: Box<dyn tokio::io::AsyncRead + Send + Unpin>,
+        call: CommitFn<'_>,
+    ) -> Result<Attr> {
+        let last = Arc::new(AtomicU64::new(0));
+        let bytes = Arc::new(AtomicU64::new(0));
+        let start = Instant::now();
+        let body = Progress {
+            inner: reader,
+            last: last.clone(),
+            bytes: bytes.clone(),
+            start,
+        };
+        let call = call(self.inner.clone(), CommitContent::Whole(Box::new(body)));
+        tokio::pin!(call);
+        loop {
+            let moved = Duration::from_millis(last.load(Ordering::Relaxed));
+            let idle_until = start + moved + self.idle;
+            let wake = idle_until.min(Instant::now() + UPLOAD_CHECK);
+            tokio::select! {
+                r = &mut call => return r,
+                _ = tokio::time::sleep_until(wake.into()) => {
+                    let moved_now = Duration::from_millis(last.load(Ordering::Relaxed));
+                    if moved_now == moved && Instant::now() >= idle_until {
+                        return Err(RemoteError::TimedOut(format!(
+                            "commit of {}: nothing moved for {} s",
+                            path.display(),
+                            self.idle.as_secs()
+                        )));
+                    }
+                    let due = start.elapsed().saturating_sub(self.idle).as_secs()
+                        * MIN_UPLOAD_BYTES_PER_SEC;
+                    if bytes.load(Ordering::Relaxed) < due {
+                        return Err(RemoteError::TimedOut(format!(
+                            "commit of {}: the sandbox takes the upload slower than {} KiB/s",
+                            path.display(),
+                            MIN_UPLOAD_BYTES_PER_SEC / 1024
+                        )));
+                    }
+                }
+            }
         }
     }
 }
@@ -129,239 +187,54 @@ impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Progress<R> {
     }
 }
 
-#[async_trait]
-impl<R: Remote> Remote for Deadlines<R> {
-    async fn info(&self) -> Result<RemoteInfo> {
-        within("info", self.call, self.inner.info()).await
+impl Layer for Deadlines {
+    fn inner(&self) -> Result<Inner> {
+        Ok(self.inner.clone())
     }
-    async fn stat(&self, path: &RemotePath) -> Result<Attr> {
-        within("stat", self.call, self.inner.stat(path)).await
+
+    fn call<'a, T: Send + 'a>(
+        &'a self,
+        op: Op,
+        bytes: u64,
+        call: CallFn<'a, T>,
+    ) -> BoxFuture<'a, Result<T>> {
+        within(op.name(), self.limit(op, bytes), call(self.inner.clone())).boxed()
     }
-    async fn stat_many(&self, paths: &[RemotePath]) -> Result<Vec<Result<Attr>>> {
-        within("stat_many", self.call, self.inner.stat_many(paths)).await
+
+    /// The answer must start within its limit; a [`Bound::Stream`] must then keep moving:
+    /// each item within [`IDLE`]'s share of the last.
+    fn stream<'a, T: Send + 'static>(
+        &'a self,
+        op: Op,
+        call: CallFn<'a, Items<T>>,
+    ) -> BoxFuture<'a, Result<Items<T>>> {
+        async move {
+            let s = within(op.name(), self.limit(op, 0), call(self.inner.clone())).await?;
+            Ok(match op.bound() {
+                Bound::Stream => idle_bounded(op.name(), self.idle, s),
+                _ => s,
+            })
+        }
+        .boxed()
     }
-    async fn list(&self, path: &RemotePath) -> Result<Vec<DirEntry>> {
-        within("list", self.query, self.inner.list(path)).await
-    }
-    async fn tree(&self, path: &RemotePath) -> Result<BoxStream<'static, Result<TreeEntry>>> {
-        within("tree", self.call, self.inner.tree(path)).await
-    }
-    /// The answer must start within a call's deadline and keep moving: each listing within
-    /// [`IDLE`]'s share of the last.
-    async fn tree_listings(
-        &self,
-        path: &RemotePath,
-        max_entries: usize,
-    ) -> Result<BoxStream<'static, Result<TreeListing>>> {
-        let s = within(
-            "tree",
-            self.call,
-            self.inner.tree_listings(path, max_entries),
-        )
-        .await?;
-        Ok(idle_bounded("tree", self.idle, s))
-    }
-    async fn read(&self, path: &RemotePath, offset: u64, len: u32) -> Result<ReadResult> {
-        let limit = for_bytes(self.call, u64::from(len));
-        within("read", limit, self.inner.read(path, offset, len)).await
-    }
-    async fn commit(
-        &self,
-        path: &RemotePath,
+
+    fn commit<'a>(
+        &'a self,
+        path: &'a RemotePath,
         content: CommitContent,
-        opts: CommitOptions,
-    ) -> Result<Attr> {
-        match content {
-            CommitContent::Patch {
-                cut,
-                new_len,
-                ranges,
-            } => {
-                let bytes: u64 = ranges.iter().map(|(_, b)| b.len() as u64).sum();
-                let content = CommitContent::Patch {
-                    cut,
-                    new_len,
-                    ranges,
-                };
-                within(
-                    "commit",
-                    for_bytes(self.idle, bytes),
-                    self.inner.commit(path, content, opts),
-                )
-                .await
-            }
-            CommitContent::Whole(reader) => {
-                let last = Arc::new(AtomicU64::new(0));
-                let bytes = Arc::new(AtomicU64::new(0));
-                let start = Instant::now();
-                let body = Progress {
-                    inner: reader,
-                    last: last.clone(),
-                    bytes: bytes.clone(),
-                    start,
-                };
-                let call = self
-                    .inner
-                    .commit(path, CommitContent::Whole(Box::new(body)), opts);
-                tokio::pin!(call);
-                loop {
-                    let moved = Duration::from_millis(last.load(Ordering::Relaxed));
-                    let idle_until = start + moved + self.idle;
-                    let wake = idle_until.min(Instant::now() + UPLOAD_CHECK);
-                    tokio::select! {
-                        r = &mut call => return r,
-                        _ = tokio::time::sleep_until(wake.into()) => {
-                            let moved_now = Duration::from_millis(last.load(Ordering::Relaxed));
-                            if moved_now == moved && Instant::now() >= idle_until {
-                                return Err(RemoteError::TimedOut(format!(
-                                    "commit of {}: nothing moved for {} s",
-                                    path.display(),
-                                    self.idle.as_secs()
-                                )));
-                            }
-                            let due = start.elapsed().saturating_sub(self.idle).as_secs()
-                                * MIN_UPLOAD_BYTES_PER_SEC;
-                            if bytes.load(Ordering::Relaxed) < due {
-                                return Err(RemoteError::TimedOut(format!(
-                                    "commit of {}: the sandbox takes the upload slower than {} KiB/s",
-                                    path.display(),
-                                    MIN_UPLOAD_BYTES_PER_SEC / 1024
-                                )));
-                            }
-                        }
-                    }
+        call: CommitFn<'a>,
+    ) -> BoxFuture<'a, Result<Attr>> {
+        async move {
+            match content {
+                CommitContent::Patch { ref ranges, .. } => {
+                    let bytes: u64 = ranges.iter().map(|(_, b)| b.len() as u64).sum();
+                    let limit = self.limit(Op::Commit, bytes);
+                    within("commit", limit, call(self.inner.clone(), content)).await
                 }
+                CommitContent::Whole(reader) => self.upload(path, reader, call).await,
             }
         }
-    }
-    async fn create(&self, path: &RemotePath, mode: u32) -> Result<Attr> {
-        within("create", self.call, self.inner.create(path, mode)).await
-    }
-    async fn mkdir(&self, path: &RemotePath, mode: u32) -> Result<Attr> {
-        within("mkdir", self.call, self.inner.mkdir(path, mode)).await
-    }
-    async fn mknod(
-        &self,
-        path: &RemotePath,
-        kind: SpecialKind,
-        mode: u32,
-        rdev: u64,
-    ) -> Result<Attr> {
-        within("mknod", self.call, self.inner.mknod(path, kind, mode, rdev)).await
-    }
-    async fn unlink(&self, path: &RemotePath) -> Result<()> {
-        within("unlink", self.call, self.inner.unlink(path)).await
-    }
-    async fn rmdir(&self, path: &RemotePath) -> Result<()> {
-        within("rmdir", self.call, self.inner.rmdir(path)).await
-    }
-    async fn rename(&self, from: &RemotePath, to: &RemotePath, mode: RenameMode) -> Result<()> {
-        within("rename", self.call, self.inner.rename(from, to, mode)).await
-    }
-    async fn link(&self, existing: &RemotePath, new: &RemotePath) -> Result<Attr> {
-        within("link", self.call, self.inner.link(existing, new)).await
-    }
-    async fn symlink(&self, path: &RemotePath, target: &[u8]) -> Result<Attr> {
-        within("symlink", self.call, self.inner.symlink(path, target)).await
-    }
-    async fn readlink(&self, path: &RemotePath) -> Result<Vec<u8>> {
-        within("readlink", self.call, self.inner.readlink(path)).await
-    }
-    async fn setattr(&self, path: &RemotePath, attr: SetAttr) -> Result<Attr> {
-        within("setattr", self.call, self.inner.setattr(path, attr)).await
-    }
-    async fn statfs(&self) -> Result<StatFs> {
-        within("statfs", self.call, self.inner.statfs()).await
-    }
-    async fn stop_agent(&self) -> Result<String> {
-        within("stop_agent", self.call, self.inner.stop_agent()).await
-    }
-    async fn getxattr(&self, path: &RemotePath, name: &[u8]) -> Result<Vec<u8>> {
-        within("getxattr", self.call, self.inner.getxattr(path, name)).await
-    }
-    async fn listxattr(&self, path: &RemotePath) -> Result<Vec<Vec<u8>>> {
-        within("listxattr", self.call, self.inner.listxattr(path)).await
-    }
-    async fn setxattr(
-        &self,
-        path: &RemotePath,
-        name: &[u8],
-        value: &[u8],
-        flags: XattrFlags,
-    ) -> Result<()> {
-        within(
-            "setxattr",
-            self.call,
-            self.inner.setxattr(path, name, value, flags),
-        )
-        .await
-    }
-    async fn removexattr(&self, path: &RemotePath, name: &[u8]) -> Result<()> {
-        within("removexattr", self.call, self.inner.removexattr(path, name)).await
-    }
-    async fn fallocate(
-        &self,
-        path: &RemotePath,
-        offset: u64,
-        len: u64,
-        keep_size: bool,
-    ) -> Result<Attr> {
-        within(
-            "fallocate",
-            self.query,
-            self.inner.fallocate(path, offset, len, keep_size),
-        )
-        .await
-    }
-    async fn copy_range(
-        &self,
-        src: &RemotePath,
-        src_offset: u64,
-        dst: &RemotePath,
-        dst_offset: u64,
-        len: u64,
-        dst_base: Option<Version>,
-    ) -> Result<(u64, Attr)> {
-        within(
-            "copy_range",
-            self.query,
-            self.inner
-                .copy_range(src, src_offset, dst, dst_offset, len, dst_base),
-        )
-        .await
-    }
-    async fn scan(&self, path: &RemotePath, req: ScanRequest) -> Result<ScanResult> {
-        within("scan", self.query, self.inner.scan(path, req)).await
-    }
-    async fn grep(
-        &self,
-        path: &RemotePath,
-        opts: GrepOptions,
-    ) -> Result<BoxStream<'static, Result<GrepEvent>>> {
-        within("grep", self.query, self.inner.grep(path, opts)).await
-    }
-    async fn glob(&self, path: &RemotePath, pattern: &str) -> Result<Vec<String>> {
-        within("glob", self.query, self.inner.glob(path, pattern)).await
-    }
-    async fn fuzzy(&self, path: &RemotePath, req: FuzzyRequest) -> Result<Vec<FuzzyMatch>> {
-        within("fuzzy", self.query, self.inner.fuzzy(path, req)).await
-    }
-    async fn edit(
-        &self,
-        path: &RemotePath,
-        old: &str,
-        new: &str,
-        replace_all: bool,
-    ) -> Result<usize> {
-        within(
-            "edit",
-            self.query,
-            self.inner.edit(path, old, new, replace_all),
-        )
-        .await
-    }
-    async fn watch(&self, since: Option<u64>) -> Result<BoxStream<'static, Result<ChangeEvent>>> {
-        within("watch", self.call, self.inner.watch(since)).await
+        .boxed()
     }
 }
 
@@ -411,7 +284,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_upload_that_barely_moves_times_out() {
         let memory = crate::remote::memory::MemoryRemote::new();
-        let r = Deadlines::new(memory);
+        let r = Deadlines::new(Arc::new(memory));
         let path = RemotePath::new(b"f".to_vec()).unwrap();
         let started = Instant::now();
         let e = r

@@ -20,84 +20,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
+use futures_util::future::{BoxFuture, FutureExt};
 use futures_util::stream::{self, BoxStream, StreamExt};
 use tokio::io::{AsyncRead, ReadBuf};
 
+use super::layer::{CallFn, CommitFn, Inner, Items, Layer, Layered};
 use super::*;
-use crate::search::fuzzy::FuzzyMatch;
-use crate::search::grep::GrepOptions;
-use crate::search::scan::{ScanRequest, ScanResult};
 
-/// The operations of [`Remote`], one per method.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Op {
-    Info,
-    Stat,
-    List,
-    Tree,
-    Read,
-    Commit,
-    Create,
-    Mkdir,
-    Mknod,
-    Unlink,
-    Rmdir,
-    Rename,
-    Link,
-    Symlink,
-    Readlink,
-    Setattr,
-    Statfs,
-    Getxattr,
-    Listxattr,
-    Setxattr,
-    Removexattr,
-    Fallocate,
-    CopyRange,
-    Scan,
-    Grep,
-    Glob,
-    Fuzzy,
-    Edit,
-    Watch,
-    StatMany,
-}
-
-impl Op {
-    pub const ALL: [Op; 30] = [
-        Op::Info,
-        Op::Stat,
-        Op::List,
-        Op::Tree,
-        Op::Read,
-        Op::Commit,
-        Op::Create,
-        Op::Mkdir,
-        Op::Mknod,
-        Op::Unlink,
-        Op::Rmdir,
-        Op::Rename,
-        Op::Link,
-        Op::Symlink,
-        Op::Readlink,
-        Op::Setattr,
-        Op::Statfs,
-        Op::Getxattr,
-        Op::Listxattr,
-        Op::Setxattr,
-        Op::Removexattr,
-        Op::Fallocate,
-        Op::CopyRange,
-        Op::Scan,
-        Op::Grep,
-        Op::Glob,
-        Op::Fuzzy,
-        Op::Edit,
-        Op::Watch,
-        Op::StatMany,
-    ];
-}
+pub use super::layer::Op;
 
 /// What happens to a call a rule applies to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -151,17 +81,20 @@ pub struct FaultControl {
     shared: Arc<Shared>,
 }
 
-/// A `Remote` that passes every call to `inner`, except as its [`FaultControl`] says.
-pub struct FaultyRemote<R> {
-    inner: R,
+/// The fault [`Layer`]: every call passes to `inner`, except as its [`FaultControl`] says.
+pub struct Faults<R> {
+    inner: Arc<R>,
     control: FaultControl,
 }
 
-impl<R: Remote> FaultyRemote<R> {
+/// A `Remote` with faults injected on demand.
+pub type FaultyRemote<R> = Layered<Faults<R>>;
+
+impl<R: Remote + 'static> Layered<Faults<R>> {
     pub fn new(inner: R) -> Self {
         let (released, _) = tokio::sync::watch::channel(0);
-        FaultyRemote {
-            inner,
+        Layered::of(Faults {
+            inner: Arc::new(inner),
             control: FaultControl {
                 shared: Arc::new(Shared {
                     plan: Mutex::new(Plan::default()),
@@ -169,16 +102,16 @@ impl<R: Remote> FaultyRemote<R> {
                     hanging: AtomicUsize::new(0),
                 }),
             },
-        }
+        })
     }
 
     /// The handle that changes the plan (and reads the call counts) at run time.
     pub fn control(&self) -> FaultControl {
-        self.control.clone()
+        self.layer().control.clone()
     }
 
     pub fn inner(&self) -> &R {
-        &self.inner
+        &self.layer().inner
     }
 }
 
@@ -473,285 +406,66 @@ impl AsyncRead for CutReader {
     }
 }
 
-#[async_trait]
-impl<R: Remote> Remote for FaultyRemote<R> {
-    async fn info(&self) -> Result<RemoteInfo> {
-        let after = self.control.begin(Op::Info).await?;
-        after.answer(Op::Info, self.inner.info().await).await
+impl<R: Remote + 'static> Layer for Faults<R> {
+    fn inner(&self) -> Result<Inner> {
+        Ok(self.inner.clone())
     }
 
-    async fn stat(&self, path: &RemotePath) -> Result<Attr> {
-        let after = self.control.begin(Op::Stat).await?;
-        after.answer(Op::Stat, self.inner.stat(path).await).await
+    fn call<'a, T: Send + 'a>(
+        &'a self,
+        op: Op,
+        _bytes: u64,
+        call: CallFn<'a, T>,
+    ) -> BoxFuture<'a, Result<T>> {
+        async move {
+            let after = self.control.begin(op).await?;
+            after.answer(op, call(self.inner.clone()).await).await
+        }
+        .boxed()
     }
 
-    async fn stat_many(&self, paths: &[RemotePath]) -> Result<Vec<Result<Attr>>> {
-        let after = self.control.begin(Op::StatMany).await?;
-        after
-            .answer(Op::StatMany, self.inner.stat_many(paths).await)
-            .await
+    fn stream<'a, T: Send + 'static>(
+        &'a self,
+        op: Op,
+        call: CallFn<'a, Items<T>>,
+    ) -> BoxFuture<'a, Result<Items<T>>> {
+        async move {
+            let after = self.control.begin(op).await?;
+            after.stream(op, call(self.inner.clone()).await)
+        }
+        .boxed()
     }
 
-    async fn list(&self, path: &RemotePath) -> Result<Vec<DirEntry>> {
-        let after = self.control.begin(Op::List).await?;
-        after.answer(Op::List, self.inner.list(path).await).await
-    }
-
-    async fn tree(&self, path: &RemotePath) -> Result<BoxStream<'static, Result<TreeEntry>>> {
-        let after = self.control.begin(Op::Tree).await?;
-        after.stream(Op::Tree, self.inner.tree(path).await)
-    }
-
-    /// Faults of `tree` apply (one subtree call, whatever its encoding).
-    async fn tree_listings(
-        &self,
-        path: &RemotePath,
-        max_entries: usize,
-    ) -> Result<BoxStream<'static, Result<TreeListing>>> {
-        let after = self.control.begin(Op::Tree).await?;
-        after.stream(Op::Tree, self.inner.tree_listings(path, max_entries).await)
-    }
-
-    async fn read(&self, path: &RemotePath, offset: u64, len: u32) -> Result<ReadResult> {
-        let after = self.control.begin(Op::Read).await?;
-        after
-            .answer(Op::Read, self.inner.read(path, offset, len).await)
-            .await
-    }
-
-    async fn commit(
-        &self,
-        path: &RemotePath,
+    fn commit<'a>(
+        &'a self,
+        _path: &'a RemotePath,
         content: CommitContent,
-        opts: CommitOptions,
-    ) -> Result<Attr> {
-        let after = self.control.begin(Op::Commit).await?;
-        match (after, content) {
-            (After::Cut(n), CommitContent::Whole(body)) => {
-                let body = CutReader {
-                    inner: body,
-                    left: n,
-                };
-                let r = self
-                    .inner
-                    .commit(path, CommitContent::Whole(Box::new(body)), opts)
-                    .await;
-                // Whatever the inner remote made of the broken body, the call failed.
-                Err(match r {
-                    Err(RemoteError::Transport(m)) => RemoteError::Transport(m),
-                    _ => cut(Op::Commit, n),
-                })
-            }
-            (After::Cut(n), CommitContent::Patch { .. }) => Err(cut(Op::Commit, n)),
-            (after, content) => {
-                after
-                    .answer(Op::Commit, self.inner.commit(path, content, opts).await)
-                    .await
+        call: CommitFn<'a>,
+    ) -> BoxFuture<'a, Result<Attr>> {
+        async move {
+            let after = self.control.begin(Op::Commit).await?;
+            match (after, content) {
+                (After::Cut(n), CommitContent::Whole(body)) => {
+                    let body = CutReader {
+                        inner: body,
+                        left: n,
+                    };
+                    let r = call(self.inner.clone(), CommitContent::Whole(Box::new(body))).await;
+                    // Whatever the inner remote made of the broken body, the call failed.
+                    Err(match r {
+                        Err(RemoteError::Transport(m)) => RemoteError::Transport(m),
+                        _ => cut(Op::Commit, n),
+                    })
+                }
+                (After::Cut(n), CommitContent::Patch { .. }) => Err(cut(Op::Commit, n)),
+                (after, content) => {
+                    after
+                        .answer(Op::Commit, call(self.inner.clone(), content).await)
+                        .await
+                }
             }
         }
-    }
-
-    async fn create(&self, path: &RemotePath, mode: u32) -> Result<Attr> {
-        let after = self.control.begin(Op::Create).await?;
-        after
-            .answer(Op::Create, self.inner.create(path, mode).await)
-            .await
-    }
-
-    async fn mkdir(&self, path: &RemotePath, mode: u32) -> Result<Attr> {
-        let after = self.control.begin(Op::Mkdir).await?;
-        after
-            .answer(Op::Mkdir, self.inner.mkdir(path, mode).await)
-            .await
-    }
-
-    async fn mknod(
-        &self,
-        path: &RemotePath,
-        kind: SpecialKind,
-        mode: u32,
-        rdev: u64,
-    ) -> Result<Attr> {
-        let after = self.control.begin(Op::Mknod).await?;
-        after
-            .answer(Op::Mknod, self.inner.mknod(path, kind, mode, rdev).await)
-            .await
-    }
-
-    async fn unlink(&self, path: &RemotePath) -> Result<()> {
-        let after = self.control.begin(Op::Unlink).await?;
-        after
-            .answer(Op::Unlink, self.inner.unlink(path).await)
-            .await
-    }
-
-    async fn rmdir(&self, path: &RemotePath) -> Result<()> {
-        let after = self.control.begin(Op::Rmdir).await?;
-        after.answer(Op::Rmdir, self.inner.rmdir(path).await).await
-    }
-
-    async fn rename(&self, from: &RemotePath, to: &RemotePath, mode: RenameMode) -> Result<()> {
-        let after = self.control.begin(Op::Rename).await?;
-        after
-            .answer(Op::Rename, self.inner.rename(from, to, mode).await)
-            .await
-    }
-
-    async fn link(&self, existing: &RemotePath, new: &RemotePath) -> Result<Attr> {
-        let after = self.control.begin(Op::Link).await?;
-        after
-            .answer(Op::Link, self.inner.link(existing, new).await)
-            .await
-    }
-
-    async fn symlink(&self, path: &RemotePath, target: &[u8]) -> Result<Attr> {
-        let after = self.control.begin(Op::Symlink).await?;
-        after
-            .answer(Op::Symlink, self.inner.symlink(path, target).await)
-            .await
-    }
-
-    async fn readlink(&self, path: &RemotePath) -> Result<Vec<u8>> {
-        let after = self.control.begin(Op::Readlink).await?;
-        after
-            .answer(Op::Readlink, self.inner.readlink(path).await)
-            .await
-    }
-
-    async fn setattr(&self, path: &RemotePath, attr: SetAttr) -> Result<Attr> {
-        let after = self.control.begin(Op::Setattr).await?;
-        after
-            .answer(Op::Setattr, self.inner.setattr(path, attr).await)
-            .await
-    }
-
-    async fn statfs(&self) -> Result<StatFs> {
-        let after = self.control.begin(Op::Statfs).await?;
-        after.answer(Op::Statfs, self.inner.statfs().await).await
-    }
-    async fn stop_agent(&self) -> Result<String> {
-        self.inner.stop_agent().await
-    }
-
-    async fn getxattr(&self, path: &RemotePath, name: &[u8]) -> Result<Vec<u8>> {
-        let after = self.control.begin(Op::Getxattr).await?;
-        after
-            .answer(Op::Getxattr, self.inner.getxattr(path, name).await)
-            .await
-    }
-
-    async fn listxattr(&self, path: &RemotePath) -> Result<Vec<Vec<u8>>> {
-        let after = self.control.begin(Op::Listxattr).await?;
-        after
-            .answer(Op::Listxattr, self.inner.listxattr(path).await)
-            .await
-    }
-
-    async fn setxattr(
-        &self,
-        path: &RemotePath,
-        name: &[u8],
-        value: &[u8],
-        flags: XattrFlags,
-    ) -> Result<()> {
-        let after = self.control.begin(Op::Setxattr).await?;
-        after
-            .answer(
-                Op::Setxattr,
-                self.inner.setxattr(path, name, value, flags).await,
-            )
-            .await
-    }
-
-    async fn removexattr(&self, path: &RemotePath, name: &[u8]) -> Result<()> {
-        let after = self.control.begin(Op::Removexattr).await?;
-        after
-            .answer(Op::Removexattr, self.inner.removexattr(path, name).await)
-            .await
-    }
-
-    async fn fallocate(
-        &self,
-        path: &RemotePath,
-        offset: u64,
-        len: u64,
-        keep_size: bool,
-    ) -> Result<Attr> {
-        let after = self.control.begin(Op::Fallocate).await?;
-        after
-            .answer(
-                Op::Fallocate,
-                self.inner.fallocate(path, offset, len, keep_size).await,
-            )
-            .await
-    }
-
-    async fn copy_range(
-        &self,
-        src: &RemotePath,
-        src_offset: u64,
-        dst: &RemotePath,
-        dst_offset: u64,
-        len: u64,
-        dst_base: Option<Version>,
-    ) -> Result<(u64, Attr)> {
-        let after = self.control.begin(Op::CopyRange).await?;
-        after
-            .answer(
-                Op::CopyRange,
-                self.inner
-                    .copy_range(src, src_offset, dst, dst_offset, len, dst_base)
-                    .await,
-            )
-            .await
-    }
-
-    async fn scan(&self, path: &RemotePath, req: ScanRequest) -> Result<ScanResult> {
-        let after = self.control.begin(Op::Scan).await?;
-        after
-            .answer(Op::Scan, self.inner.scan(path, req).await)
-            .await
-    }
-
-    async fn grep(
-        &self,
-        path: &RemotePath,
-        opts: GrepOptions,
-    ) -> Result<BoxStream<'static, Result<GrepEvent>>> {
-        let after = self.control.begin(Op::Grep).await?;
-        after.stream(Op::Grep, self.inner.grep(path, opts).await)
-    }
-
-    async fn glob(&self, path: &RemotePath, pattern: &str) -> Result<Vec<String>> {
-        let after = self.control.begin(Op::Glob).await?;
-        after
-            .answer(Op::Glob, self.inner.glob(path, pattern).await)
-            .await
-    }
-
-    async fn fuzzy(&self, path: &RemotePath, req: FuzzyRequest) -> Result<Vec<FuzzyMatch>> {
-        let after = self.control.begin(Op::Fuzzy).await?;
-        after
-            .answer(Op::Fuzzy, self.inner.fuzzy(path, req).await)
-            .await
-    }
-
-    async fn edit(
-        &self,
-        path: &RemotePath,
-        old: &str,
-        new: &str,
-        replace_all: bool,
-    ) -> Result<usize> {
-        let after = self.control.begin(Op::Edit).await?;
-        after
-            .answer(Op::Edit, self.inner.edit(path, old, new, replace_all).await)
-            .await
-    }
-
-    async fn watch(&self, since: Option<u64>) -> Result<BoxStream<'static, Result<ChangeEvent>>> {
-        let after = self.control.begin(Op::Watch).await?;
-        after.stream(Op::Watch, self.inner.watch(since).await)
+        .boxed()
     }
 }
 

@@ -17,6 +17,7 @@ pub mod error;
 pub mod exec;
 pub mod faulty;
 pub mod httpsetup;
+pub mod layer;
 pub mod listings;
 pub mod memory;
 pub mod reach;

@@ -4,30 +4,26 @@
 //! has waited long enough; a dead link would otherwise cost a timeout per attempt). Streams are
 //! retried only while opening: items already delivered are never replayed.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use futures_util::stream::BoxStream;
+use futures_util::future::{BoxFuture, FutureExt};
 
+use super::layer::{CallFn, Inner, Layer, Layered, Op};
 use super::*;
-use crate::search::fuzzy::FuzzyMatch;
-use crate::search::grep::GrepOptions;
-use crate::search::scan::{ScanRequest, ScanResult};
 
 /// Attempts of an idempotent call whose transport failed.
 pub const ATTEMPTS: u32 = 3;
 /// Wait before the second attempt; each later one waits three times as long.
 pub const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 
-pub struct Retrying {
-    inner: Arc<dyn Remote>,
+/// The retry [`Layer`]: an idempotent [`Op`] whose transport failed is made again.
+pub struct Retry {
+    inner: Inner,
 }
 
-impl Retrying {
-    pub fn new(inner: Arc<dyn Remote>) -> Self {
-        Retrying { inner }
-    }
+/// `inner` with its idempotent calls retried.
+pub fn retrying(inner: Inner) -> Layered<Retry> {
+    Layered::of(Retry { inner })
 }
 
 /// Whether a failure may be tried again: the transport failed before an answer (a timeout is
@@ -57,150 +53,24 @@ where
     }
 }
 
-#[async_trait]
-impl Remote for Retrying {
-    async fn info(&self) -> Result<RemoteInfo> {
-        again(|| self.inner.info()).await
+/// Streams are retried only while opening (the hook's default: a stream is a call answering
+/// one); commits never (the default commit hook makes it once).
+impl Layer for Retry {
+    fn inner(&self) -> Result<Inner> {
+        Ok(self.inner.clone())
     }
-    async fn stat(&self, path: &RemotePath) -> Result<Attr> {
-        again(|| self.inner.stat(path)).await
-    }
-    async fn stat_many(&self, paths: &[RemotePath]) -> Result<Vec<Result<Attr>>> {
-        again(|| self.inner.stat_many(paths)).await
-    }
-    async fn list(&self, path: &RemotePath) -> Result<Vec<DirEntry>> {
-        again(|| self.inner.list(path)).await
-    }
-    async fn tree(&self, path: &RemotePath) -> Result<BoxStream<'static, Result<TreeEntry>>> {
-        again(|| self.inner.tree(path)).await
-    }
-    async fn tree_listings(
-        &self,
-        path: &RemotePath,
-        max_entries: usize,
-    ) -> Result<BoxStream<'static, Result<TreeListing>>> {
-        again(|| self.inner.tree_listings(path, max_entries)).await
-    }
-    async fn read(&self, path: &RemotePath, offset: u64, len: u32) -> Result<ReadResult> {
-        again(|| self.inner.read(path, offset, len)).await
-    }
-    async fn commit(
-        &self,
-        path: &RemotePath,
-        content: CommitContent,
-        opts: CommitOptions,
-    ) -> Result<Attr> {
-        self.inner.commit(path, content, opts).await
-    }
-    async fn create(&self, path: &RemotePath, mode: u32) -> Result<Attr> {
-        self.inner.create(path, mode).await
-    }
-    async fn mkdir(&self, path: &RemotePath, mode: u32) -> Result<Attr> {
-        self.inner.mkdir(path, mode).await
-    }
-    async fn mknod(
-        &self,
-        path: &RemotePath,
-        kind: SpecialKind,
-        mode: u32,
-        rdev: u64,
-    ) -> Result<Attr> {
-        self.inner.mknod(path, kind, mode, rdev).await
-    }
-    async fn unlink(&self, path: &RemotePath) -> Result<()> {
-        self.inner.unlink(path).await
-    }
-    async fn rmdir(&self, path: &RemotePath) -> Result<()> {
-        self.inner.rmdir(path).await
-    }
-    async fn rename(&self, from: &RemotePath, to: &RemotePath, mode: RenameMode) -> Result<()> {
-        self.inner.rename(from, to, mode).await
-    }
-    async fn link(&self, existing: &RemotePath, new: &RemotePath) -> Result<Attr> {
-        self.inner.link(existing, new).await
-    }
-    async fn symlink(&self, path: &RemotePath, target: &[u8]) -> Result<Attr> {
-        self.inner.symlink(path, target).await
-    }
-    async fn readlink(&self, path: &RemotePath) -> Result<Vec<u8>> {
-        again(|| self.inner.readlink(path)).await
-    }
-    async fn setattr(&self, path: &RemotePath, attr: SetAttr) -> Result<Attr> {
-        self.inner.setattr(path, attr).await
-    }
-    async fn statfs(&self) -> Result<StatFs> {
-        again(|| self.inner.statfs()).await
-    }
-    async fn stop_agent(&self) -> Result<String> {
-        self.inner.stop_agent().await
-    }
-    async fn getxattr(&self, path: &RemotePath, name: &[u8]) -> Result<Vec<u8>> {
-        again(|| self.inner.getxattr(path, name)).await
-    }
-    async fn listxattr(&self, path: &RemotePath) -> Result<Vec<Vec<u8>>> {
-        again(|| self.inner.listxattr(path)).await
-    }
-    async fn setxattr(
-        &self,
-        path: &RemotePath,
-        name: &[u8],
-        value: &[u8],
-        flags: XattrFlags,
-    ) -> Result<()> {
-        self.inner.setxattr(path, name, value, flags).await
-    }
-    async fn removexattr(&self, path: &RemotePath, name: &[u8]) -> Result<()> {
-        self.inner.removexattr(path, name).await
-    }
-    async fn fallocate(
-        &self,
-        path: &RemotePath,
-        offset: u64,
-        len: u64,
-        keep_size: bool,
-    ) -> Result<Attr> {
-        self.inner.fallocate(path, offset, len, keep_size).await
-    }
-    async fn copy_range(
-        &self,
-        src: &RemotePath,
-        src_offset: u64,
-        dst: &RemotePath,
-        dst_offset: u64,
-        len: u64,
-        dst_base: Option<Version>,
-    ) -> Result<(u64, Attr)> {
-        self.inner
-            .copy_range(src, src_offset, dst, dst_offset, len, dst_base)
-            .await
-    }
-    async fn scan(&self, path: &RemotePath, req: ScanRequest) -> Result<ScanResult> {
-        again(|| self.inner.scan(path, req)).await
-    }
-    async fn grep(
-        &self,
-        path: &RemotePath,
-        opts: GrepOptions,
-    ) -> Result<BoxStream<'static, Result<GrepEvent>>> {
-        again(|| self.inner.grep(path, opts.clone())).await
-    }
-    async fn glob(&self, path: &RemotePath, pattern: &str) -> Result<Vec<String>> {
-        again(|| self.inner.glob(path, pattern)).await
-    }
-    async fn fuzzy(&self, path: &RemotePath, req: FuzzyRequest) -> Result<Vec<FuzzyMatch>> {
-        again(|| self.inner.fuzzy(path, req.clone())).await
-    }
-    async fn edit(
-        &self,
-        path: &RemotePath,
-        old: &str,
-        new: &str,
-        replace_all: bool,
-    ) -> Result<usize> {
-        self.inner.edit(path, old, new, replace_all).await
-    }
-    async fn watch(&self, since: Option<u64>) -> Result<BoxStream<'static, Result<ChangeEvent>>> {
-        again(|| self.inner.watch(since)).await
+
+    fn call<'a, T: Send + 'a>(
+        &'a self,
+        op: Op,
+        _bytes: u64,
+        call: CallFn<'a, T>,
+    ) -> BoxFuture<'a, Result<T>> {
+        if op.idempotent() {
+            again(move || call(self.inner.clone())).boxed()
+        } else {
+            call(self.inner.clone())
+        }
     }
 }
 
@@ -242,10 +112,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_read_is_retried_and_a_call_that_changes_the_workspace_is_not() {
-        use faulty::{FaultyRemote, Op};
+        use faulty::FaultyRemote;
         let faulty = FaultyRemote::new(memory::MemoryRemote::new());
         let control = faulty.control();
-        let remote = Retrying::new(Arc::new(faulty));
+        let remote = retrying(std::sync::Arc::new(faulty));
         let down = || RemoteError::Transport("connection reset".into());
         control.fail_once(Op::Stat, down());
         assert!(remote.stat(&RemotePath::root()).await.is_ok());

@@ -25,7 +25,7 @@ use super::connect::{ConnectOptions, Connected};
 use super::{Remote, RemoteError, Result};
 
 pub use deploy::{workspace_key, AGENT_IDLE_EXIT};
-pub use relink::{SshAgent, FIRST_WAIT, LONGEST_WAIT};
+pub use relink::{Relink, SshAgent, FIRST_WAIT, LONGEST_WAIT};
 
 pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Connected> {
     let t = target::parse(url)?;
@@ -79,7 +79,7 @@ pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Connected> {
         };
         match reached.map_err(named)? {
             Ok(agent) => {
-                let remote: Arc<dyn Remote> = Arc::new(SshAgent::new(
+                let remote: Arc<dyn Remote> = Arc::new(Relink::new(
                     url.to_string(),
                     base,
                     t.host.clone(),

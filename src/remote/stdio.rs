@@ -237,11 +237,12 @@ fn result(out: &Output, step: &str) -> Result<(String, Vec<String>)> {
                     (true, false) => format!(
                         "the agent's {step} step answered no result (status {}): it printed {:?}",
                         out.code,
-                        text.chars().take(200).collect::<String>()
+                        quoted(&text)
                     ),
                     (false, _) => format!(
-                        "the agent's {step} step answered no result (status {}): {err}",
-                        out.code
+                        "the agent's {step} step answered no result (status {}): {}",
+                        out.code,
+                        quoted(err)
                     ),
                 },
             ))
@@ -361,33 +362,28 @@ pub async fn deploy(
     };
     tracing::info!(command = %argv.join(" "), "looking for the agent in the sandbox through the exec channel");
     let out = runner.run(&String::from_utf8_lossy(&probe), &ctl).await?;
-    let (said, before) = result(&out, "probe")?;
-    let arch = before
-        .iter()
-        .find_map(|l| l.strip_prefix("arch "))
-        .unwrap_or("")
-        .trim()
-        .to_string();
-    match said.split_once(' ').unwrap_or((said.as_str(), "")) {
-        ("missing", _) => Err(RemoteError::NotFound(format!(
+    match ProbeAnswer::read(&out)? {
+        ProbeAnswer::Missing => Err(RemoteError::NotFound(format!(
             "{}: no such directory in the sandbox",
             String::from_utf8_lossy(root)
         ))),
-        ("notdir", _) => Err(RemoteError::NotDir(format!(
+        ProbeAnswer::NotDir => Err(RemoteError::NotDir(format!(
             "{}: not a directory in the sandbox",
             String::from_utf8_lossy(root)
         ))),
-        ("ready", dir) => Ok(Ok(format!("{dir}/sbxfs").into_bytes())),
+        ProbeAnswer::Ready(dir) => Ok(Ok(format!("{dir}/sbxfs").into_bytes())),
         // An upload of this very build failed to run there before: not sent again.
-        ("norun", why) => Ok(Err(NoAgent(format!(
+        ProbeAnswer::NoRun(why) => Ok(Err(NoAgent(format!(
             "this build did not run in the sandbox ({why}){}",
             static_hint(bin)
         )))),
-        ("upload", _) if !arch.is_empty() && arch != local_machine() => Ok(Err(NoAgent(format!(
-            "the sandbox is {arch} and this sbxfs is built for {}",
-            local_machine()
-        )))),
-        ("upload", dir) => {
+        ProbeAnswer::Upload { arch, .. } if !arch.is_empty() && arch != local_machine() => {
+            Ok(Err(NoAgent(format!(
+                "the sandbox is {arch} and this sbxfs is built for {}",
+                local_machine()
+            ))))
+        }
+        ProbeAnswer::Upload { dir, .. } => {
             if is_dynamically_linked(&bin.path) == Some(true) {
                 tracing::warn!(
                     path = %bin.path.display(),
@@ -407,7 +403,7 @@ pub async fn deploy(
             let out = run_with_payload(argv, program, &bin.path).await?;
             let (said, _) = result(&out, "upload")?;
             if said != "ok" {
-                let why = said.strip_prefix("failed ").unwrap_or(&said).to_string();
+                let why = quoted(said.strip_prefix("failed ").unwrap_or(&said));
                 return Ok(Err(NoAgent(format!(
                     "the uploaded agent {why}{}",
                     static_hint(bin)
@@ -415,9 +411,70 @@ pub async fn deploy(
             }
             Ok(Ok(format!("{dir}/sbxfs").into_bytes()))
         }
-        _ => Ok(Err(NoAgent(
+        ProbeAnswer::Nowhere => Ok(Err(NoAgent(
             "no directory in the sandbox where a program can be written and run".into(),
         ))),
+    }
+}
+
+/// Longest text of the sandbox's a message quotes (an answer is the sandbox's to make: a
+/// hostile one could fill the log).
+const MAX_QUOTED: usize = 200;
+
+/// `text` cut to [`MAX_QUOTED`] characters.
+fn quoted(text: &str) -> String {
+    let mut q: String = text.chars().take(MAX_QUOTED).collect();
+    if q.len() < text.len() {
+        q.push('…');
+    }
+    q
+}
+
+/// What the deploy probe found in the sandbox.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ProbeAnswer {
+    /// The workspace does not exist.
+    Missing,
+    /// The workspace is not a directory.
+    NotDir,
+    /// This build is in `dir`, checked by size and hash.
+    Ready(String),
+    /// This build was uploaded before and did not run, for this reason.
+    NoRun(String),
+    /// `dir` can hold and run the binary; the sandbox's machine is `arch` (empty: unknown).
+    Upload { dir: String, arch: String },
+    /// No directory can hold and run a program.
+    Nowhere,
+}
+
+impl ProbeAnswer {
+    /// The answer in the probe's output; a directory must be an absolute path of printable
+    /// characters (it becomes part of a command), and text quoted from it stays short.
+    pub fn read(out: &Output) -> Result<ProbeAnswer> {
+        let (said, before) = result(out, "probe")?;
+        let arch = before
+            .iter()
+            .find_map(|l| l.strip_prefix("arch "))
+            .map(|a| quoted(a.trim()))
+            .unwrap_or_default();
+        let dir = |d: &str| {
+            if d.starts_with('/') && !d.chars().any(char::is_control) && d.len() <= 4096 {
+                Ok(d.to_string())
+            } else {
+                Err(RemoteError::Transport(format!(
+                    "the agent's probe named an impossible directory: {:?}",
+                    quoted(d)
+                )))
+            }
+        };
+        Ok(match said.split_once(' ').unwrap_or((said.as_str(), "")) {
+            ("missing", _) => ProbeAnswer::Missing,
+            ("notdir", _) => ProbeAnswer::NotDir,
+            ("ready", d) => ProbeAnswer::Ready(dir(d)?),
+            ("norun", why) => ProbeAnswer::NoRun(quoted(why)),
+            ("upload", d) => ProbeAnswer::Upload { dir: dir(d)?, arch },
+            _ => ProbeAnswer::Nowhere,
+        })
     }
 }
 
@@ -629,6 +686,45 @@ impl Drop for GroupKill {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
+    fn output(stdout: Vec<u8>, stderr: Vec<u8>) -> Output {
+        Output {
+            code: 0,
+            stdout,
+            stderr,
+            stdout_cut: 0,
+            stderr_cut: 0,
+        }
+    }
+
+    proptest! {
+        /// Whatever the sandbox answers to the probe: no panic, a directory used only when
+        /// absolute and printable, and any message short.
+        #[test]
+        fn any_probe_answer_is_read_safely(
+            head in proptest::collection::vec(any::<u8>(), 0..300),
+            word in prop::sample::select(vec!["ready ", "upload ", "norun ", "missing", "x "]),
+            tail in proptest::collection::vec(any::<u8>(), 0..300),
+            stderr in proptest::collection::vec(any::<u8>(), 0..2000),
+        ) {
+            let mut stdout = head;
+            stdout.extend_from_slice(b"\n__RESULT__ ");
+            stdout.extend_from_slice(word.as_bytes());
+            stdout.extend_from_slice(&tail);
+            for out in [output(stdout.clone(), stderr.clone()), output(tail.clone(), stderr.clone())] {
+                match ProbeAnswer::read(&out) {
+                    Ok(ProbeAnswer::Ready(d)) | Ok(ProbeAnswer::Upload { dir: d, .. }) => {
+                        prop_assert!(d.starts_with('/') && !d.chars().any(char::is_control));
+                    }
+                    Ok(ProbeAnswer::NoRun(why)) => prop_assert!(why.chars().count() <= MAX_QUOTED + 1),
+                    Ok(_) => {}
+                    Err(e) => prop_assert!(e.to_string().len() < 2 * MAX_QUOTED * 4 + 300, "{}", e),
+                }
+            }
+        }
+    }
+
     use super::*;
     use tokio::io::AsyncWriteExt;
 

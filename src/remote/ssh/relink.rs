@@ -20,16 +20,14 @@
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use futures_util::stream::{BoxStream, StreamExt};
+use futures_util::future::{BoxFuture, FutureExt};
+use futures_util::stream::StreamExt;
 
 use super::deploy::Binary;
 use super::master::Master;
 use crate::remote::client::AgentClient;
+use crate::remote::layer::{CallFn, CommitFn, Inner, Items, Layer, Layered, Op};
 use crate::remote::*;
-use crate::search::fuzzy::FuzzyMatch;
-use crate::search::grep::GrepOptions;
-use crate::search::scan::{ScanRequest, ScanResult};
 
 /// Wait before the second repair attempt: a restarted sshd is back within a second or two, and
 /// one attempt (a refused connection) costs almost nothing.
@@ -79,12 +77,16 @@ struct Shared {
     state: Mutex<State>,
 }
 
-/// The [`Remote`] of an `ssh://` mount with a deployed agent.
-pub struct SshAgent {
+/// The relink [`Layer`]: each call goes to the current link's agent; a transport failure
+/// starts a repair.
+pub struct Relink {
     shared: Arc<Shared>,
 }
 
-impl SshAgent {
+/// The [`Remote`] of an `ssh://` mount with a deployed agent.
+pub type SshAgent = Layered<Relink>;
+
+impl Relink {
     pub(super) fn new(
         label: String,
         base: Vec<String>,
@@ -94,7 +96,7 @@ impl SshAgent {
         master: Arc<Master>,
         agent: super::Agent,
     ) -> SshAgent {
-        SshAgent {
+        Layered::of(Relink {
             shared: Arc::new(Shared {
                 plan: Plan {
                     label,
@@ -114,7 +116,7 @@ impl SshAgent {
                     cause: String::new(),
                 }),
             }),
-        }
+        })
     }
 
     /// The current link's client, or the fail-fast error (and a repair started).
@@ -137,40 +139,80 @@ impl SshAgent {
         }
     }
 
-    /// Run `f` on the current link's client; a transport failure starts a repair.
-    async fn call<T, F, Fut>(&self, f: F) -> Result<T>
-    where
-        F: FnOnce(Arc<AgentClient>) -> Fut,
-        Fut: std::future::Future<Output = Result<T>>,
-    {
-        let link = self.current()?;
-        match f(link.client.clone()).await {
-            Ok(v) => Ok(v),
-            Err(e) => Err(Shared::failed(&self.shared, &link, e)),
-        }
+    /// The error a call over `link` answers, a repair started on a transport failure.
+    fn failed(&self, link: &Arc<Link>, e: RemoteError) -> RemoteError {
+        Shared::failed(&self.shared, link, e)
+    }
+}
+
+impl Layer for Relink {
+    fn inner(&self) -> Result<Inner> {
+        Ok(self.current()?.client.clone())
     }
 
-    /// [`SshAgent::call`] for a call answering a stream: its items' errors are treated alike.
-    async fn stream<T, F, Fut>(&self, f: F) -> Result<BoxStream<'static, Result<T>>>
-    where
-        T: Send + 'static,
-        F: FnOnce(Arc<AgentClient>) -> Fut,
-        Fut: std::future::Future<Output = Result<BoxStream<'static, Result<T>>>>,
-    {
-        let link = self.current()?;
-        let s = match f(link.client.clone()).await {
-            Ok(s) => s,
-            Err(e) => return Err(Shared::failed(&self.shared, &link, e)),
-        };
-        let shared = Arc::downgrade(&self.shared);
-        let link = Arc::downgrade(&link);
-        Ok(s.map(move |item| {
-            item.map_err(|e| match (shared.upgrade(), link.upgrade()) {
-                (Some(s), Some(l)) => Shared::failed(&s, &l, e),
-                _ => e,
+    fn call<'a, T: Send + 'a>(
+        &'a self,
+        _op: Op,
+        _bytes: u64,
+        call: CallFn<'a, T>,
+    ) -> BoxFuture<'a, Result<T>> {
+        async move {
+            let link = self.current()?;
+            call(link.client.clone())
+                .await
+                .map_err(|e| self.failed(&link, e))
+        }
+        .boxed()
+    }
+
+    /// As a call, and the stream's items' errors are treated alike.
+    fn stream<'a, T: Send + 'static>(
+        &'a self,
+        _op: Op,
+        call: CallFn<'a, Items<T>>,
+    ) -> BoxFuture<'a, Result<Items<T>>> {
+        async move {
+            let link = self.current()?;
+            let s = call(link.client.clone())
+                .await
+                .map_err(|e| self.failed(&link, e))?;
+            let shared = Arc::downgrade(&self.shared);
+            let link = Arc::downgrade(&link);
+            Ok(s.map(move |item| {
+                item.map_err(|e| match (shared.upgrade(), link.upgrade()) {
+                    (Some(s), Some(l)) => Shared::failed(&s, &l, e),
+                    _ => e,
+                })
             })
-        })
-        .boxed())
+            .boxed())
+        }
+        .boxed()
+    }
+
+    fn commit<'a>(
+        &'a self,
+        _path: &'a RemotePath,
+        content: CommitContent,
+        call: CommitFn<'a>,
+    ) -> BoxFuture<'a, Result<Attr>> {
+        async move {
+            let link = self.current()?;
+            call(link.client.clone(), content)
+                .await
+                .map_err(|e| self.failed(&link, e))
+        }
+        .boxed()
+    }
+
+    /// The agent stopped through the link's master (its own STOP script), and none started
+    /// again by a repair.
+    fn stop_agent(&self) -> BoxFuture<'_, Result<String>> {
+        async move {
+            let link = self.current()?;
+            self.shared.lock().stopped = true;
+            super::deploy::stop(&link.master, &link.forward.1).await
+        }
+        .boxed()
     }
 }
 
@@ -315,175 +357,6 @@ pub(super) fn relabel(e: RemoteError, label: &str) -> RemoteError {
         RemoteError::TimedOut(m) => RemoteError::TimedOut(fix(m)),
         RemoteError::Io(a, b) => RemoteError::Io(fix(a), fix(b)),
         other => other,
-    }
-}
-
-#[async_trait]
-impl Remote for SshAgent {
-    async fn info(&self) -> Result<RemoteInfo> {
-        self.call(|c| async move { c.info().await }).await
-    }
-    async fn stat(&self, path: &RemotePath) -> Result<Attr> {
-        self.call(|c| async move { c.stat(path).await }).await
-    }
-    async fn stat_many(&self, paths: &[RemotePath]) -> Result<Vec<Result<Attr>>> {
-        self.call(|c| async move { c.stat_many(paths).await }).await
-    }
-    async fn list(&self, path: &RemotePath) -> Result<Vec<DirEntry>> {
-        self.call(|c| async move { c.list(path).await }).await
-    }
-    async fn tree(&self, path: &RemotePath) -> Result<BoxStream<'static, Result<TreeEntry>>> {
-        self.stream(|c| async move { c.tree(path).await }).await
-    }
-    async fn tree_listings(
-        &self,
-        path: &RemotePath,
-        max_entries: usize,
-    ) -> Result<BoxStream<'static, Result<TreeListing>>> {
-        self.stream(|c| async move { c.tree_listings(path, max_entries).await })
-            .await
-    }
-    async fn read(&self, path: &RemotePath, offset: u64, len: u32) -> Result<ReadResult> {
-        self.call(|c| async move { c.read(path, offset, len).await })
-            .await
-    }
-    async fn commit(
-        &self,
-        path: &RemotePath,
-        content: CommitContent,
-        opts: CommitOptions,
-    ) -> Result<Attr> {
-        self.call(|c| async move { c.commit(path, content, opts).await })
-            .await
-    }
-    async fn create(&self, path: &RemotePath, mode: u32) -> Result<Attr> {
-        self.call(|c| async move { c.create(path, mode).await })
-            .await
-    }
-    async fn mkdir(&self, path: &RemotePath, mode: u32) -> Result<Attr> {
-        self.call(|c| async move { c.mkdir(path, mode).await })
-            .await
-    }
-    async fn mknod(
-        &self,
-        path: &RemotePath,
-        kind: SpecialKind,
-        mode: u32,
-        rdev: u64,
-    ) -> Result<Attr> {
-        self.call(|c| async move { c.mknod(path, kind, mode, rdev).await })
-            .await
-    }
-    async fn unlink(&self, path: &RemotePath) -> Result<()> {
-        self.call(|c| async move { c.unlink(path).await }).await
-    }
-    async fn rmdir(&self, path: &RemotePath) -> Result<()> {
-        self.call(|c| async move { c.rmdir(path).await }).await
-    }
-    async fn rename(&self, from: &RemotePath, to: &RemotePath, mode: RenameMode) -> Result<()> {
-        self.call(|c| async move { c.rename(from, to, mode).await })
-            .await
-    }
-    async fn link(&self, existing: &RemotePath, new: &RemotePath) -> Result<Attr> {
-        self.call(|c| async move { c.link(existing, new).await })
-            .await
-    }
-    async fn symlink(&self, path: &RemotePath, target: &[u8]) -> Result<Attr> {
-        self.call(|c| async move { c.symlink(path, target).await })
-            .await
-    }
-    async fn readlink(&self, path: &RemotePath) -> Result<Vec<u8>> {
-        self.call(|c| async move { c.readlink(path).await }).await
-    }
-    async fn setattr(&self, path: &RemotePath, attr: SetAttr) -> Result<Attr> {
-        self.call(|c| async move { c.setattr(path, attr).await })
-            .await
-    }
-    async fn stop_agent(&self) -> Result<String> {
-        let link = self.current()?;
-        self.shared.lock().stopped = true;
-        super::deploy::stop(&link.master, &link.forward.1).await
-    }
-
-    async fn statfs(&self) -> Result<StatFs> {
-        self.call(|c| async move { c.statfs().await }).await
-    }
-    async fn getxattr(&self, path: &RemotePath, name: &[u8]) -> Result<Vec<u8>> {
-        self.call(|c| async move { c.getxattr(path, name).await })
-            .await
-    }
-    async fn listxattr(&self, path: &RemotePath) -> Result<Vec<Vec<u8>>> {
-        self.call(|c| async move { c.listxattr(path).await }).await
-    }
-    async fn setxattr(
-        &self,
-        path: &RemotePath,
-        name: &[u8],
-        value: &[u8],
-        flags: XattrFlags,
-    ) -> Result<()> {
-        self.call(|c| async move { c.setxattr(path, name, value, flags).await })
-            .await
-    }
-    async fn removexattr(&self, path: &RemotePath, name: &[u8]) -> Result<()> {
-        self.call(|c| async move { c.removexattr(path, name).await })
-            .await
-    }
-    async fn fallocate(
-        &self,
-        path: &RemotePath,
-        offset: u64,
-        len: u64,
-        keep_size: bool,
-    ) -> Result<Attr> {
-        self.call(|c| async move { c.fallocate(path, offset, len, keep_size).await })
-            .await
-    }
-    async fn copy_range(
-        &self,
-        src: &RemotePath,
-        src_offset: u64,
-        dst: &RemotePath,
-        dst_offset: u64,
-        len: u64,
-        dst_base: Option<Version>,
-    ) -> Result<(u64, Attr)> {
-        self.call(|c| async move {
-            c.copy_range(src, src_offset, dst, dst_offset, len, dst_base)
-                .await
-        })
-        .await
-    }
-    async fn scan(&self, path: &RemotePath, req: ScanRequest) -> Result<ScanResult> {
-        self.call(|c| async move { c.scan(path, req).await }).await
-    }
-    async fn grep(
-        &self,
-        path: &RemotePath,
-        opts: GrepOptions,
-    ) -> Result<BoxStream<'static, Result<GrepEvent>>> {
-        self.stream(|c| async move { c.grep(path, opts).await })
-            .await
-    }
-    async fn glob(&self, path: &RemotePath, pattern: &str) -> Result<Vec<String>> {
-        self.call(|c| async move { c.glob(path, pattern).await })
-            .await
-    }
-    async fn fuzzy(&self, path: &RemotePath, req: FuzzyRequest) -> Result<Vec<FuzzyMatch>> {
-        self.call(|c| async move { c.fuzzy(path, req).await }).await
-    }
-    async fn edit(
-        &self,
-        path: &RemotePath,
-        old: &str,
-        new: &str,
-        replace_all: bool,
-    ) -> Result<usize> {
-        self.call(|c| async move { c.edit(path, old, new, replace_all).await })
-            .await
-    }
-    async fn watch(&self, since: Option<u64>) -> Result<BoxStream<'static, Result<ChangeEvent>>> {
-        self.stream(|c| async move { c.watch(since).await }).await
     }
 }
 
