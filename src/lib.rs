@@ -8,7 +8,10 @@
 //!   client; [`remote::reach`] classifies a first contact's failure into one line and exit code.
 //!   [`remote::connect`] turns a URL into a connected `Remote` (the transport chosen by scheme;
 //!   http(s) with [`remote::httpsetup`]'s extra CAs and headers), each wrapped in the one
-//!   retry ([`remote::retry`]: idempotent calls after a transport failure) and deadline wrapper.
+//!   retry ([`remote::retry`]: idempotent calls after a transport failure) and deadline layer.
+//!   [`remote::layer`]: wrappers as layers: one [`remote::layer::Op`] table (idempotent or
+//!   not, time bound) and one forwarder ([`remote::layer::Layered`]) for retry, deadlines,
+//!   injected faults and the ssh relink.
 //!   [`remote::memory`]: a whole sandbox in memory, the reference backend for tests (with a
 //!   sandbox-side API to change files behind the mount's back).
 //!   [`remote::faulty`]: a wrapper around any `Remote` injecting latency, errors, hangs, cut streams.

@@ -571,6 +571,10 @@ fn users_of(at: &std::path::Path) -> Vec<(u32, String, &'static str)> {
         let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
             continue;
         };
+        // `cd MNT && sbxfs umount .` is not a user of the mount it unmounts.
+        if pid == std::process::id() {
+            continue;
+        }
         let dir = p.path();
         let what = if below(&dir.join("cwd")) {
             Some("its working directory is there")
