@@ -459,6 +459,21 @@ fn an_sshd_that_refuses_forwarding_still_gets_the_agent_over_a_session() {
     assert_eq!(status["feed"]["state"], "connected", "{status}");
     let log = m.log_text();
     assert!(log.contains("refuse"), "the log says why: {log}");
+    // The socket agent started first, which no forwarding could reach, was stopped (it would
+    // otherwise wait 30 minutes for a client).
+    within(
+        Duration::from_secs(10),
+        "the unreachable agent stops",
+        || {
+            let running: Vec<_> = b
+                .agent_pid_files()
+                .iter()
+                .filter_map(|f| fs::read_to_string(f).ok())
+                .filter(|pid| std::path::Path::new(&format!("/proc/{}", pid.trim())).exists())
+                .collect();
+            running.is_empty().then_some(())
+        },
+    );
 }
 
 #[test]

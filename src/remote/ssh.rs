@@ -156,7 +156,14 @@ async fn with_agent(
                 tracing::info!(error = %e, "the running agent did not answer: starting a new one");
                 restart = true;
             }
-            Err(e) => return Err(e),
+            Err(e) => {
+                // An agent this mount started and cannot reach (a server refusing forwarding)
+                // would wait 30 minutes for a client that never comes: stopped now.
+                if !d.reused {
+                    let _ = deploy::stop(ssh, &d.remote_socket).await;
+                }
+                return Err(e);
+            }
         }
     }
 }
