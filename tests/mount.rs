@@ -39,22 +39,6 @@ fn setup_with(extra: &[&str]) -> Setup {
     }
 }
 
-/// `sbxfs ctl flush`: close queues the push, so a test that looks in the sandbox right after
-/// a program closed its files waits for the queued pushes first.
-fn flushed(mount: &Path) {
-    let (code, out, err) = run(Command::new(sbxfs_bin())
-        .args(["ctl", "--mount"])
-        .arg(mount)
-        .arg("flush"));
-    assert_eq!(
-        code,
-        0,
-        "ctl flush: {}{}",
-        String::from_utf8_lossy(&out),
-        String::from_utf8_lossy(&err)
-    );
-}
-
 fn sh(dir: &Path, script: &str) -> (i32, String, String) {
     let (code, out, err) = run(Command::new("sh").arg("-c").arg(script).current_dir(dir));
     (
@@ -92,7 +76,7 @@ fn shell_tools_work_through_the_mount() {
         ),
     );
     assert_eq!(code, 0, "{err}");
-    flushed(m);
+    ctl_flush(m);
     let (code, _, _) = sh(
         r,
         &format!(
@@ -138,7 +122,7 @@ fn shell_tools_work_through_the_mount() {
     fs::create_dir(m.join("untar")).unwrap();
     let (code, _, err) = sh(&m.join("untar"), &format!("tar -xf {}", tar.display()));
     assert_eq!(code, 0, "{err}");
-    flushed(m);
+    ctl_flush(m);
     assert_eq!(fs::read_dir(r.join("untar")).unwrap().count(), 500);
     assert_eq!(
         fs::read_to_string(r.join("untar/f499.txt")).unwrap(),
@@ -152,7 +136,7 @@ fn shell_tools_work_through_the_mount() {
          truncate -s 1 d/g && touch -d '2020-01-02 03:04:05' d/g && rm d/link && mkdir e && rmdir e",
     );
     assert_eq!(code, 0, "{err}");
-    flushed(m);
+    ctl_flush(m);
     let g = fs::metadata(r.join("d/g")).unwrap();
     assert_eq!((g.len(), g.permissions().mode() & 0o777), (1, 0o600));
     assert_eq!(g.mtime(), 1_577_934_245);
@@ -564,6 +548,40 @@ fn a_conflicting_save_keeps_both_versions() {
     assert!(
         err.contains("conflict: notes.txt changed in the sandbox") && err.contains(&copies[0]),
         "{err}"
+    );
+}
+
+#[test]
+fn a_file_held_open_across_a_push_keeps_the_users_version_in_a_conflict() {
+    let s = setup();
+    held_open_across_a_conflict(&s.root, &s.mount.dir);
+}
+
+#[test]
+fn a_file_appended_to_keeps_the_users_version_in_a_conflict_without_a_push_between() {
+    // `exec 7>>log; echo a >&7; …; echo b >&7; exec 7>&-` with the sandbox changing the file
+    // in between: nothing was pushed, nothing read. The base is captured in the background
+    // from the first write on, so the conflict copy still has the lines the file had.
+    let s = setup();
+    fs::write(s.root.join("e.txt"), "line one\nline two\n").unwrap();
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(s.mount.dir.join("e.txt"))
+        .unwrap();
+    f.write_all(b"mine1\n").unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    fs::write(s.root.join("e.txt"), "THEIRS\n").unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    f.write_all(b"mine2\n").unwrap();
+    drop(f);
+    ctl_flush(&s.mount.dir);
+    assert_eq!(
+        fs::read_to_string(s.root.join("e.txt")).unwrap(),
+        "THEIRS\n"
+    );
+    assert_eq!(
+        conflict_copies_of(&s.root, "e.txt"),
+        ["line one\nline two\nmine1\nmine2\n"]
     );
 }
 

@@ -10,7 +10,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{run, sbxfs_bin, setpriv_as_root, AgentProcess, MountProcess};
+use common::{ctl_flush, run, sbxfs_bin, setpriv_as_root, AgentProcess, MountProcess};
 
 /// The sandbox's user: a uid with no account here, as in a container.
 const SANDBOX_UID: u32 = 4242;
@@ -638,11 +638,7 @@ fn a_file_another_local_user_makes_is_its_own_where_the_agent_is_root() {
          cd ../team; : > t; mkdir td",
     );
     assert_eq!(code, 0, "{err}; log: {}", m.log_text());
-    let (code, _, err) = run(Command::new(sbxfs_bin())
-        .args(["ctl", "--mount"])
-        .arg(&m.dir)
-        .arg("flush"));
-    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+    ctl_flush(&m.dir);
     let inside = |p: &str| fs::symlink_metadata(ws.join(p)).unwrap();
     for p in ["shared/g", "shared/d", "shared/l", "shared/e"] {
         assert_eq!(
@@ -663,11 +659,7 @@ fn a_file_another_local_user_makes_is_its_own_where_the_agent_is_root() {
     assert_eq!((shown.uid(), shown.gid()), (OTHER_UID, OTHER_UID));
     // The mounting user's own files stay the sandbox user's.
     fs::write(m.dir.join("shared/mine"), "x").unwrap();
-    let (code, _, _) = run(Command::new(sbxfs_bin())
-        .args(["ctl", "--mount"])
-        .arg(&m.dir)
-        .arg("flush"));
-    assert_eq!(code, 0);
+    ctl_flush(&m.dir);
     assert_eq!(inside("shared/mine").uid(), 0);
 }
 

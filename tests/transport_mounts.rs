@@ -25,15 +25,6 @@ fn sh(dir: &Path, script: &str) -> String {
     out
 }
 
-/// `sbxfs ctl flush`: pushes queued by close have landed.
-fn flushed(mount: &Path) {
-    let (code, _, err) = run(Command::new(sbxfs_bin())
-        .args(["ctl", "--mount"])
-        .arg(mount)
-        .arg("flush"));
-    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
-}
-
 fn status(mount: &Path) -> String {
     let (code, out, err) = run(Command::new(sbxfs_bin())
         .args(["ctl", "--mount"])
@@ -92,7 +83,7 @@ fn real_tools(r: &Path, m: &Path) {
     f.set_len(4).unwrap();
     f.write_all(b"XY").unwrap();
     drop(f);
-    flushed(m);
+    ctl_flush(m);
     // The sandbox side holds exactly what was written.
     assert_eq!(
         fs::read_to_string(r.join("proj/a.txt")).unwrap(),
@@ -120,6 +111,7 @@ fn real_tools(r: &Path, m: &Path) {
     sh(m, "rm -r copy");
     assert!(!r.join("copy").exists());
     assert!(!m.join("copy").exists());
+    held_open_across_a_conflict(r, m);
 }
 
 fn over_shell(query: &str, transport: &str) {
@@ -180,7 +172,7 @@ fn real_tools_work_over_exec_as_the_sandboxs_own_user() {
     let url = format!("exec:{}", root.display());
     let mount = MountProcess::start_url(&url, "unused", &["--exec", &exec]);
     fs::write(mount.dir.join("hello.txt"), "from the laptop\n").unwrap();
-    flushed(&mount.dir);
+    ctl_flush(&mount.dir);
     let landed = root.join("hello.txt");
     assert_eq!(fs::read_to_string(&landed).unwrap(), "from the laptop\n");
     use std::os::unix::fs::MetadataExt;
@@ -445,7 +437,7 @@ fn planted_cache_directories_are_never_used() {
     let url = format!("exec:{}", root.display());
     let mount = MountProcess::start_url(&url, "unused", &["--exec", &exec]);
     fs::write(mount.dir.join("hello.txt"), "hello\n").unwrap();
-    flushed(&mount.dir);
+    ctl_flush(&mount.dir);
     assert_eq!(
         fs::read_to_string(root.join("hello.txt")).unwrap(),
         "hello\n"

@@ -3,8 +3,9 @@
 //! A staged file is a local file standing for the remote file at its `base` version, plus what
 //! the user did to it: the dirty byte ranges, the lowest length it had since the base (`cut`:
 //! base bytes past it are gone and read as zeros if the file grows again), and its current
-//! length. Writes never fetch anything: a page holding old bytes is fetched only when someone
-//! reads it, and filled around the dirty ranges. Pushing sends the dirty ranges as a patch over
+//! length. Writes never wait for a fetch: a page holding old bytes is fetched when someone
+//! reads it, or by the capture of the base ([`crate::mount::core`]'s `capture`), and filled
+//! around the dirty ranges. Pushing sends the dirty ranges as a patch over
 //! the base (or the whole file when it is new or mostly rewritten and wholly local), naming the
 //! base version, so the sandbox applies it with an atomic rename or refuses it as a conflict.
 //!
@@ -53,6 +54,9 @@ pub struct Staged {
     pub mtime_ns: Option<i64>,
     /// The durable record of this staged file (none in unit tests).
     pub journal: Option<Journal>,
+    /// A background capture of the base was started for this image (one is enough: every
+    /// push finishes it).
+    pub capture_started: bool,
 }
 
 impl Staged {
@@ -69,6 +73,7 @@ impl Staged {
             pending_attr: crate::remote::SetAttr::default(),
             mtime_ns: None,
             journal: None,
+            capture_started: false,
         }
     }
 

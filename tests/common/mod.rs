@@ -756,3 +756,69 @@ pub fn copy_program(from: &Path, to: &Path) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The contents of the conflict copies the mount saved beside `name` in the workspace `root`.
+pub fn conflict_copies_of(root: &Path, name: &str) -> Vec<String> {
+    let prefix = format!("{name}.sbxfs-conflict-");
+    let mut copies: Vec<_> = std::fs::read_dir(root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&prefix))
+        .collect();
+    copies.sort();
+    copies
+        .iter()
+        .map(|n| String::from_utf8_lossy(&std::fs::read(root.join(n)).unwrap()).into_owned())
+        .collect()
+}
+
+/// A file held open across a push (an appending log; a write, fsync, write) through the
+/// mount at `mount` of the workspace `root`: when the sandbox changes it before the next push,
+/// the conflict copy is the user's whole version (the bytes the file had when opened, then
+/// every write), never the sandbox's new bytes, and the sandbox keeps its own.
+pub fn held_open_across_a_conflict(root: &Path, mount: &Path) {
+    use std::io::Write;
+    std::fs::write(mount.join("d.txt"), "line one\nline two\n").unwrap();
+    ctl_flush(mount);
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(mount.join("d.txt"))
+        .unwrap();
+    f.write_all(b"mine1\n").unwrap();
+    f.sync_all().unwrap();
+    assert_eq!(
+        std::fs::read_to_string(root.join("d.txt")).unwrap(),
+        "line one\nline two\nmine1\n"
+    );
+    std::fs::write(root.join("d.txt"), "THEIRS\n").unwrap();
+    // Long enough for a change feed to tell the mount.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    f.write_all(b"mine2\n").unwrap();
+    let _ = f.sync_all();
+    drop(f);
+    ctl_flush(mount);
+    assert_eq!(
+        std::fs::read_to_string(root.join("d.txt")).unwrap(),
+        "THEIRS\n"
+    );
+    assert_eq!(
+        conflict_copies_of(root, "d.txt"),
+        ["line one\nline two\nmine1\nmine2\n"]
+    );
+}
+
+/// `sbxfs ctl flush` on the mount at `mount`, which must succeed: close queues the push, so a
+/// test that looks in the sandbox right after a program closed its files waits for it first.
+pub fn ctl_flush(mount: &Path) {
+    let (code, out, err) = run(Command::new(sbxfs_bin())
+        .args(["ctl", "--mount"])
+        .arg(mount)
+        .arg("flush"));
+    assert_eq!(
+        code,
+        0,
+        "ctl flush: {}{}",
+        String::from_utf8_lossy(&out),
+        String::from_utf8_lossy(&err)
+    );
+}

@@ -16,6 +16,7 @@
 
 use std::path::PathBuf;
 
+mod capture;
 mod changes;
 mod echo;
 mod first_push;
@@ -1110,6 +1111,10 @@ impl FsCore {
         g.write(offset, data).map_err(|e| local_io(&e))?;
         g.mtime_ns = Some(now_ns());
         s.sync(&g);
+        if !g.capture_started && Self::wants_capture(&g) {
+            g.capture_started = true;
+            self.capture_in_background(h.node);
+        }
         h.wrote.store(true, Ordering::Relaxed);
         Ok(data.len() as u32)
     }

@@ -203,15 +203,21 @@ impl FsCore {
         let mut rebased = false;
         let mut followed = false;
         loop {
-            // A transport without patch commits gets whole files: the base's pages not here
-            // yet are fetched first (a base changed meanwhile fails the commit's base check).
-            // A base replaced meanwhile (`Stale`) is left to the commit's base check, which
-            // fails with the conflict handled below.
-            match self.fill_from_base(&path, &mut s).await {
-                Ok(()) | Err(RemoteError::Stale(_)) => {}
-                Err(e) => {
-                    self.push_failed(&staged, node, &path.display(), &e);
-                    return Err(e);
+            // The base's pages not here yet are fetched first ([`super::capture`]): what a
+            // conflict copy needs, and all a transport without patch commits can send. A base
+            // replaced meanwhile (`Stale`) is left to the commit's base check, which fails
+            // with the conflict handled below; a patch goes without its capture otherwise.
+            let whole_only = !self.sandbox.patch_commits();
+            if !s.complete() && (whole_only || Self::wants_capture(&s)) {
+                match self.capture_base(&path, &mut s).await {
+                    Ok(()) | Err(RemoteError::Stale(_)) => {}
+                    Err(e) if !whole_only => {
+                        tracing::debug!(file = %path.display(), "base not captured before the push: {e}")
+                    }
+                    Err(e) => {
+                        self.push_failed(&staged, node, &path.display(), &e);
+                        return Err(e);
+                    }
                 }
             }
             let content = match s.content_for(
@@ -470,23 +476,6 @@ impl FsCore {
         Ok(copy)
     }
 
-    /// Fetch the base's pages not staged yet, so the whole file can be sent (only for a
-    /// transport without patch commits).
-    async fn fill_from_base(&self, path: &RemotePath, s: &mut Staged) -> Result<()> {
-        if self.sandbox.patch_commits() || s.complete() {
-            return Ok(());
-        }
-        let base = s.base.clone();
-        for page in s.missing_pages() {
-            let data = match &base {
-                Some(v) => self.page_at(path, v, PageIndex(page)).await?,
-                None => break,
-            };
-            s.fill_page(page, &data).map_err(|e| local_io(&e))?;
-        }
-        Ok(())
-    }
-
     /// Fill what is not local from the sandbox (from the page cache at `known` if it has the
     /// pages), then write the whole image to a new conflict name beside `path`.
     async fn write_conflict_copy(
@@ -495,6 +484,7 @@ impl FsCore {
         s: &mut Staged,
         known: Option<crate::remote::Version>,
     ) -> Result<RemotePath> {
+        let mut from_current = 0u64;
         for page in s.missing_in(0, s.len) {
             let cached = match &known {
                 Some(v) => self.page_at(path, v, PageIndex(page)).await.ok(),
@@ -502,7 +492,10 @@ impl FsCore {
             };
             let data = match cached {
                 Some(d) => d,
-                None => match self.note(self.remote().read(path, page * PAGE, PAGE as u32).await) {
+                None => match {
+                    from_current += 1;
+                    self.note(self.remote().read(path, page * PAGE, PAGE as u32).await)
+                } {
                     Ok(r) => r.data,
                     // The file is gone from the sandbox: the user's own bytes are what is left.
                     Err(RemoteError::NotFound(_)) => bytes::Bytes::new(),
@@ -510,6 +503,10 @@ impl FsCore {
                 },
             };
             s.fill_page(page, &data).map_err(|e| local_io(&e))?;
+        }
+        if from_current > 0 {
+            tracing::warn!(file = %path.display(), pages = from_current,
+                "the conflict copy holds the sandbox's new bytes where you did not write: the old ones were replaced before they could be kept");
         }
         let (copy, version) = self.create_conflict_name(path, 0o600).await?;
         // And one kept here: the sandbox's copy is the sandbox's to delete (`git clean`, or a
