@@ -492,15 +492,17 @@ impl FsCore {
             };
             let data = match cached {
                 Some(d) => d,
-                None => match {
+                None => {
                     from_current += 1;
-                    self.note(self.remote().read(path, page * PAGE, PAGE as u32).await)
-                } {
-                    Ok(r) => r.data,
-                    // The file is gone from the sandbox: the user's own bytes are what is left.
-                    Err(RemoteError::NotFound(_)) => bytes::Bytes::new(),
-                    Err(e) => return Err(e),
-                },
+                    let current = self.remote().read(path, page * PAGE, PAGE as u32).await;
+                    match self.note(current) {
+                        Ok(r) => r.data,
+                        // The file is gone from the sandbox: the user's own bytes are what is
+                        // left.
+                        Err(RemoteError::NotFound(_)) => bytes::Bytes::new(),
+                        Err(e) => return Err(e),
+                    }
+                }
             };
             s.fill_page(page, &data).map_err(|e| local_io(&e))?;
         }
