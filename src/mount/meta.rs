@@ -4,7 +4,7 @@
 //! count of directories and of entries over all; a node's own attributes live in the inode
 //! table.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -45,6 +45,10 @@ struct Listing {
     fetched: Instant,
     /// What its entries hold in memory ([`entry_cost`]).
     bytes: usize,
+    /// Names the change feed reported made, removed or renamed since it was fetched: past its
+    /// TTL (a sandbox out of reach) it says nothing of them, rather than the opposite of what
+    /// the sandbox was seen doing.
+    doubted: BTreeSet<Vec<u8>>,
 }
 
 pub struct MetaCache {
@@ -98,6 +102,7 @@ impl MetaCache {
                 by_name,
                 fetched,
                 bytes,
+                doubted: BTreeSet::new(),
             },
         );
         let mut entries: usize = l.iter().map(|(_, x)| x.entries.len()).sum();
@@ -131,7 +136,7 @@ impl MetaCache {
     ) -> Option<Option<Attr>> {
         let mut l = self.listings.lock().expect("listings lock");
         let x = l.get(&dir)?;
-        if !stale_ok && self.clock.since(x.fetched) >= ttl {
+        if self.clock.since(x.fetched) >= ttl && (!stale_ok || x.doubted.contains(name)) {
             return None;
         }
         Some(x.by_name.get(name).map(|&i| x.entries[i].1.clone()))
@@ -200,6 +205,15 @@ impl MetaCache {
     pub fn expire(&self, dir: NodeId) {
         if let Some(x) = self.listings.lock().expect("listings lock").get_mut(&dir) {
             x.fetched = x.fetched.min(long_ago());
+        }
+    }
+
+    /// The sandbox made, removed or renamed `name` in `dir` (the change feed said so): the
+    /// listing is expired ([`Self::expire`]) and says nothing of that name any more.
+    pub fn doubt(&self, dir: NodeId, name: &[u8]) {
+        if let Some(x) = self.listings.lock().expect("listings lock").get_mut(&dir) {
+            x.fetched = x.fetched.min(long_ago());
+            x.doubted.insert(name.to_vec());
         }
     }
 
@@ -394,5 +408,23 @@ mod tests {
         // Ordinary listings are kept as before.
         m.put(NodeId(3), long(10, b'd'));
         assert!(m.listing(NodeId(3), ttl, false).is_some());
+    }
+
+    #[test]
+    fn a_name_the_feed_reported_is_never_answered_from_a_stale_listing() {
+        let m = MetaCache::new();
+        let dir = NodeId(1);
+        m.put(dir, Arc::new(vec![(b"a".to_vec(), attr())]));
+        let ttl = Duration::from_secs(60);
+        assert_eq!(m.entry(dir, b"c", ttl, false), Some(None));
+        m.doubt(dir, b"c");
+        // Not trusted; served while the sandbox is out of reach, except for the name reported.
+        assert_eq!(m.entry(dir, b"c", ttl, false), None);
+        assert_eq!(m.entry(dir, b"c", ttl, true), None);
+        assert!(m.entry(dir, b"a", ttl, true).unwrap().is_some());
+        assert_eq!(m.entry(dir, b"b", ttl, true), Some(None));
+        // A listing fetched again knows every name.
+        m.put(dir, Arc::new(vec![(b"c".to_vec(), attr())]));
+        assert!(m.entry(dir, b"c", ttl, false).unwrap().is_some());
     }
 }

@@ -15,8 +15,9 @@ use crate::mount::pages::{PageIndex, PAGE};
 use crate::mount::staging::Staged;
 use crate::remote::{RemotePath, Result, Version};
 
-/// Largest base captured. Past it an append would download the whole file first.
-pub(in crate::mount) const MAX_CAPTURE_BYTES: u64 = 256 * 1024 * 1024;
+/// Largest base captured: one read of a few pages. Past it an edit of a byte would move the
+/// whole file over the link, where a patch moves only the byte.
+pub(in crate::mount) const MAX_CAPTURE_BYTES: u64 = 1024 * 1024;
 /// Pages fetched with one remote read while capturing.
 const RUN_PAGES: u64 = crate::mount::readahead::MAX_WINDOW / PAGE;
 

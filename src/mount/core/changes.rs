@@ -118,11 +118,12 @@ impl FsCore {
         if namespace {
             self.prefetched.forget_under(path);
         }
-        if let Some((parent_path, _)) = path.split_last() {
+        if let Some((parent_path, name)) = path.split_last() {
             self.prefetched.forget(&parent_path);
             if let Some(parent) = self.inodes.resolve(&parent_path) {
                 if namespace {
                     self.dir_stale(parent);
+                    self.meta.doubt(parent, name);
                 } else if node.is_none() {
                     self.bump();
                     self.meta.expire(parent);
