@@ -517,3 +517,65 @@ fn another_builds_agent_copy_is_removed_unless_it_runs() {
         "this build's copy and the busy one: {left:?}"
     );
 }
+
+/// A sandbox runtime that starts processes in mount namespaces of their own after the mount
+/// (`unshare -m`, as container runtimes do) gives each a copy of every mount, ours included,
+/// and a copy keeps the FUSE session alive after `sbxfs umount` here. The daemon must still
+/// push, exit, and free the mountpoint for the next mount (it used to wait for ever, deaf to
+/// SIGTERM, and a remount was refused).
+#[test]
+fn umount_ends_the_daemon_when_another_mount_namespace_holds_a_copy() {
+    if !is_root() {
+        eprintln!("skipped: unshare -m needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    fs::create_dir(&root).unwrap();
+    let pids = dir.path().join("pids");
+    // Each session of the channel also starts, a second later (after the mount), a process in
+    // a mount namespace of its own that outlives the session.
+    let exec = format!(
+        "sh -c '(sleep 1; exec unshare -m sleep 600) </dev/null >/dev/null 2>&1 & echo $! >> {}; exec sh'",
+        pids.display()
+    );
+    let url = format!("exec:{}", root.display());
+    let mut mount = MountProcess::start_url(&url, "unused", &["--exec", &exec]);
+    fs::write(mount.dir.join("kept.txt"), "pushed before the exit\n").unwrap();
+    let ours = fs::read_link("/proc/self/ns/mnt").unwrap();
+    let copied = |pid: &str| {
+        fs::read_link(format!("/proc/{pid}/ns/mnt")).is_ok_and(|ns| ns != ours)
+            && fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+                .is_ok_and(|m| m.contains(mount.dir.to_str().unwrap()))
+    };
+    let started = || fs::read_to_string(&pids).unwrap_or_default();
+    eventually(
+        "a process in another namespace holds a copy of the mount",
+        std::time::Duration::from_secs(20),
+        || started().lines().any(copied),
+    );
+    let (code, _, err) = run(Command::new(sbxfs_bin()).arg("umount").arg(&mount.dir));
+    let err = String::from_utf8_lossy(&err).into_owned();
+    let daemon_gone = mount
+        .child
+        .as_mut()
+        .map(|c| c.try_wait().unwrap().is_some());
+    for pid in started().lines() {
+        if let Ok(pid) = pid.trim().parse::<i32>() {
+            let _ = rustix::process::kill_process(
+                rustix::process::Pid::from_raw(pid).unwrap(),
+                rustix::process::Signal::KILL,
+            );
+        }
+    }
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("still finishing"), "{err}");
+    assert_eq!(daemon_gone, Some(true), "the daemon did not exit: {err}");
+    assert_eq!(
+        fs::read_to_string(root.join("kept.txt")).unwrap(),
+        "pushed before the exit\n"
+    );
+    // The mountpoint is free again.
+    let again = MountProcess::start_on(&mount.dir, &url, "unused", &["--exec", "sh"]);
+    assert!(again.dir.join("kept.txt").exists());
+}

@@ -84,6 +84,10 @@ const FINAL_PUSH_LIMIT: Duration = Duration::from_secs(60);
 /// How often the daemon looks whether its FUSE session ended (an unmount from outside): it only
 /// delays the daemon's exit by as much.
 const SESSION_POLL: Duration = Duration::from_millis(50);
+/// Every this many polls (half a second) the daemon also looks whether its mount is gone here
+/// and held only by other mount namespaces ([`mounts::left_only_elsewhere`]: it reads each
+/// process's namespace, so not every poll).
+const ELSEWHERE_EVERY: u32 = 10;
 
 pub struct MountConfig {
     pub remote_url: String,
@@ -565,12 +569,26 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
             retry_core.retry_pending().await;
         }
     });
-    // Wait for a signal, or for the session to end (an unmount from outside).
+    // Wait for a signal, or for the session to end (an unmount from outside), or for the
+    // mount to be unmounted here while another namespace's copy holds the session open.
     let session_ended = || background.guard.is_finished();
+    let only_elsewhere = || {
+        our_dev
+            .as_deref()
+            .is_some_and(|dev| mounts::left_only_elsewhere(&mountpoint, dev))
+    };
     rt.block_on(async {
         let ended = async {
+            let mut polls = 0u32;
             while !session_ended() {
                 tokio::time::sleep(SESSION_POLL).await;
+                polls += 1;
+                if polls % ELSEWHERE_EVERY == 0 && only_elsewhere() {
+                    tracing::info!(
+                        "unmounted here; the copies other mount namespaces hold (processes started there after the mount) are cut off"
+                    );
+                    break;
+                }
             }
         };
         tokio::select! {
@@ -637,8 +655,15 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     if still_ours {
         unmount_once(&mountpoint);
     }
+    // Copies in other mount namespaces would hold the session for ever: exiting closes the
+    // device, which ends the connection and leaves those copies answering ENOTCONN.
+    let mut polls = 0u32;
     while !session_ended() {
         std::thread::sleep(SESSION_POLL);
+        polls += 1;
+        if polls % ELSEWHERE_EVERY == 0 && only_elsewhere() {
+            break;
+        }
     }
     // Dropping fuser's session would unmount once more, and its check that the mount is already
     // gone races the kernel's teardown: it logged a failed unmount on every stop. The session has

@@ -76,6 +76,46 @@ pub fn top_at<'a>(entries: &'a [MountEntry], mountpoint: &Path) -> Option<&'a Mo
     entries.iter().rev().find(|e| e.mountpoint == mountpoint)
 }
 
+/// Is our mount (device `dev`) gone from this namespace while another mount namespace still
+/// has a copy of it? A process started after the mount in a namespace of its own (an exec
+/// channel run through `unshare -m`, a container runtime) copies every mount, ours included,
+/// and that copy keeps the FUSE session alive after the unmount here: nothing would ever end
+/// it. A mount detached lazily and still in use is in no namespace at all.
+pub fn left_only_elsewhere(mountpoint: &Path, dev: &str) -> bool {
+    let here = current();
+    if top_at(&here, mountpoint).is_some_and(|e| e.dev == dev) {
+        return false;
+    }
+    let ours = std::fs::read_link("/proc/self/ns/mnt").ok();
+    let mut seen = std::collections::HashSet::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    for p in procs.flatten() {
+        if !p
+            .file_name()
+            .to_string_lossy()
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+        {
+            continue;
+        }
+        let Ok(ns) = std::fs::read_link(p.path().join("ns/mnt")) else {
+            continue;
+        };
+        if Some(&ns) == ours.as_ref() || !seen.insert(ns) {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(p.path().join("mountinfo")) else {
+            continue;
+        };
+        if parse(&text).iter().any(|e| e.dev == dev && e.is_sbxfs()) {
+            return true;
+        }
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
