@@ -583,7 +583,7 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
             while !session_ended() {
                 tokio::time::sleep(SESSION_POLL).await;
                 polls += 1;
-                if polls % ELSEWHERE_EVERY == 0 && only_elsewhere() {
+                if polls.is_multiple_of(ELSEWHERE_EVERY) && only_elsewhere() {
                     tracing::info!(
                         "unmounted here; the copies other mount namespaces hold (processes started there after the mount) are cut off"
                     );
@@ -661,7 +661,7 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     while !session_ended() {
         std::thread::sleep(SESSION_POLL);
         polls += 1;
-        if polls % ELSEWHERE_EVERY == 0 && only_elsewhere() {
+        if polls.is_multiple_of(ELSEWHERE_EVERY) && only_elsewhere() {
             break;
         }
     }
