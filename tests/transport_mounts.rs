@@ -579,3 +579,51 @@ fn umount_ends_the_daemon_when_another_mount_namespace_holds_a_copy() {
     let again = MountProcess::start_on(&mount.dir, &url, "unused", &["--exec", "sh"]);
     assert!(again.dir.join("kept.txt").exists());
 }
+
+/// A sandbox whose channel stops reading the agent's upload (here: the session that should
+/// take it never starts reading) is given up on after 20 s without progress, saying so,
+/// and says it is still waiting every 5 s meanwhile — not ten silent minutes.
+#[test]
+fn an_upload_the_sandbox_stops_reading_fails_in_seconds_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, home, marker) = (
+        dir.path().join("ws"),
+        dir.path().join("home"),
+        dir.path().join("probed"),
+    );
+    fs::create_dir(&root).unwrap();
+    fs::create_dir(&home).unwrap();
+    let mnt = dir.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    // The probe's session is a shell; every session after it never reads its input.
+    let exec = format!(
+        "env HOME={home} sh -c 'if [ -e {marker} ]; then exec sleep 600; fi; touch {marker}; exec sh'",
+        home = home.display(),
+        marker = marker.display()
+    );
+    let started = std::time::Instant::now();
+    let (code, _, err) = run(Command::new(sbxfs_bin())
+        .arg("mount")
+        .arg(format!("exec:{}", root.display()))
+        .arg(&mnt)
+        .args(["--exec", &exec])
+        .stdin(std::process::Stdio::null()));
+    let err = String::from_utf8_lossy(&err);
+    assert_eq!(code, 5, "{err}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(60),
+        "{err}"
+    );
+    assert!(
+        err.contains("the sandbox stopped reading the agent's upload")
+            && err.contains("nothing for 20 s"),
+        "{err}"
+    );
+    assert!(
+        err.contains("sbxfs mount: still waiting for exec:") && err.contains("(15 s)"),
+        "{err}"
+    );
+    assert!(!fs::read_to_string("/proc/mounts")
+        .unwrap()
+        .contains(mnt.to_str().unwrap()));
+}

@@ -161,12 +161,15 @@ pub async fn connect_reporting(
         other => ConnectError::Remote(other),
     })?;
     check_options_apply(scheme, opts).map_err(ConnectError::Usage)?;
+    // The agent's first contact says it is still waiting itself; the others (a deploy, an
+    // upload through a slow channel) are said here.
+    use super::reach::reporting;
     let mut c = match scheme {
-        Scheme::Http => connect_http(url, opts, waiting).await?,
-        Scheme::Ssh => super::ssh::connect(url, opts).await?,
-        Scheme::Shell => super::exec::connect_shell(url, opts).await?,
-        Scheme::Exec => super::exec::connect_exec(url, opts).await?,
-        Scheme::AgentScope => super::agentscope::connect(url, opts).await?,
+        Scheme::Http => connect_http(url, opts, &waiting).await?,
+        Scheme::Ssh => reporting(super::ssh::connect(url, opts), &waiting).await?,
+        Scheme::Shell => reporting(super::exec::connect_shell(url, opts), &waiting).await?,
+        Scheme::Exec => reporting(super::exec::connect_exec(url, opts), &waiting).await?,
+        Scheme::AgentScope => reporting(super::agentscope::connect(url, opts), &waiting).await?,
     };
     let call = opts.call_timeout.unwrap_or(super::deadline::CALL);
     c.remote = Arc::new(Deadlines::with_call_deadline(

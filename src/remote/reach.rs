@@ -28,6 +28,24 @@ use crate::mount::exit::Failure;
 /// How often a first contact that has no answer yet says it is still waiting.
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
+/// `work`'s result, calling `waiting` with the time taken every [`PROGRESS_EVERY`] until it
+/// comes (a first contact, a deploy through an exec channel: never minutes without a word).
+pub async fn reporting<T>(
+    work: impl std::future::Future<Output = T>,
+    waiting: impl Fn(Duration),
+) -> T {
+    let started = std::time::Instant::now();
+    let mut work = std::pin::pin!(work);
+    let mut tick =
+        tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
+    loop {
+        tokio::select! {
+            done = &mut work => return done,
+            _ = tick.tick() => waiting(started.elapsed()),
+        }
+    }
+}
+
 /// Why the first contact with an agent failed. Each message is one line naming the cause.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum ReachError {
@@ -381,16 +399,7 @@ pub async fn first_contact_with(
         }
         Ok::<_, ReachError>((status, server, body))
     };
-    let started = std::time::Instant::now();
-    let mut ask = std::pin::pin!(tokio::time::timeout(timeout, ask));
-    let mut tick =
-        tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
-    let answer = loop {
-        tokio::select! {
-            a = &mut ask => break a,
-            _ = tick.tick() => waiting(started.elapsed()),
-        }
-    };
+    let answer = reporting(tokio::time::timeout(timeout, ask), waiting).await;
     let (status, server, body) = match answer {
         Err(_) => {
             return Err(ReachError::TimedOut {

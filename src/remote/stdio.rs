@@ -20,7 +20,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
 use super::exec::{collect_capped, CommandRunner, Output, RunControl, Runner, OUTPUT_CAP};
 use super::ssh::quote;
@@ -31,6 +31,13 @@ const PROBE_DEADLINE: Duration = Duration::from_secs(60);
 
 /// Longest one deploy step may take (the upload is the long one: tens of MB).
 const STEP_DEADLINE: Duration = Duration::from_secs(600);
+
+/// Longest an upload may go without the sandbox taking a byte of it (starting to read it,
+/// or reading on): a channel that stopped reading is not waited for until the step deadline.
+const UPLOAD_IDLE: Duration = Duration::from_secs(20);
+
+/// Bytes of the upload written at a time (a pipe's buffer).
+const UPLOAD_CHUNK: usize = 64 * 1024;
 
 /// Longest an exec channel may take to start a shell and read the launch program.
 const SESSION_START: Duration = Duration::from_secs(60);
@@ -312,11 +319,42 @@ async fn run_with_payload(argv: &[String], program: Vec<u8>, payload: &Path) -> 
     let mut stdin = child.stdin.take().expect("piped");
     let mut stdout = tokio::io::BufReader::new(child.stdout.take().expect("piped"));
     let stderr = child.stderr.take().expect("piped");
+    let total = file.metadata().await.map(|m| m.len()).unwrap_or(0);
+    let stalled = |sent: u64| {
+        RemoteError::TimedOut(format!(
+            "the sandbox stopped reading the agent's upload through the exec channel ({}): {sent} of {total} bytes \
+             taken, then nothing for {} s",
+            argv[0],
+            UPLOAD_IDLE.as_secs()
+        ))
+    };
     let work = async {
         let errs = tokio::spawn(collect_capped(stderr, OUTPUT_CAP));
         let _ = stdin.write_all(&program).await;
-        if await_go_on(&mut stdout).await {
-            let _ = tokio::io::copy(&mut file, &mut stdin).await;
+        let Ok(go_on) = tokio::time::timeout(UPLOAD_IDLE, await_go_on(&mut stdout)).await else {
+            return Err(stalled(0));
+        };
+        if go_on {
+            let mut sent = 0u64;
+            let mut chunk = vec![0u8; UPLOAD_CHUNK];
+            loop {
+                let n = match file.read(&mut chunk).await {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) => {
+                        return Err(RemoteError::Transport(format!(
+                            "{}: {e}",
+                            payload.display()
+                        )))
+                    }
+                };
+                match tokio::time::timeout(UPLOAD_IDLE, stdin.write_all(&chunk[..n])).await {
+                    Err(_) => return Err(stalled(sent)),
+                    // The channel closed: its output says why.
+                    Ok(Err(_)) => break,
+                    Ok(Ok(())) => sent += n as u64,
+                }
+            }
         }
         drop(stdin);
         let (out, out_cut) = collect_capped(stdout, OUTPUT_CAP).await;
