@@ -292,6 +292,7 @@ pub(super) fn run_agent(mut a: AgentArgs) -> i32 {
 }
 
 pub(super) fn run_mount(a: MountArgs) -> i32 {
+    close_inherited_on_exec();
     if a.background {
         // The same command line again, as the detached daemon.
         let args = super::mount_helper_argv(std::env::args_os().collect())
@@ -370,6 +371,23 @@ fn mount_token(remote: &str, file: Option<&std::path::Path>) -> anyhow::Result<V
             load_token(file)
         }
         Ok(_) => Ok(Vec::new()),
+    }
+}
+
+/// Descriptors the mount was started with besides stdin, stdout and stderr (a shell's or a
+/// supervisor's own, opened without close-on-exec) are not passed on to the commands the mount
+/// runs (an exec channel, ssh): the sandbox's session would hold them for its whole life.
+fn close_inherited_on_exec() {
+    // close_range(3, ~0, CLOSE_RANGE_CLOEXEC); a kernel without it (before 5.11) leaves them.
+    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+    // SAFETY: only marks descriptors close-on-exec; none is closed or reused.
+    unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            CLOSE_RANGE_CLOEXEC,
+        );
     }
 }
 

@@ -302,7 +302,7 @@ fn announce_ready(
         cfg.remote_url,
         mountpoint.display()
     ));
-    tracing::info!(remote = %cfg.remote_url, mountpoint = %cfg.mountpoint.display(), "mounted");
+    tracing::info!(remote = %cfg.remote_url, mountpoint = %mountpoint.display(), "mounted");
 }
 
 /// Unmount our mount, once, lazily: a mount still in use leaves the namespace at once and ends

@@ -697,8 +697,9 @@ async fn session(mut conn: tokio::net::UnixStream, argv: Arc<Vec<String>>, launc
         r = tokio::io::copy(&mut from_client, &mut stdin) => {
             tracing::debug!(?r, "the client ended an agent session");
         }
-        r = tokio::io::copy(&mut stdout, &mut to_client) => {
-            tracing::info!(?r, "an agent session ended");
+        r = tokio::io::copy(&mut stdout, &mut to_client) => match r {
+            Ok(bytes) => tracing::info!(bytes, "the agent's session in the sandbox ended (its output closed); the next request starts another"),
+            Err(e) => tracing::info!("the agent's session in the sandbox ended: {e}; the next request starts another"),
         }
     }
 }

@@ -115,8 +115,20 @@ pub fn parse(out: &Output, what: &str) -> Result<Vec<String>, RemoteError> {
     let Some(at) = found.next() else {
         let err = String::from_utf8_lossy(&out.stderr);
         let err = err.trim();
+        let said = String::from_utf8_lossy(&out.stdout);
+        let said = said.trim();
+        // Output without a result (a banner, a profile's echo, a wrapper's own text) is not
+        // "no answer": what came is quoted so the cause can be seen.
+        let what_came = if said.is_empty() {
+            "gave no answer".to_string()
+        } else {
+            format!(
+                "printed something else than the program's result ({:?})",
+                said.chars().take(120).collect::<String>()
+            )
+        };
         return Err(RemoteError::Transport(format!(
-            "{what}: the sandbox's shell gave no answer (exit {}){}{}",
+            "{what}: the sandbox's shell {what_came} (exit {}){}{}",
             out.code,
             if err.is_empty() { "" } else { ": " },
             err.chars().take(500).collect::<String>()
@@ -264,6 +276,20 @@ mod tests {
         assert_eq!(lines, vec!["S 1"]);
         let lines = parse(&out(b"__RESULT__\nok\n"), "x").unwrap();
         assert!(lines.is_empty());
+    }
+
+    #[test]
+    fn output_without_a_result_is_quoted_not_called_no_answer() {
+        let e = parse(&out(b"Welcome to the sandbox!\n"), "stat a").unwrap_err();
+        let m = e.to_string();
+        assert!(
+            m.contains(
+                "printed something else than the program's result (\"Welcome to the sandbox!\")"
+            ),
+            "{m}"
+        );
+        let e = parse(&out(b""), "stat a").unwrap_err();
+        assert!(e.to_string().contains("gave no answer"), "{e}");
     }
 
     #[test]
