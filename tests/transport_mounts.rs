@@ -627,3 +627,101 @@ fn an_upload_the_sandbox_stops_reading_fails_in_seconds_and_says_so() {
         .unwrap()
         .contains(mnt.to_str().unwrap()));
 }
+
+/// The agent's session over `shell:` killed in the middle of a commit, twice, while a 64 MiB
+/// file is saved: the file lands whole and once. A commit that landed with its answer lost is
+/// recognised as the mount's own (no conflict copy of itself), nothing stays pending, and
+/// the sandbox keeps no half-written temp file.
+#[test]
+fn a_session_killed_mid_commit_lands_the_file_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    fs::create_dir(&root).unwrap();
+    let url = format!("shell:{}", root.display());
+    let mount = MountProcess::start_url(&url, "unused", &[]);
+    let mount_pid = mount.child.as_ref().unwrap().id();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let data: Vec<u8> = (0..64 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let src = dir.path().join("src.bin");
+    fs::write(&src, &data).unwrap();
+    // The agent is the channel's `sh` replaced by `sbxfs agent --stdio`: a child of the mount.
+    let agent = || -> Option<u32> {
+        fs::read_dir("/proc").ok()?.flatten().find_map(|p| {
+            let pid: u32 = p.file_name().to_str()?.parse().ok()?;
+            let stat = fs::read_to_string(p.path().join("stat")).ok()?;
+            let ppid: u32 = stat[stat.rfind(')')? + 2..]
+                .split(' ')
+                .nth(1)?
+                .parse()
+                .ok()?;
+            let cmd = fs::read(p.path().join("cmdline")).ok()?;
+            (ppid == mount_pid && String::from_utf8_lossy(&cmd).contains("--stdio")).then_some(pid)
+        })
+    };
+    // A commit under way holds an unnamed temp file (`O_TMPFILE`) in the workspace.
+    let committing = |pid: u32| {
+        fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+            fds.flatten().any(|fd| {
+                fs::read_link(fd.path()).is_ok_and(|t| {
+                    t.starts_with(&root) && t.to_string_lossy().ends_with("(deleted)")
+                })
+            })
+        })
+    };
+    let copy = {
+        let (src, dst) = (src.clone(), mount.dir.join("big.bin"));
+        std::thread::spawn(move || fs::copy(src, dst))
+    };
+    let mut kills = 0;
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while kills < 2 && std::time::Instant::now() < until {
+        if let Some(pid) = agent().filter(|&p| committing(p)) {
+            let _ = rustix::process::kill_process(
+                rustix::process::Pid::from_raw(pid as i32).unwrap(),
+                rustix::process::Signal::KILL,
+            );
+            kills += 1;
+            // The next session: started by the retry.
+            while agent() == Some(pid) {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        if kills == 0
+            && copy.is_finished()
+            && fs::read(root.join("big.bin")).is_ok_and(|d| d == data)
+        {
+            break;
+        }
+    }
+    copy.join().unwrap().unwrap();
+    assert!(kills >= 1, "no commit was ever seen under way to cut");
+    ctl_flush(&mount.dir);
+    assert!(
+        fs::read(root.join("big.bin")).unwrap() == data,
+        "the file is not exact"
+    );
+    let names: Vec<String> = fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["big.bin"], "after {kills} cut(s)");
+    let st = status(&mount.dir);
+    assert!(
+        st.lines()
+            .any(|l| l.starts_with("push_failures ") && l.ends_with("(none)")),
+        "{st}"
+    );
+    assert!(
+        st.lines()
+            .any(|l| l.starts_with("stats.commits ") && l.ends_with(" 1")),
+        "one commit landed: {st}"
+    );
+}
