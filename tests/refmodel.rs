@@ -84,6 +84,8 @@ enum Step {
     FailNextCommit,
     /// The next commit lands in the sandbox, but its answer is lost.
     LoseNextCommitAnswer,
+    /// The next unlink is done in the sandbox, but its answer is lost (a session cut).
+    LoseNextUnlinkAnswer,
     /// The kernel forgets every node it looked up (memory pressure, `drop_caches`).
     ForgetAll,
     /// A `stat` of the file is answered late, after the mount's own save of it landed: the
@@ -125,6 +127,7 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|(name, len, byte)| Step::SandboxWrite { name, len, byte }),
         1 => Just(Step::FailNextCommit),
         1 => Just(Step::LoseNextCommitAnswer),
+        1 => Just(Step::LoseNextUnlinkAnswer),
         1 => Just(Step::ForgetAll),
         1 => (name.clone(), 1u16..5000, any::<u8>())
             .prop_map(|(name, len, byte)| Step::StatCrossesOwnSave { name, len, byte }),
@@ -546,6 +549,7 @@ async fn apply(step: &Step, m: &mut Model, r: &mut Real) {
                 .fail_once(RemoteOp::Commit, RemoteError::Transport("cut".into()));
         }
         Step::LoseNextCommitAnswer => r.faults.lose_answer_once(RemoteOp::Commit),
+        Step::LoseNextUnlinkAnswer => r.faults.lose_answer_once(RemoteOp::Unlink),
         Step::ForgetAll => {
             for n in NAMES {
                 if let Ok(na) = r.core.lookup(ROOT, n.as_bytes()).await {
@@ -705,6 +709,25 @@ proptest! {
 }
 
 // Regression cases (shrunk failures, kept).
+
+/// An unlink done in the sandbox whose answer was lost (a session cut, as a killed `ssh`
+/// does): the file is gone, and `unlink` succeeds (`git` failed on `HEAD.lock` with EIO).
+#[test]
+fn an_unlink_whose_answer_was_lost_succeeds() {
+    use Step::*;
+    run(&[
+        Open {
+            name: 0,
+            slot: 0,
+            write: true,
+            create: true,
+            trunc: false,
+        },
+        Close(0),
+        LoseNextUnlinkAnswer,
+        Unlink(0),
+    ]);
+}
 
 /// Shrunk by the proptest: renames over a new file's name, then away, left the old name
 /// found.

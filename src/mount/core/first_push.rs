@@ -138,7 +138,7 @@ impl FsCore {
             return false;
         };
         matches!(
-            self.note(self.remote().unlink(&path).await),
+            self.removed_once(|| self.remote().unlink(&path)).await,
             Ok(()) | Err(RemoteError::NotFound(_))
         )
     }

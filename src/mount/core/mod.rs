@@ -1498,6 +1498,26 @@ impl FsCore {
         }
     }
 
+    /// A removal (unlink, rmdir) whose answer the transport lost (a session cut while it was
+    /// on its way) is made once more: a name gone by then was removed by the first attempt
+    /// (or by someone else: gone either way), which is success, not an error.
+    async fn removed_once<F, Fut>(&self, remove: F) -> Result<()>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<()>>,
+    {
+        match self.note(remove().await) {
+            Err(RemoteError::Transport(e)) => {
+                tracing::debug!("a removal got no answer ({e}); asked again");
+                match self.note(remove().await) {
+                    Err(RemoteError::NotFound(_)) => Ok(()),
+                    r => r,
+                }
+            }
+            r => r,
+        }
+    }
+
     pub async fn unlink(&self, parent: NodeId, name: &[u8]) -> Result<()> {
         let path = self.path_of(parent)?.join(name)?;
         let node = self.inodes.child(parent, name);
@@ -1510,7 +1530,7 @@ impl FsCore {
             self.keep_open_copy(n).await?;
         }
         self.bump();
-        let r = match self.note(self.remote().unlink(&path).await) {
+        let r = match self.removed_once(|| self.remote().unlink(&path)).await {
             // A new file whose commit got no answer and did not land: gone all the same.
             Err(RemoteError::NotFound(_)) if node.is_some_and(|n| self.newfiles.contains(n)) => {
                 Ok(())
@@ -1550,7 +1570,7 @@ impl FsCore {
         }
         self.pushq.wait_all().await;
         self.bump();
-        let r = self.note(self.remote().rmdir(&path).await);
+        let r = self.removed_once(|| self.remote().rmdir(&path)).await;
         if r.is_ok() {
             self.entry_removed(parent, name);
         } else {
