@@ -190,12 +190,15 @@ pub fn classify(url: &str, e: &reqwest::Error, waited: Duration) -> ReachError {
              (an agent serves https only when started with --tls-cert)"
         ))
     };
-    // An SSH server greets first, and its greeting reads as a bad HTTP version, or as a
-    // failed handshake: it says what it is.
-    let garbled = chain
-        .iter()
-        .any(|m| m.contains("invalid HTTP version") || m.contains("InvalidContentType"))
-        || (https && e.is_connect() && tls_error(e).is_none());
+    // An SSH server greets first, and its greeting reads as a bad HTTP version, as a failed
+    // handshake, or (when it comes before the request is sent: a busy machine) as a message
+    // nobody asked for: it says what it is.
+    let garbled = chain.iter().any(|m| {
+        m.contains("invalid HTTP version")
+            || m.contains("InvalidContentType")
+            || m.contains("unexpected message from connection")
+            || m.contains("connection closed before message completed")
+    }) || (https && e.is_connect() && tls_error(e).is_none());
     if garbled {
         if let Some(banner) = ssh_banner(&addr) {
             return ReachError::Ssh { url: url_s, banner };
