@@ -487,6 +487,7 @@ pub async fn answer(control: &Control, request: Request) -> Result<serde_json::V
                 // The file changed under the mount's caches and the kernel's: drop them (the
                 // edit replaced it: the name leads to another sandbox inode now).
                 core.invalidate_path(&p);
+                core.kernel_settled().await;
                 r.map(|count| json!({ "count": count }))
             }
             Err(e) => Err(e),
@@ -519,6 +520,7 @@ pub async fn answer(control: &Control, request: Request) -> Result<serde_json::V
         Request::Invalidate { path: p } => match path(p) {
             Ok(p) => {
                 core.invalidate_path(&p);
+                core.kernel_settled().await;
                 Ok(json!({ "invalidated": p.display() }))
             }
             Err(e) => Err(e),

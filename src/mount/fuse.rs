@@ -747,6 +747,8 @@ enum Note {
     Data(NodeId),
     Attr(NodeId),
     Entry(NodeId, Vec<u8>),
+    /// Everything queued before it was sent.
+    Barrier(tokio::sync::oneshot::Sender<()>),
 }
 
 impl Notifier {
@@ -762,6 +764,10 @@ impl Notifier {
                         Note::Attr(n) => kernel.inval_inode(INodeNo(n.0), -1, 0),
                         Note::Entry(p, name) => {
                             kernel.inval_entry(INodeNo(p.0), OsStr::from_bytes(&name))
+                        }
+                        Note::Barrier(done) => {
+                            let _ = done.send(());
+                            Ok(())
                         }
                     };
                 }
@@ -790,5 +796,9 @@ impl KernelCache for Notifier {
 
     fn invalidate_entry(&self, parent: NodeId, name: &[u8]) {
         self.send(Note::Entry(parent, name.to_vec()));
+    }
+
+    fn barrier(&self, done: tokio::sync::oneshot::Sender<()>) {
+        self.send(Note::Barrier(done));
     }
 }

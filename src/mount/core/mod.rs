@@ -78,6 +78,11 @@ pub trait KernelCache: Send + Sync {
     fn invalidate_attr(&self, node: NodeId);
     /// Drop the kernel's entry for `name` in `parent` (a name made, removed or renamed).
     fn invalidate_entry(&self, parent: NodeId, name: &[u8]);
+    /// Tell `done` once every invalidation asked before this one reached the kernel (they
+    /// may be sent asynchronously).
+    fn barrier(&self, done: tokio::sync::oneshot::Sender<()>) {
+        let _ = done.send(());
+    }
 }
 
 #[derive(Default, Debug, serde::Serialize)]
@@ -1945,6 +1950,18 @@ impl FsCore {
     }
 
     /// Forget cached data and attributes of a path (the change feed, `sbxfs ctl invalidate`).
+    /// Waits (a little, at most) until the kernel has been told of every invalidation asked so
+    /// far: a command that changed the sandbox through the mount's socket (`sbxfs edit`) answers
+    /// after it, so a `cat` right after never meets the kernel's entry for the replaced file.
+    /// Never called from a FUSE request (the kernel may wait for that request to end).
+    pub async fn kernel_settled(&self) {
+        if let Some(k) = self.kernel() {
+            let (done, settled) = tokio::sync::oneshot::channel();
+            k.barrier(done);
+            let _ = tokio::time::timeout(Duration::from_secs(2), settled).await;
+        }
+    }
+
     pub fn invalidate_path(&self, path: &RemotePath) {
         self.bump();
         self.prefetched.forget_under(path);
