@@ -586,6 +586,48 @@ fn a_file_appended_to_keeps_the_users_version_in_a_conflict_without_a_push_betwe
 }
 
 #[test]
+fn a_file_the_sandbox_replaces_or_deletes_right_after_an_open_for_writing_keeps_its_lines() {
+    // `exec 5>>f` in the mount, then the sandbox deletes or rewrites f before the first
+    // write: the base is taken at the open, so the conflict copy has the old lines, not NULs
+    // or the sandbox's new bytes in their place.
+    let s = setup();
+    for (name, sandbox_side) in [("del.txt", None), ("new.txt", Some("THEIRS\n"))] {
+        fs::write(s.root.join(name), "base line one\nbase line two\n").unwrap();
+        std::thread::sleep(Duration::from_millis(1200));
+        let mut f = fs::OpenOptions::new()
+            .append(true)
+            .open(s.mount.dir.join(name))
+            .unwrap();
+        match sandbox_side {
+            None => fs::remove_file(s.root.join(name)).unwrap(),
+            Some(text) => fs::write(s.root.join(name), text).unwrap(),
+        }
+        std::thread::sleep(Duration::from_millis(1200));
+        f.write_all(b"mine\n").unwrap();
+        drop(f);
+        let _ = run(Command::new(sbxfs_bin())
+            .args(["ctl", "--mount"])
+            .arg(&s.mount.dir)
+            .arg("flush"));
+        let at_name = fs::read_to_string(s.root.join(name)).ok();
+        let copies = conflict_copies_of(&s.root, name);
+        let mine = "base line one\nbase line two\nmine\n";
+        match sandbox_side {
+            // Deleted: the user's version is the file again, or saved beside its old name.
+            None => assert!(
+                at_name.as_deref() == Some(mine) || copies == [mine],
+                "{name}: {at_name:?} {copies:?}\n{}",
+                s.mount.log_text()
+            ),
+            Some(text) => {
+                assert_eq!(at_name.as_deref(), Some(text));
+                assert_eq!(copies, [mine], "{name}\n{}", s.mount.log_text());
+            }
+        }
+    }
+}
+
+#[test]
 fn sigterm_pushes_pending_writes_then_unmounts() {
     let mut s = setup();
     fs::write(s.mount.dir.join("late.txt"), "written before stop").unwrap();

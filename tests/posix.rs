@@ -792,6 +792,46 @@ fn unpushed_edits_never_go_to_another_sandbox_at_the_same_address() {
 }
 
 #[test]
+fn an_edit_kept_over_a_restart_is_saved_whole_when_the_sandbox_changed_the_file_meanwhile() {
+    // The daemon was killed with an edit of the first bytes unpushed; the sandbox then
+    // rewrote the file. The conflict copy made at the next mount is the user's version (the
+    // edit over the base bytes kept with it), never the edit spliced onto the new bytes.
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    fs::create_dir(&root).unwrap();
+    fs::write(root.join("f"), "one: base").unwrap();
+    let cache = dir.path().join("cache");
+    let (addr, url, token) = leave_an_unpushed_edit(&root, &cache);
+    fs::write(root.join("f"), "SANDBOX REWROTE IT").unwrap();
+    let _agent = AgentProcess::start_on(&root, addr);
+    let m = MountProcess::start_url_cache(&url, &token, &[], Some(&cache));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !m
+        .log_text()
+        .contains("from an earlier mount of this sandbox")
+    {
+        assert!(Instant::now() < deadline, "no recovery: {}", m.log_text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = m.log_text();
+    assert!(
+        log.contains("pushed=0 conflicts=1 kept=0"),
+        "a conflict is not counted as pushed: {log}"
+    );
+    assert_eq!(
+        fs::read_to_string(root.join("f")).unwrap(),
+        "SANDBOX REWROTE IT"
+    );
+    assert_eq!(conflict_copies_of(&root, "f"), ["ONE: base"], "{log}");
+    let (_, out, _) = run(Command::new(sbxfs_bin())
+        .args(["ctl", "--json", "--mount"])
+        .arg(&m.dir)
+        .arg("stats"));
+    let stats: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(stats["stats"]["conflicts"], 1, "{stats}");
+}
+
+#[test]
 fn unpushed_edits_never_go_to_a_new_workspace_that_took_the_old_ones_inode_number() {
     // What a hostile agent can claim (any device and inode) and a cloned or rebuilt sandbox
     // does honestly: here for real, a directory made where the old workspace was deleted

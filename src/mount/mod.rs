@@ -553,11 +553,12 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
 
     let retry_core = core.clone();
     rt.spawn(async move {
-        let (done, left) = retry_core.recover_staged().await;
-        if done + left > 0 {
+        let found = retry_core.recover_staged().await;
+        if found != Default::default() {
             tracing::info!(
-                pushed = done,
-                kept = left,
+                pushed = found.pushed,
+                conflicts = found.conflicts,
+                kept = found.kept,
                 "unpushed edits from an earlier mount of this sandbox"
             );
         }

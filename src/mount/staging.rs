@@ -135,6 +135,11 @@ impl Staged {
             self.file.write_all_at(&data[(at - start) as usize..], at)?;
         }
         self.present.insert(page);
+        // Recorded: after a restart these bytes are the base's own, never fetched again
+        // (by then the sandbox may hold other bytes there).
+        if let Some(j) = &mut self.journal {
+            j.record(&format!("p {page} {}", page + 1))?;
+        }
         Ok(())
     }
 
@@ -285,6 +290,9 @@ impl Staged {
         self.failed = false;
         if let Some(j) = &mut self.journal {
             let _ = j.rebase(Some(version), size);
+            for (start, end) in runs(&self.present) {
+                let _ = j.record(&format!("p {start} {end}"));
+            }
         }
     }
 
@@ -315,6 +323,11 @@ impl Staged {
             match *op {
                 JournalOp::Write { offset, len } => self.note_write(offset, len),
                 JournalOp::Truncate(len) => self.note_truncate(len),
+                JournalOp::Present { start, end } => {
+                    // Pages past the base are local anyway.
+                    let end = end.min(self.base_size.div_ceil(PAGE));
+                    self.present.extend(start..end)
+                }
             }
         }
     }
@@ -345,8 +358,28 @@ pub fn read_image(file: &File, size: u64, offset: u64, len: u64) -> io::Result<V
 /// One recorded change to a staged file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum JournalOp {
-    Write { offset: u64, len: u64 },
+    Write {
+        offset: u64,
+        len: u64,
+    },
     Truncate(u64),
+    /// Base pages `[start, end)` are in the data file (captured, or fetched for a read).
+    Present {
+        start: u64,
+        end: u64,
+    },
+}
+
+/// A set of pages as runs `[start, end)`.
+fn runs(pages: &BTreeSet<u64>) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &p in pages {
+        match out.last_mut() {
+            Some((_, end)) if *end == p => *end += 1,
+            _ => out.push((p, p + 1)),
+        }
+    }
+    out
 }
 
 /// What a staged file stands for, kept beside it (`N.meta`).
@@ -506,6 +539,12 @@ impl Journal {
                             len: n.parse().ok()?,
                         }),
                         (Some("t"), Some(n), None) => Some(JournalOp::Truncate(n.parse().ok()?)),
+                        (Some("p"), Some(a), Some(b)) => {
+                            let (start, end) = (a.parse().ok()?, b.parse().ok()?);
+                            // A log is the daemon's own, but never trusted to size a loop.
+                            (start <= end && end - start <= 1 << 32)
+                                .then_some(JournalOp::Present { start, end })
+                        }
                         _ => None,
                     }
                 })
@@ -641,6 +680,43 @@ mod tests {
         r.replay(&ops);
         assert_eq!((r.dirty.clone(), r.len, r.base_size), (dirty, len, cut));
         assert_eq!(r.read_local(10, 3).unwrap(), b"abc");
+    }
+
+    #[test]
+    fn a_journal_keeps_which_base_pages_were_captured() {
+        // After a restart the captured base bytes are used as they are: the sandbox may have
+        // other bytes there by then (a conflict copy would splice them in).
+        let dir = tempfile::tempdir().unwrap();
+        let size = 3 * PAGE;
+        let meta = JournalMeta {
+            path: crate::remote::WireBytes(b"f".to_vec()),
+            base: Some(Version("v1".into())),
+            base_size: size,
+            mode: None,
+            sandbox: None,
+        };
+        let (j, file) = Journal::create(dir.path(), meta).unwrap();
+        let mut s = Staged::new(file, Some(Version("v1".into())), size);
+        s.journal = Some(j);
+        s.write(size, b"appended").unwrap();
+        s.fill_page(0, &vec![b'a'; PAGE as usize]).unwrap();
+        s.fill_page(2, &vec![b'c'; PAGE as usize]).unwrap();
+        drop(s);
+        let (j, file, ops) = Journal::recover(dir.path()).pop().unwrap();
+        let mut r = Staged::new(file, j.meta().base.clone(), j.meta().base_size);
+        r.replay(&ops);
+        assert_eq!(r.missing_pages(), vec![1]);
+        assert_eq!(r.read_local(2 * PAGE, 2).unwrap(), b"cc");
+        // A push rebases the log: what is local stays known.
+        r.journal = Some(j);
+        r.fill_page(1, &vec![b'b'; PAGE as usize]).unwrap();
+        r.pushed(Version("v2".into()), size + 8);
+        drop(r);
+        let (j, file, ops) = Journal::recover(dir.path()).pop().unwrap();
+        let mut r = Staged::new(file, j.meta().base.clone(), j.meta().base_size);
+        r.replay(&ops);
+        assert!(r.complete());
+        assert_eq!(r.read_local(PAGE, 2).unwrap(), b"bb");
     }
 
     #[test]

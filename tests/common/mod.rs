@@ -794,7 +794,11 @@ pub fn held_open_across_a_conflict(root: &Path, mount: &Path) {
     // Long enough for a change feed to tell the mount.
     std::thread::sleep(std::time::Duration::from_millis(1500));
     f.write_all(b"mine2\n").unwrap();
-    let _ = f.sync_all();
+    let conflict = f.sync_all().expect_err("the push met the sandbox's change");
+    assert_eq!(conflict.raw_os_error(), Some(libc::EIO));
+    // Still open after the conflict: what it writes next goes on after mine2 in the user's
+    // version (the conflict copy), never onto the sandbox's new file.
+    f.write_all(b"mine3\n").unwrap();
     drop(f);
     ctl_flush(mount);
     assert_eq!(
@@ -803,7 +807,11 @@ pub fn held_open_across_a_conflict(root: &Path, mount: &Path) {
     );
     assert_eq!(
         conflict_copies_of(root, "d.txt"),
-        ["line one\nline two\nmine1\nmine2\n"]
+        ["line one\nline two\nmine1\nmine2\nmine3\n"]
+    );
+    assert_eq!(
+        std::fs::read_to_string(mount.join("d.txt")).unwrap(),
+        "THEIRS\n"
     );
 }
 

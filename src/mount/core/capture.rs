@@ -3,11 +3,13 @@
 //! A push sends only what was written, over the base, and the sandbox checks the base is
 //! still its file. When it is not (a conflict), the user's version (the base plus every
 //! write) is saved beside the file — and the base's untouched bytes can then no longer be
-//! fetched: the sandbox replaced them. So a file written over a base has that base captured
-//! into its staging image: started in the background at its first write, and finished before
-//! any push (a file appended to across pushes would otherwise lose, at its next conflict, all
-//! it had before its last push). Files past [`MAX_CAPTURE_BYTES`] are not captured: their
-//! conflict copies take untouched bytes from the sandbox's file as it is then (said so).
+//! fetched: the sandbox replaced them. So a file opened to write over a base has that base
+//! captured into its staging image: at the open (before it answers, for a small base; in the
+//! background for a larger one), and finished before any push (a file appended to across
+//! pushes would otherwise lose, at its next conflict, all it had before its last push). The
+//! journal records the captured pages, so a remount uses them too. Files past
+//! [`MAX_CAPTURE_BYTES`] are not captured: their conflict copies take untouched bytes from the
+//! sandbox's file as it is then (said so).
 
 use super::{local_io, FsCore};
 use crate::mount::inode::NodeId;
@@ -18,6 +20,9 @@ use crate::remote::{RemotePath, Result, Version};
 /// Largest base captured: one read of a few pages. Past it an edit of a byte would move the
 /// whole file over the link, where a patch moves only the byte.
 pub(in crate::mount) const MAX_CAPTURE_BYTES: u64 = 1024 * 1024;
+/// A base up to this size is captured before an open for writing answers (one read); a
+/// larger one in the background.
+pub(in crate::mount) const CAPTURE_AT_OPEN_BYTES: u64 = 64 * 1024;
 /// Pages fetched with one remote read while capturing.
 const RUN_PAGES: u64 = crate::mount::readahead::MAX_WINDOW / PAGE;
 

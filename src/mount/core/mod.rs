@@ -44,6 +44,7 @@ use crate::remote::{
     Attr, FileKind, Remote, RemoteError, RemotePath, RenameMode, Result, SetAttr, SpecialKind,
     StatFs, XattrFlags,
 };
+use capture::CAPTURE_AT_OPEN_BYTES;
 
 /// How many times one read follows a file that changed in place before it gives up: a file
 /// rewritten faster than it can be read, or an agent whose reads never match its stat.
@@ -1066,6 +1067,21 @@ impl FsCore {
             g.truncate(0).map_err(|e| local_io(&e))?;
             g.mtime_ns = Some(now_ns());
         }
+        // Opened to write over its base: the base is kept from now on, so a sandbox that
+        // replaces or deletes the file before the first write (or right after it) cannot
+        // take the bytes the user's version is made of. A small one is taken before the open
+        // answers (one read); a larger one in the background.
+        if !g.capture_started && Self::wants_capture(&g) {
+            g.capture_started = true;
+            let now = g.base_size <= CAPTURE_AT_OPEN_BYTES && self.is_reachable();
+            let captured = match self.inodes.path_of(node) {
+                Some(path) if now => self.capture_base(&path, &mut g).await.is_ok(),
+                _ => false,
+            };
+            if !captured {
+                self.capture_in_background(node);
+            }
+        }
         s.sync(&g);
         Ok(())
     }
@@ -1117,6 +1133,8 @@ impl FsCore {
         g.mtime_ns = Some(now_ns());
         s.sync(&g);
         if !g.capture_started && Self::wants_capture(&g) {
+            // Staged before this handle opened it for writing (a setattr, a read-write open
+            // of a file staged for reading).
             g.capture_started = true;
             self.capture_in_background(h.node);
         }

@@ -157,16 +157,18 @@ impl FsCore {
             None => {
                 let r = self.save_conflict_copy(node, &n.last_path, &mut s).await;
                 return match r {
-                    Ok(copy) => {
+                    Ok((copy, attr)) => {
                         tracing::error!(file = %n.last_path.display(), saved_as = %copy.display(),
                             "the file was replaced in the sandbox while open; your version was saved beside it");
                         self.failures.note_conflict(&n.last_path, &copy);
-                        let len = s.len;
-                        s.pushed(crate::remote::Version(String::new()), len);
+                        if !self.follow_copy(node, &n.last_path, &copy, &attr, &mut s) {
+                            let len = s.len;
+                            s.pushed(crate::remote::Version(String::new()), len);
+                            self.removed_for_good(node);
+                        }
                         staged.sync(&s);
                         staged.step(Step::Conflicted);
                         self.failures.clear(node);
-                        self.removed_for_good(node);
                         Ok(())
                     }
                     Err(e) => {
@@ -333,33 +335,40 @@ impl FsCore {
             Err(RemoteError::Conflict { current, .. }) => {
                 self.stats.conflicts.fetch_add(1, Ordering::Relaxed);
                 match self.save_conflict_copy(node, &path, &mut s).await {
-                    Ok(copy) => {
+                    Ok((copy, copy_attr)) => {
                         tracing::error!(
                             file = %path.display(),
                             saved_as = %copy.display(),
                             "conflict: the file changed in the sandbox since it was opened; your version was saved beside it"
                         );
                         self.failures.note_conflict(&path, &copy);
-                        // Follow the sandbox's version from now on.
-                        match self.note(self.remote().stat(&path).await) {
-                            Ok(a) => {
-                                s.rebase_remote(a.version.clone(), a.size)
-                                    .map_err(|e| local_io(&e))?;
-                                self.own_change(node, &a);
-                                self.handles.follow(node, &a);
+                        if self.follow_copy(node, &path, &copy, &copy_attr, &mut s) {
+                            if self.handles.open_on(node) > 0 {
+                                tracing::warn!(file = %path.display(), saved_as = %copy.display(),
+                                    "the file is still open: what is written to it from now on goes to the copy");
                             }
-                            Err(_) => {
-                                let len = s.len;
-                                s.pushed(crate::remote::Version(String::new()), len);
+                        } else {
+                            // Follow the sandbox's version from now on.
+                            match self.note(self.remote().stat(&path).await) {
+                                Ok(a) => {
+                                    s.rebase_remote(a.version.clone(), a.size)
+                                        .map_err(|e| local_io(&e))?;
+                                    self.own_change(node, &a);
+                                    self.handles.follow(node, &a);
+                                }
+                                Err(_) => {
+                                    let len = s.len;
+                                    s.pushed(crate::remote::Version(String::new()), len);
+                                }
+                            }
+                            if let Some(k) = self.kernel() {
+                                k.invalidate_data(node);
                             }
                         }
                         s.mtime_ns = None;
                         staged.sync(&s);
                         staged.step(Step::Conflicted);
                         self.failures.clear(node);
-                        if let Some(k) = self.kernel() {
-                            k.invalidate_data(node);
-                        }
                         Err(RemoteError::Io(
                             path.display(),
                             format!("conflict: changed in the sandbox (now {current}); your version was saved as {}", copy.display()),
@@ -465,7 +474,7 @@ impl FsCore {
         node: NodeId,
         path: &RemotePath,
         s: &mut Staged,
-    ) -> Result<RemotePath> {
+    ) -> Result<(RemotePath, Attr)> {
         // Base pages still in the page cache are the user's version exactly; the rest can only
         // come from what the sandbox has now.
         let known = s.base.clone();
@@ -476,6 +485,52 @@ impl FsCore {
         Ok(copy)
     }
 
+    /// After a conflict the node becomes its conflict copy (`attr`, just written from the
+    /// image): the user's version, which a handle still open goes on writing — an appending
+    /// log's next line lands after its last one in the copy, never at that offset of the
+    /// sandbox's new file. The name is the sandbox's file again: a new node at the next
+    /// lookup. Answers false for a node it cannot move (several names, or its directory
+    /// unknown): that one follows the sandbox's version.
+    fn follow_copy(
+        &self,
+        node: NodeId,
+        path: &RemotePath,
+        copy: &RemotePath,
+        attr: &Attr,
+        s: &mut Staged,
+    ) -> bool {
+        let (Some(n), Some((dir, name)), Some((_, copy_name))) =
+            (self.inodes.get(node), path.split_last(), copy.split_last())
+        else {
+            return false;
+        };
+        match n.links.as_slice() {
+            [(parent, linked)] if linked.as_slice() == name => {
+                self.inodes.rename(*parent, name, *parent, copy_name);
+                if let Some(k) = self.kernel() {
+                    k.invalidate_entry(*parent, name);
+                }
+            }
+            // Its name already leads to another file (the sandbox replaced it while open).
+            [] => match self.inodes.resolve(&dir) {
+                Some(parent) => self.inodes.link(node, parent, copy_name),
+                None => return false,
+            },
+            _ => return false,
+        }
+        self.own_change(node, attr);
+        self.handles.follow(node, attr);
+        s.pushed(attr.version.clone(), attr.size);
+        if let Some(j) = &mut s.journal {
+            let _ = j.moved(copy);
+        }
+        if let Some(parent) = self.inodes.resolve(&dir) {
+            self.entry_made(parent, copy_name, attr.clone());
+            self.dir_changed(parent);
+        }
+        true
+    }
+
     /// Fill what is not local from the sandbox (from the page cache at `known` if it has the
     /// pages), then write the whole image to a new conflict name beside `path`.
     async fn write_conflict_copy(
@@ -483,7 +538,7 @@ impl FsCore {
         path: &RemotePath,
         s: &mut Staged,
         known: Option<crate::remote::Version>,
-    ) -> Result<RemotePath> {
+    ) -> Result<(RemotePath, Attr)> {
         let mut from_current = 0u64;
         for page in s.missing_in(0, s.len) {
             let cached = match &known {
@@ -523,7 +578,7 @@ impl FsCore {
             }
         }
         let reader = s.reader().map_err(|e| local_io(&e))?;
-        self.note(
+        let attr = self.note(
             self.remote()
                 .commit(
                     &copy,
@@ -536,7 +591,7 @@ impl FsCore {
                 )
                 .await,
         )?;
-        Ok(copy)
+        Ok((copy, attr))
     }
 
     /// Create an empty file named after `path` that did not exist: answers it and its version.
@@ -701,17 +756,17 @@ impl FsCore {
     /// Push what a previous daemon of this remote left staged (it was killed, or the sandbox
     /// was unreachable when it stopped). Each file is pushed over the base it was staged
     /// against, or saved as a conflict copy if the sandbox changed it meanwhile. Answers how
-    /// many were recovered and how many remain (kept for the next mount).
-    pub async fn recover_staged(&self) -> (usize, usize) {
+    /// many went each way, and how many remain (kept for the next mount).
+    pub async fn recover_staged(&self) -> RecoveredEdits {
         let found = Journal::recover(&self.cfg.staging_dir);
-        let (mut done, mut left) = (0, 0);
+        let mut done = RecoveredEdits::default();
         let here = self.sandbox_id();
         for (journal, file, ops) in found {
             let meta = journal.meta().clone();
             if meta.sandbox.as_ref().is_some_and(|s| *s != here) {
                 // Staged against another sandbox that answered at this URL before: never
                 // pushed here (it would put one sandbox's edits, maybe secrets, in another).
-                left += 1;
+                done.kept += 1;
                 self.failures
                     .note_kept(&meta.path.0, "staged for another sandbox at this address");
                 tracing::warn!(
@@ -735,8 +790,11 @@ impl FsCore {
             }
             s.journal = Some(journal);
             match self.push_recovered(&path, &mut s, meta.mode).await {
-                Ok(()) => {
-                    done += 1;
+                Ok(landed) => {
+                    match landed {
+                        Recovered::Pushed => done.pushed += 1,
+                        Recovered::Conflict => done.conflicts += 1,
+                    }
                     if let Some(j) = s.journal.take() {
                         j.remove();
                     }
@@ -757,20 +815,20 @@ impl FsCore {
                             }
                         }
                         Err(io) => {
-                            left += 1;
+                            done.kept += 1;
                             self.failures.note_kept(path.as_bytes(), &e);
                             tracing::error!(file = %path.display(), "unpushed edit from an earlier mount still not pushed (kept): {e}; no copy either: {io}");
                         }
                     }
                 }
                 Err(e) => {
-                    left += 1;
+                    done.kept += 1;
                     self.failures.note_kept(path.as_bytes(), &e);
                     tracing::error!(file = %path.display(), "unpushed edit from an earlier mount still not pushed (kept): {e}");
                 }
             }
         }
-        (done, left)
+        done
     }
 
     async fn push_recovered(
@@ -778,7 +836,7 @@ impl FsCore {
         path: &RemotePath,
         s: &mut Staged,
         mode: Option<u32>,
-    ) -> Result<()> {
+    ) -> Result<Recovered> {
         let (content, _) = s
             .content_for(true, self.sandbox.patch_new())
             .map_err(|e| local_io(&e))?;
@@ -798,19 +856,37 @@ impl FsCore {
         match r {
             Ok(_) => {
                 tracing::info!(file = %path.display(), "pushed an unpushed edit left by an earlier mount");
-                Ok(())
+                Ok(Recovered::Pushed)
             }
             Err(RemoteError::Conflict { .. }) | Err(RemoteError::NotFound(_)) => {
                 // The sandbox changed it meanwhile: the user's bytes go beside it.
-                let copy = self.write_conflict_copy(path, s, None).await?;
+                self.stats.conflicts.fetch_add(1, Ordering::Relaxed);
+                let (copy, _) = self.write_conflict_copy(path, s, None).await?;
                 tracing::error!(file = %path.display(), saved_as = %copy.display(),
                     "an unpushed edit from an earlier mount conflicts with the sandbox; saved beside it");
                 self.failures.note_conflict(path, &copy);
-                Ok(())
+                Ok(Recovered::Conflict)
             }
             Err(e) => Err(e),
         }
     }
+}
+
+/// Where an edit left by an earlier mount went.
+enum Recovered {
+    Pushed,
+    /// The sandbox had changed the file: the edit was saved beside it.
+    Conflict,
+}
+
+/// What [`FsCore::recover_staged`] did with the edits an earlier mount left.
+#[derive(Default, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecoveredEdits {
+    pub pushed: usize,
+    /// Saved beside a file the sandbox had changed meanwhile.
+    pub conflicts: usize,
+    /// Still unpushed (kept for the next mount).
+    pub kept: usize,
 }
 
 /// Write `data` at `root/path` (directories made as needed, 0700; files 0600, never
