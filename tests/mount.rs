@@ -628,6 +628,74 @@ fn a_file_the_sandbox_replaces_or_deletes_right_after_an_open_for_writing_keeps_
 }
 
 #[test]
+fn a_conflict_on_a_large_sparse_file_copies_in_the_sandbox_and_keeps_holes_here() {
+    // 64 MiB, almost all hole; a byte written through the mount, then the sandbox changes
+    // the file. The copy is made in the sandbox (no page-by-page read of 256 MiB over the
+    // link), and the laptop's own copy takes the user's bytes' space, not 64 MiB.
+    let s = setup();
+    let size = 64u64 << 20;
+    let f = fs::File::create(s.root.join("disk.img")).unwrap();
+    f.set_len(size).unwrap();
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(b"HEAD", 0).unwrap();
+    drop(f);
+    std::thread::sleep(Duration::from_millis(1200));
+    let g = fs::OpenOptions::new()
+        .write(true)
+        .open(s.mount.dir.join("disk.img"))
+        .unwrap();
+    g.write_all_at(b"mine", 32 << 20).unwrap();
+    let theirs = fs::OpenOptions::new()
+        .write(true)
+        .open(s.root.join("disk.img"))
+        .unwrap();
+    theirs.write_all_at(b"THEIRS", 0).unwrap();
+    drop(theirs);
+    let calls_before = ctl_stats(&s.mount.dir)["stats"]["remote_calls"]
+        .as_u64()
+        .unwrap();
+    let err = g.sync_all().unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO));
+    drop(g);
+    let calls = ctl_stats(&s.mount.dir)["stats"]["remote_calls"]
+        .as_u64()
+        .unwrap()
+        - calls_before;
+    assert!(calls < 100, "{calls} remote calls for the conflict copy");
+    let copies: Vec<_> = fs::read_dir(&s.root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().contains("disk.img.sbxfs-conflict-"))
+        .collect();
+    assert_eq!(copies.len(), 1);
+    let copy = fs::File::open(&copies[0]).unwrap();
+    assert_eq!(copy.metadata().unwrap().len(), size);
+    let mut buf = [0u8; 4];
+    copy.read_exact_at(&mut buf, 32 << 20).unwrap();
+    assert_eq!(&buf, b"mine");
+    let cache = s.mount.log.parent().unwrap().join("cache");
+    let (_, found, _) = run(Command::new("find").arg(&cache).args([
+        "-path",
+        "*/conflicts/*",
+        "-name",
+        "disk.img.sbxfs-conflict-*",
+    ]));
+    let found = String::from_utf8_lossy(&found);
+    let kept = found.lines().next().expect("a local copy");
+    let meta = fs::metadata(kept).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(meta.len(), size);
+    assert!(
+        meta.blocks() * 512 < 4 << 20,
+        "the local copy takes {} bytes",
+        meta.blocks() * 512
+    );
+    let local = fs::File::open(kept).unwrap();
+    local.read_exact_at(&mut buf, 32 << 20).unwrap();
+    assert_eq!(&buf, b"mine");
+}
+
+#[test]
 fn sigterm_pushes_pending_writes_then_unmounts() {
     let mut s = setup();
     fs::write(s.mount.dir.join("late.txt"), "written before stop").unwrap();

@@ -815,6 +815,16 @@ pub fn held_open_across_a_conflict(root: &Path, mount: &Path) {
     );
 }
 
+/// `sbxfs ctl --json stats` of the mount at `mount`.
+pub fn ctl_stats(mount: &Path) -> Value {
+    let (code, out, err) = run(Command::new(sbxfs_bin())
+        .args(["ctl", "--json", "--mount"])
+        .arg(mount)
+        .arg("stats"));
+    assert_eq!(code, 0, "ctl stats: {}", String::from_utf8_lossy(&err));
+    serde_json::from_slice(&out).unwrap()
+}
+
 /// `sbxfs ctl flush` on the mount at `mount`, which must succeed: close queues the push, so a
 /// test that looks in the sandbox right after a program closed its files waits for it first.
 pub fn ctl_flush(mount: &Path) {

@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use super::capture::MAX_CAPTURE_BYTES;
 use super::{local_io, unreachable, FsCore};
 use crate::mount::inode::NodeId;
 use crate::mount::lifecycle::{Stage, Step};
@@ -539,6 +540,9 @@ impl FsCore {
         s: &mut Staged,
         known: Option<crate::remote::Version>,
     ) -> Result<(RemotePath, Attr)> {
+        if !s.complete() && s.base_size > MAX_CAPTURE_BYTES && self.sandbox.patch_commits() {
+            return self.write_large_conflict_copy(path, s).await;
+        }
         let mut from_current = 0u64;
         for page in s.missing_in(0, s.len) {
             let cached = match &known {
@@ -569,7 +573,12 @@ impl FsCore {
         // And one kept here: the sandbox's copy is the sandbox's to delete (`git clean`, or a
         // hostile sandbox forcing the conflict), and the staged image follows its version next.
         let mut image = s.image().map_err(|e| local_io(&e))?;
-        match write_unique(&self.cfg.staging_dir.join("conflicts"), &copy, &mut image) {
+        match write_unique(
+            &self.cfg.staging_dir.join("conflicts"),
+            &copy,
+            &mut image,
+            s.len,
+        ) {
             Ok(local) => {
                 tracing::info!(file = %path.display(), kept = %local.display(), "a copy of your version is kept locally too")
             }
@@ -591,6 +600,65 @@ impl FsCore {
                 )
                 .await,
         )?;
+        Ok((copy, attr))
+    }
+
+    /// The conflict copy of a file too large to be kept whole here (its base was not
+    /// captured): the sandbox copies its file as it is now into the copy, and the user's
+    /// writes are patched over that. No untouched byte crosses the link, none is written
+    /// here: the local copy holds the user's writes, with holes elsewhere.
+    async fn write_large_conflict_copy(
+        &self,
+        path: &RemotePath,
+        s: &mut Staged,
+    ) -> Result<(RemotePath, Attr)> {
+        let (copy, created) = self.create_conflict_name(path, 0o600).await?;
+        let copied = self
+            .remote()
+            .copy_range(path, 0, &copy, 0, s.base_size, Some(created.clone()))
+            .await;
+        let base = match self.note(copied) {
+            Ok((_, attr)) => {
+                tracing::warn!(file = %path.display(),
+                    "the conflict copy holds the sandbox's new bytes where you did not write: a file this large is not kept whole locally");
+                attr.version
+            }
+            Err(RemoteError::NotFound(_)) => {
+                tracing::warn!(file = %path.display(),
+                    "the file is gone from the sandbox: its conflict copy holds only what you wrote (zeros elsewhere)");
+                created
+            }
+            Err(e) => return Err(e),
+        };
+        let (content, _) = s
+            .content_for(true, self.sandbox.patch_new())
+            .map_err(|e| local_io(&e))?;
+        let attr = self.note(
+            self.remote()
+                .commit(
+                    &copy,
+                    content,
+                    CommitOptions {
+                        base: Some(base),
+                        create_mode: None,
+                        mtime_ns: None,
+                    },
+                )
+                .await,
+        )?;
+        let mut image = s.image().map_err(|e| local_io(&e))?;
+        match write_unique(
+            &self.cfg.staging_dir.join("conflicts"),
+            &copy,
+            &mut image,
+            s.len,
+        ) {
+            Ok(local) => tracing::info!(file = %path.display(), kept = %local.display(),
+                "what you wrote is kept locally too (holes where the file was not read)"),
+            Err(e) => {
+                tracing::error!(file = %path.display(), "could not keep a local copy of your version: {e}")
+            }
+        }
         Ok((copy, attr))
     }
 
@@ -740,10 +808,9 @@ impl FsCore {
             }
             let len = g.len;
             let _ = self.fill(node, &mut g, 0, len).await;
-            match g
-                .image()
-                .and_then(|mut image| write_unique(&dir.join("unpushed"), &n.last_path, &mut image))
-            {
+            match g.image().and_then(|mut image| {
+                write_unique(&dir.join("unpushed"), &n.last_path, &mut image, len)
+            }) {
                 Ok(p) => saved.push(p),
                 Err(e) => {
                     tracing::error!(file = %n.last_path.display(), "could not save a copy: {e}")
@@ -804,7 +871,12 @@ impl FsCore {
                     // journal kept for ever would be retried by no one and shown nowhere. The
                     // bytes go where a stop while unreachable puts them, and the log says where.
                     let saved = s.image().and_then(|mut image| {
-                        write_unique(&self.cfg.staging_dir.join("unpushed"), &path, &mut image)
+                        write_unique(
+                            &self.cfg.staging_dir.join("unpushed"),
+                            &path,
+                            &mut image,
+                            s.len,
+                        )
                     });
                     match saved {
                         Ok(copy) => {
@@ -895,8 +967,8 @@ fn write_unique(
     root: &Path,
     path: &RemotePath,
     data: &mut dyn std::io::Read,
+    len: u64,
 ) -> std::io::Result<PathBuf> {
-    use std::io::Write;
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     let rel = std::ffi::OsStr::from_bytes(path.as_bytes());
@@ -936,8 +1008,7 @@ fn write_unique(
             .open(&candidate)
         {
             Ok(mut f) => {
-                std::io::copy(data, &mut f)?;
-                f.flush()?;
+                copy_keeping_holes(data, &mut f, len)?;
                 return Ok(candidate);
             }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
@@ -945,6 +1016,40 @@ fn write_unique(
         }
     }
     Err(std::io::Error::other("no free name"))
+}
+
+/// Copy `data` into `f`, leaving a hole for every block of zeros: a sparse file of gigabytes
+/// (a disk image, a `truncate -s 3G` the user wrote a byte into) takes only its data's space.
+fn copy_keeping_holes(
+    data: &mut dyn std::io::Read,
+    f: &mut std::fs::File,
+    len: u64,
+) -> std::io::Result<()> {
+    use std::io::{Seek, Write};
+    const BLOCK: usize = 64 * 1024;
+    let mut buf = vec![0u8; BLOCK];
+    loop {
+        let mut n = 0;
+        while n < BLOCK {
+            match data.read(&mut buf[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if n == 0 {
+            break;
+        }
+        if buf[..n].iter().all(|&b| b == 0) {
+            f.seek(std::io::SeekFrom::Current(n as i64))?;
+        } else {
+            f.write_all(&buf[..n])?;
+        }
+    }
+    // The image's file may end early (a hole at the end is no bytes there).
+    f.set_len(len)?;
+    f.flush()
 }
 
 /// `YYYYMMDD-HHMMSS` in UTC, for conflict copy names.
@@ -983,9 +1088,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let a = RemotePath::new(b"a/b.txt".to_vec()).unwrap();
         let b = RemotePath::new(b"a%2Fb.txt".to_vec()).unwrap();
-        let p1 = write_unique(dir.path(), &a, &mut &b"one"[..]).unwrap();
-        let p2 = write_unique(dir.path(), &b, &mut &b"two"[..]).unwrap();
-        let p3 = write_unique(dir.path(), &a, &mut &b"three"[..]).unwrap();
+        let p1 = write_unique(dir.path(), &a, &mut &b"one"[..], 3).unwrap();
+        let p2 = write_unique(dir.path(), &b, &mut &b"two"[..], 3).unwrap();
+        let p3 = write_unique(dir.path(), &a, &mut &b"three"[..], 5).unwrap();
         assert_ne!(p1, p2);
         assert_ne!(p1, p3);
         assert_eq!(std::fs::read(&p1).unwrap(), b"one");
@@ -997,7 +1102,7 @@ mod tests {
             .chain(*b"f")
             .collect();
         let deep = RemotePath::new(deep).unwrap();
-        let p4 = write_unique(dir.path(), &deep, &mut &b"deep"[..]).unwrap();
+        let p4 = write_unique(dir.path(), &deep, &mut &b"deep"[..], 4).unwrap();
         assert_eq!(std::fs::read(p4).unwrap(), b"deep");
     }
 
