@@ -181,14 +181,26 @@ fn glob_and_fuzzy_print_a_sandbox_names_terminal_escapes_escaped() {
     let w = tempfile::tempdir().unwrap();
     let evil = "evil\u{1b}]0;PWNED\u{7}\u{1b}[31mred.txt";
     std::fs::write(w.path().join(evil), "x").unwrap();
+    // A right-to-left override shows "rlo\u{202e}txt.exe" as "rloexe.txt".
+    std::fs::write(w.path().join("rlo\u{202e}txt.exe"), "x").unwrap();
     let shown = "evil\\u{1b}]0;PWNED\\u{7}\\u{1b}[31mred.txt";
-    for args in [&["glob", "*.txt"][..], &["fuzzy", "evilred"][..]] {
+    for args in [
+        &["glob", "*.txt"][..],
+        &["fuzzy", "evilred"][..],
+        &["glob", "rlo*"][..],
+        &["fuzzy", "rloexe"][..],
+    ] {
         let (code, out, err) = sbxfs(w.path(), args);
         assert_eq!(code, 0, "{args:?}: {err}");
         assert!(
-            !out.contains('\u{1b}') && !out.contains('\u{7}'),
+            !out.contains('\u{1b}') && !out.contains('\u{7}') && !out.contains('\u{202e}'),
             "{args:?} printed a raw escape: {out:?}"
         );
+        let shown = if args[1].starts_with("rlo") {
+            "rlo\\u{202e}txt.exe"
+        } else {
+            shown
+        };
         assert!(out.contains(shown), "{args:?}: {out:?}");
     }
     // JSON carries the name exactly (escaped by JSON itself).

@@ -569,6 +569,18 @@ fn allow_other_for_a_user_is_refused_with_the_fuse_conf_line_to_add() {
 fn umount_of_a_busy_mount_names_who_uses_it_and_lazy_detaches_it() {
     let s = setup_with(&[]);
     fs::write(s.mount.dir.join("f"), "kept").unwrap();
+    // A conflict earlier in the mount's life: named when it is unmounted, not at each refusal.
+    fs::write(s.root.join("c.txt"), "base\n").unwrap();
+    {
+        use std::os::unix::fs::FileExt;
+        let f = fs::OpenOptions::new()
+            .write(true)
+            .open(s.mount.dir.join("c.txt"))
+            .unwrap();
+        fs::write(s.root.join("c.txt"), "theirs\n").unwrap();
+        f.write_all_at(b"mine\n", 0).unwrap();
+        assert!(f.sync_all().is_err(), "a conflict");
+    }
     // A program whose working directory is in the mount, as a shell left there.
     let mut user = Command::new("sleep")
         .arg("60")
@@ -595,12 +607,17 @@ fn umount_of_a_busy_mount_names_who_uses_it_and_lazy_detaches_it() {
         "{err}"
     );
     assert!(err.contains("--lazy"), "{err}");
+    assert!(!err.contains("conflict"), "{err}");
     assert!(mountinfo_line(&s.mount.dir).is_some(), "still mounted");
     let (code, err) = run_within(
         &mut sbxfs(&["umount", "--lazy", dir]),
         Duration::from_secs(30),
     );
     assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("conflict: c.txt changed in the sandbox"),
+        "{err}"
+    );
     assert!(mountinfo_line(&s.mount.dir).is_none(), "detached");
     // What was written was pushed before the detach.
     assert_eq!(fs::read_to_string(s.root.join("f")).unwrap(), "kept");

@@ -418,18 +418,22 @@ pub(super) fn run_umount(a: UmountArgs) -> i32 {
     // here, and the mount stays so nothing is lost, unless --force.
     let flushed = flush_before_unmount(&at, a.force);
     let unpushed = &flushed.unpushed;
-    for (path, why) in &flushed.kept {
-        eprintln!(
-            "sbxfs umount: note: {path}: an edit from an earlier mount is kept unpushed in the \
-             staging directory ({why})"
-        );
-    }
-    for (path, copy) in &flushed.conflicts {
-        eprintln!(
-            "sbxfs umount: conflict: {path} changed in the sandbox while it had unpushed edits; \
-             your version was saved beside it as {copy}"
-        );
-    }
+    // What the mount did with edits (kept, saved beside): told once, when it is unmounted,
+    // not again at each attempt a busy mount refuses.
+    let notes = || {
+        for (path, why) in &flushed.kept {
+            eprintln!(
+                "sbxfs umount: note: {path}: an edit from an earlier mount is kept unpushed in \
+                 the staging directory ({why})"
+            );
+        }
+        for (path, copy) in &flushed.conflicts {
+            eprintln!(
+                "sbxfs umount: conflict: {path} changed in the sandbox while it had unpushed \
+                 edits; your version was saved beside it as {copy}"
+            );
+        }
+    };
     if !unpushed.is_empty() {
         for line in unpushed {
             eprintln!("sbxfs umount: not pushed: {line}");
@@ -454,11 +458,14 @@ pub(super) fn run_umount(a: UmountArgs) -> i32 {
     if a.lazy {
         unmount.arg("-z");
     }
-    let code = match unmount
+    let outcome = unmount
         .arg(&at)
         .stderr(std::process::Stdio::piped())
-        .output()
-    {
+        .output();
+    if matches!(&outcome, Ok(o) if o.status.success()) {
+        notes();
+    }
+    let code = match outcome {
         Ok(o) if !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("busy") => {
             eprintln!("sbxfs umount: {shown} is busy: programs are using it");
             for (pid, name, what) in users_of(&at).iter().take(MAX_USERS_SHOWN) {

@@ -176,8 +176,9 @@ impl Printer {
             .chars()
             .enumerate()
             .map(|(i, c)| {
-                // As in glob's output: a sandbox name's control characters escaped.
-                let c = if c.is_control() {
+                // As in glob's output: a sandbox name's control characters (and the
+                // characters that reorder the screen) escaped.
+                let c = if c.is_control() || super::logging::reorders(c) {
                     c.escape_unicode().to_string()
                 } else {
                     c.to_string()
