@@ -571,6 +571,12 @@ fn umount_of_a_busy_mount_names_who_uses_it_and_lazy_detaches_it() {
     fs::write(s.mount.dir.join("f"), "kept").unwrap();
     // A conflict earlier in the mount's life: named when it is unmounted, not at each refusal.
     fs::write(s.root.join("c.txt"), "base\n").unwrap();
+    // Made in the sandbox: shown once the change feed tells the mount.
+    let seen = Instant::now() + Duration::from_secs(10);
+    while !s.mount.dir.join("c.txt").exists() {
+        assert!(Instant::now() < seen, "c.txt never showed in the mount");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     {
         use std::os::unix::fs::FileExt;
         let f = fs::OpenOptions::new()

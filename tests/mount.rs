@@ -593,7 +593,7 @@ fn a_file_the_sandbox_replaces_or_deletes_right_after_an_open_for_writing_keeps_
     let s = setup();
     for (name, sandbox_side) in [("del.txt", None), ("new.txt", Some("THEIRS\n"))] {
         fs::write(s.root.join(name), "base line one\nbase line two\n").unwrap();
-        std::thread::sleep(Duration::from_millis(1200));
+        wait_shown(&s.mount.dir.join(name));
         let mut f = fs::OpenOptions::new()
             .append(true)
             .open(s.mount.dir.join(name))
@@ -639,7 +639,7 @@ fn a_conflict_on_a_large_sparse_file_copies_in_the_sandbox_and_keeps_holes_here(
     use std::os::unix::fs::FileExt;
     f.write_all_at(b"HEAD", 0).unwrap();
     drop(f);
-    std::thread::sleep(Duration::from_millis(1200));
+    wait_shown(&s.mount.dir.join("disk.img"));
     let g = fs::OpenOptions::new()
         .write(true)
         .open(s.mount.dir.join("disk.img"))
@@ -693,6 +693,79 @@ fn a_conflict_on_a_large_sparse_file_copies_in_the_sandbox_and_keeps_holes_here(
     let local = fs::File::open(kept).unwrap();
     local.read_exact_at(&mut buf, 32 << 20).unwrap();
     assert_eq!(&buf, b"mine");
+}
+
+#[test]
+fn writes_after_a_conflict_on_a_hard_linked_file_go_to_the_conflict_copy() {
+    // The sandbox links the file under a second name, then rewrites it in place: the
+    // still-open handle's next writes go to the user's copy, never onto the sandbox's file
+    // (at the old offset, NULs before them) under either name.
+    let s = setup();
+    fs::write(s.root.join("log"), "line0\n").unwrap();
+    wait_shown(&s.mount.dir.join("log"));
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(s.mount.dir.join("log"))
+        .unwrap();
+    f.write_all(b"USER-A\n").unwrap();
+    f.sync_all().unwrap();
+    fs::hard_link(s.root.join("log"), s.root.join(".hidden-link")).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    fs::write(s.root.join("log"), "X\n").unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    f.write_all(b"USER-B\n").unwrap();
+    assert_eq!(
+        f.sync_all().unwrap_err().raw_os_error(),
+        Some(libc::EIO),
+        "{}",
+        s.mount.log_text()
+    );
+    f.write_all(b"USER-C\n").unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    ctl_flush(&s.mount.dir);
+    assert_eq!(fs::read_to_string(s.root.join("log")).unwrap(), "X\n");
+    assert_eq!(
+        fs::read_to_string(s.root.join(".hidden-link")).unwrap(),
+        "X\n"
+    );
+    assert_eq!(
+        conflict_copies_of(&s.root, "log"),
+        ["line0\nUSER-A\nUSER-B\nUSER-C\n"]
+    );
+    assert_eq!(fs::read_to_string(s.mount.dir.join("log")).unwrap(), "X\n");
+}
+
+#[test]
+fn a_file_replaced_by_a_directory_while_open_is_a_conflict_not_a_stuck_push() {
+    let s = setup();
+    fs::write(s.root.join("d.txt"), "base\n").unwrap();
+    wait_shown(&s.mount.dir.join("d.txt"));
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(s.mount.dir.join("d.txt"))
+        .unwrap();
+    f.write_all(b"mine1\n").unwrap();
+    fs::remove_file(s.root.join("d.txt")).unwrap();
+    fs::create_dir(s.root.join("d.txt")).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    f.write_all(b"mine2\n").unwrap();
+    let _ = f.sync_all();
+    drop(f);
+    ctl_flush(&s.mount.dir);
+    assert!(s.root.join("d.txt").is_dir());
+    assert_eq!(
+        conflict_copies_of(&s.root, "d.txt"),
+        ["base\nmine1\nmine2\n"],
+        "{}",
+        s.mount.log_text()
+    );
+    let (_, out, _) = run(Command::new(sbxfs_bin())
+        .args(["ctl", "--json", "--mount"])
+        .arg(&s.mount.dir)
+        .arg("status"));
+    let status: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(status["pending_commits"], 0, "{status}");
 }
 
 #[test]

@@ -439,6 +439,88 @@ impl Drop for SmallDisk {
     }
 }
 
+#[test]
+fn a_conflict_copy_the_sandbox_has_no_room_for_leaves_nothing_behind_until_it_lands() {
+    // Each retry of a conflict copy the sandbox refuses once wrote another local copy (a
+    // hostile sandbox could fill the laptop's disk that way) and left an empty name there.
+    let Some(disk) = SmallDisk::new(8) else {
+        return;
+    };
+    let keep = tempfile::tempdir().unwrap();
+    let s = Sandbox::over(Transport::Agent, keep, disk.root());
+    fs::write(s.root.join("f"), "small\n").unwrap();
+    fs::write(s.root.join("filler"), vec![b'.'; 6 << 20]).unwrap();
+    wait_shown(&s.mnt().join("f"));
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .open(s.mnt().join("f"))
+        .unwrap();
+    use std::io::Write;
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(&vec![b'u'; 3 << 20], 0).unwrap();
+    fs::OpenOptions::new()
+        .append(true)
+        .open(s.root.join("f"))
+        .unwrap()
+        .write_all(b"sandbox\n")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(f.sync_all().is_err());
+    drop(f);
+    let cache = s.mount.log.parent().unwrap().join("cache");
+    let local_copies = || {
+        let (_, found, _) =
+            run(Command::new("find")
+                .arg(&cache)
+                .args(["-path", "*/conflicts/*", "-type", "f"]));
+        String::from_utf8_lossy(&found)
+            .lines()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    for _ in 0..3 {
+        let _ = run(Command::new(sbxfs_bin())
+            .args(["ctl", "--mount"])
+            .arg(s.mnt())
+            .arg("flush"));
+    }
+    let log = s.mount.log_text();
+    assert!(
+        log.contains("the conflict copy could not be written"),
+        "{log}"
+    );
+    assert_eq!(local_copies(), Vec::<String>::new(), "{log}");
+    assert!(
+        conflict_copies_of(&s.root, "f").is_empty(),
+        "{}",
+        s.mount.log_text()
+    );
+    assert_eq!(
+        fs::read_to_string(s.root.join("f")).unwrap(),
+        "small\nsandbox\n"
+    );
+    // Room again: the copy lands, once, here and there.
+    fs::remove_file(s.root.join("filler")).unwrap();
+    let _ = run(Command::new(sbxfs_bin())
+        .args(["ctl", "--mount"])
+        .arg(s.mnt())
+        .arg("flush"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while conflict_copies_of(&s.root, "f").is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            s.mount.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        conflict_copies_of(&s.root, "f"),
+        [String::from_utf8(vec![b'u'; 3 << 20]).unwrap()]
+    );
+    assert_eq!(local_copies().len(), 1);
+}
+
 fn a_full_sandbox_disk_is_enospc_and_umount_says_what_stayed(t: Transport) {
     let Some(disk) = SmallDisk::new(8) else {
         return;

@@ -700,7 +700,7 @@ impl Workspace {
         len: u64,
     ) -> Result<u64> {
         let (src_file, _) = self.open_regular(src, OFlags::RDONLY)?;
-        let copied = copy_plain(&src_file, src_offset, &c.temp, dst_offset, len)
+        let copied = copy_range_keeping_holes(&src_file, src_offset, &c.temp, dst_offset, len)
             .map_err(|e| RemoteError::from_io(&e, &c.target.display()))?;
         Ok(copied)
     }
@@ -1401,6 +1401,52 @@ fn copy_plain(src: &impl AsFd, off_in: u64, dst: &File, off_out: u64, len: u64) 
 /// Copy the first `len` bytes of `src` into the empty `dst` at the same offsets, copying only
 /// the data segments (`SEEK_DATA`/`SEEK_HOLE`), so a sparse file stays sparse; then `dst` is
 /// exactly `len` long.
+/// Copy up to `len` bytes of `src` from `off_in` into `dst` at `off_out`, holes kept as
+/// holes (a copy of a 3 GiB sparse file takes its data's space, not 3 GiB of zeros); `dst`
+/// grows to cover what was copied. Answers the bytes copied (fewer at `src`'s end).
+fn copy_range_keeping_holes(
+    src: &impl AsFd,
+    off_in: u64,
+    dst: &File,
+    off_out: u64,
+    len: u64,
+) -> io::Result<u64> {
+    let size = rfs::fstat(src).map_err(io::Error::from)?.st_size as u64;
+    let mut end = off_in.saturating_add(len).min(size);
+    let mut pos = off_in;
+    while pos < end {
+        let data = match rfs::seek(src, rfs::SeekFrom::Data(pos)) {
+            Ok(d) => d,
+            // Only a hole remains.
+            Err(rustix::io::Errno::NXIO) => break,
+            // No hole support: copy the rest whole.
+            Err(_) => {
+                let n = copy_plain(src, pos, dst, off_out + (pos - off_in), end - pos)?;
+                end = pos + n;
+                break;
+            }
+        };
+        if data >= end {
+            break;
+        }
+        let hole = rfs::seek(src, rfs::SeekFrom::Hole(data))
+            .unwrap_or(end)
+            .min(end);
+        let n = copy_plain(src, data, dst, off_out + (data - off_in), hole - data)?;
+        if n < hole - data {
+            // The source shrank under us.
+            end = data + n;
+            break;
+        }
+        pos = hole;
+    }
+    let copied = end.saturating_sub(off_in);
+    if copied > 0 && dst.metadata()?.len() < off_out + copied {
+        dst.set_len(off_out + copied)?;
+    }
+    Ok(copied)
+}
+
 fn copy_sparse(src: &impl AsFd, dst: &File, len: u64) -> io::Result<()> {
     let mut pos = 0u64;
     while pos < len {

@@ -51,6 +51,10 @@ pub struct StagedEntry {
     /// Readers hold the read side while they read; the push takes the write side before it
     /// changes the image again.
     pushing: std::sync::RwLock<Option<Arc<std::fs::File>>>,
+    /// Mode, owner and times set while a push holds the image (`Some` while one does): the
+    /// push applies them when it lands, so a `utimensat` right after a close (`tar -x`, `git
+    /// clone`, `cp -p`) answers at once instead of waiting for the upload.
+    late: Mutex<Option<crate::remote::SetAttr>>,
 }
 
 /// Shows a staged image to readers for as long as it lives ([`StagedEntry::show_while_pushing`]).
@@ -77,7 +81,37 @@ impl StagedEntry {
             }),
             inner: tokio::sync::Mutex::new(s),
             pushing: std::sync::RwLock::new(None),
+            late: Mutex::new(None),
         }
+    }
+
+    /// A push took the image (call with its lock held): attributes set from now on wait
+    /// for it in [`StagedEntry::set_late`].
+    pub fn push_begins(&self) {
+        *self.late.lock().expect("late lock") = Some(Default::default());
+    }
+
+    /// Record `set` for the push under way; false when none is (take the lock instead).
+    pub fn set_late(&self, set: &crate::remote::SetAttr) -> bool {
+        let mut late = self.late.lock().expect("late lock");
+        let Some(l) = late.as_mut() else {
+            return false;
+        };
+        l.then(set);
+        if let Some(m) = set.mtime_ns {
+            // Shown from now on, as a write's time is.
+            self.mtime_ns.store(m, Ordering::SeqCst);
+        }
+        true
+    }
+
+    /// The push ends (lock still held): what was set meanwhile, for it to apply.
+    pub fn push_ends(&self) -> crate::remote::SetAttr {
+        self.late
+            .lock()
+            .expect("late lock")
+            .take()
+            .unwrap_or_default()
     }
 
     /// Let reads use `s`'s file until the guard drops (call with the lock held, the image

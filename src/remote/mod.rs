@@ -402,6 +402,18 @@ pub struct SetAttr {
     pub gid: Option<u32>,
 }
 
+impl SetAttr {
+    /// Fold in a later change: each attribute it sets replaces this one's.
+    pub fn then(&mut self, later: &SetAttr) {
+        self.mode = later.mode.or(self.mode);
+        self.size = later.size.or(self.size);
+        self.atime_ns = later.atime_ns.or(self.atime_ns);
+        self.mtime_ns = later.mtime_ns.or(self.mtime_ns);
+        self.uid = later.uid.or(self.uid);
+        self.gid = later.gid.or(self.gid);
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatFs {
     pub block_size: u64,

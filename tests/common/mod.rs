@@ -815,6 +815,20 @@ pub fn held_open_across_a_conflict(root: &Path, mount: &Path) {
     );
 }
 
+/// Wait (up to 10 s) until `path`, made in the sandbox, shows through the mount: the change
+/// feed tells the mount within about a second, longer on a busy machine.
+pub fn wait_shown(path: &Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !path.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} never showed in the mount",
+            path.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// `sbxfs ctl --json stats` of the mount at `mount`.
 pub fn ctl_stats(mount: &Path) -> Value {
     let (code, out, err) = run(Command::new(sbxfs_bin())

@@ -674,6 +674,32 @@ impl FsCore {
             // its files land first, or they would move its mtime to the push time.
             self.push_children(node).await;
         }
+        if size.is_none() {
+            if let Some(s) = self.staged_of(node) {
+                let set = SetAttr {
+                    mode,
+                    size: None,
+                    atime_ns,
+                    mtime_ns,
+                    uid,
+                    gid,
+                };
+                if s.set_late(&set) {
+                    // A push holds the image: it applies these when it lands.
+                    let mut attr = self.node(node)?.attr;
+                    attr.mode = mode.unwrap_or(attr.mode);
+                    attr.uid = uid.unwrap_or(attr.uid);
+                    attr.gid = gid.unwrap_or(attr.gid);
+                    attr.atime_ns = atime_ns.unwrap_or(attr.atime_ns);
+                    attr.ctime_ns = now_ns();
+                    self.inodes.set_attr(node, &attr);
+                    return Ok(NodeAttr {
+                        node,
+                        attr: self.with_staged(node, attr),
+                    });
+                }
+            }
+        }
         let unopened = self.inodes.get(node).is_some_and(|n| n.open == 0);
         if unopened && size.is_some() {
             // truncate(2) on a closed file: its queued push lands first, and then its staged

@@ -146,6 +146,52 @@ impl FsCore {
             staged.step(Step::Landed { dirty: false });
             return Ok(());
         }
+        staged.push_begins();
+        let pushed = self.push_locked(node, &staged, &mut s).await;
+        let late = staged.push_ends();
+        if late != SetAttr::default() {
+            self.apply_late(node, &staged, &mut s, late).await;
+        }
+        pushed
+    }
+
+    /// Mode, owner and times set while the push ran: applied now when it left the file clean,
+    /// else kept with the image for its next push.
+    async fn apply_late(&self, node: NodeId, staged: &StagedEntry, s: &mut Staged, late: SetAttr) {
+        let path = match self.inodes.path_of(node) {
+            Some(path) if !s.is_dirty() => path,
+            _ => {
+                s.pending_attr.then(&late);
+                s.mtime_ns = late.mtime_ns.or(s.mtime_ns);
+                staged.sync(s);
+                return;
+            }
+        };
+        if late.mtime_ns.is_some() {
+            // Shown until the sandbox's answer carries it.
+            s.mtime_ns = late.mtime_ns;
+            staged.sync(s);
+        }
+        match self.note(self.remote().setattr(&path, late).await) {
+            Ok(a) => {
+                s.pushed(a.version.clone(), a.size);
+                self.own_change(node, &a);
+                self.handles.follow(node, &a);
+            }
+            Err(e) => {
+                tracing::warn!(file = %path.display(), "mode/times not applied after push: {e}")
+            }
+        }
+        s.mtime_ns = None;
+        staged.sync(s);
+    }
+
+    async fn push_locked(
+        &self,
+        node: NodeId,
+        staged: &Arc<StagedEntry>,
+        s: &mut Staged,
+    ) -> Result<()> {
         let Some(n) = self.inodes.get(node) else {
             return Ok(());
         };
@@ -156,24 +202,24 @@ impl FsCore {
             // Its name now leads to another file (replaced in the sandbox): keep the user's
             // bytes beside it.
             None => {
-                let r = self.save_conflict_copy(node, &n.last_path, &mut s).await;
+                let r = self.save_conflict_copy(node, &n.last_path, s).await;
                 return match r {
                     Ok((copy, attr)) => {
                         tracing::error!(file = %n.last_path.display(), saved_as = %copy.display(),
                             "the file was replaced in the sandbox while open; your version was saved beside it");
                         self.failures.note_conflict(&n.last_path, &copy);
-                        if !self.follow_copy(node, &n.last_path, &copy, &attr, &mut s) {
+                        if !self.follow_copy(node, &n.last_path, &copy, &attr, s) {
                             let len = s.len;
                             s.pushed(crate::remote::Version(String::new()), len);
                             self.removed_for_good(node);
                         }
-                        staged.sync(&s);
+                        staged.sync(s);
                         staged.step(Step::Conflicted);
                         self.failures.clear(node);
                         Ok(())
                     }
                     Err(e) => {
-                        self.push_failed(&staged, node, &n.last_path.display(), &e);
+                        self.push_failed(staged, node, &n.last_path.display(), &e);
                         Err(e)
                     }
                 };
@@ -184,7 +230,7 @@ impl FsCore {
             // whole deadline. Kept, and pushed as soon as it answers again. (Asked first: a
             // sandbox taken for gone may only have been slow.)
             let e = RemoteError::Transport("the sandbox is not answering; kept locally".into());
-            self.push_failed(&staged, node, &path.display(), &e);
+            self.push_failed(staged, node, &path.display(), &e);
             return Err(e);
         }
         let mut path = path;
@@ -211,14 +257,14 @@ impl FsCore {
             // replaced meanwhile (`Stale`) is left to the commit's base check, which fails
             // with the conflict handled below; a patch goes without its capture otherwise.
             let whole_only = !self.sandbox.patch_commits();
-            if !s.complete() && (whole_only || Self::wants_capture(&s)) {
-                match self.capture_base(&path, &mut s).await {
+            if !s.complete() && (whole_only || Self::wants_capture(s)) {
+                match self.capture_base(&path, s).await {
                     Ok(()) | Err(RemoteError::Stale(_)) => {}
                     Err(e) if !whole_only => {
                         tracing::debug!(file = %path.display(), "base not captured before the push: {e}")
                     }
                     Err(e) => {
-                        self.push_failed(&staged, node, &path.display(), &e);
+                        self.push_failed(staged, node, &path.display(), &e);
                         return Err(e);
                     }
                 }
@@ -230,13 +276,13 @@ impl FsCore {
                 Ok(c) => c,
                 Err(e) => {
                     let e = local_io(&e);
-                    self.push_failed(&staged, node, &path.display(), &e);
+                    self.push_failed(staged, node, &path.display(), &e);
                     return Err(e);
                 }
             };
             let content_of;
             (content_of, bytes) = content;
-            let shown = staged.show_while_pushing(&s);
+            let shown = staged.show_while_pushing(s);
             result = self.note(
                 self.remote()
                     .commit(
@@ -259,7 +305,7 @@ impl FsCore {
                 if unreachable(e) {
                     // The commit may have reached the sandbox: remember what it sent, to
                     // recognise it if the next attempt meets it as a "conflict".
-                    self.failures.note_attempt(node, Attempt::of(&s));
+                    self.failures.note_attempt(node, Attempt::of(s));
                 }
             }
             if !rebased && matches!(result, Err(RemoteError::Conflict { .. })) {
@@ -293,6 +339,23 @@ impl FsCore {
             }
             break;
         }
+        if let (
+            Err(RemoteError::IsDir(_) | RemoteError::Invalid(_) | RemoteError::NotDir(_)),
+            Some(base),
+        ) = (&result, &s.base)
+        {
+            // The sandbox put a directory, a FIFO or a socket where the file was: a conflict
+            // (the user's version is saved beside it), not a refusal to keep retrying.
+            if let Ok(a) = self.note(self.remote().stat(&path).await) {
+                if a.kind != crate::remote::FileKind::File {
+                    result = Err(RemoteError::Conflict {
+                        path: path.display(),
+                        base: base.0.clone(),
+                        current: format!("a {:?} now", a.kind).to_lowercase(),
+                    });
+                }
+            }
+        }
         match result {
             Ok(mut attr) => {
                 self.stats.commits.fetch_add(1, Ordering::Relaxed);
@@ -309,10 +372,10 @@ impl FsCore {
                         }
                     }
                 }
-                self.keep_pushed_pages(&s, &attr.version);
+                self.keep_pushed_pages(s, &attr.version);
                 s.pushed(attr.version.clone(), attr.size);
                 s.mtime_ns = None;
-                staged.sync(&s);
+                staged.sync(s);
                 staged.step(Step::Landed {
                     dirty: s.is_dirty(),
                 });
@@ -335,7 +398,7 @@ impl FsCore {
             }
             Err(RemoteError::Conflict { current, .. }) => {
                 self.stats.conflicts.fetch_add(1, Ordering::Relaxed);
-                match self.save_conflict_copy(node, &path, &mut s).await {
+                match self.save_conflict_copy(node, &path, s).await {
                     Ok((copy, copy_attr)) => {
                         tracing::error!(
                             file = %path.display(),
@@ -343,7 +406,7 @@ impl FsCore {
                             "conflict: the file changed in the sandbox since it was opened; your version was saved beside it"
                         );
                         self.failures.note_conflict(&path, &copy);
-                        if self.follow_copy(node, &path, &copy, &copy_attr, &mut s) {
+                        if self.follow_copy(node, &path, &copy, &copy_attr, s) {
                             if self.handles.open_on(node) > 0 {
                                 tracing::warn!(file = %path.display(), saved_as = %copy.display(),
                                     "the file is still open: what is written to it from now on goes to the copy");
@@ -367,7 +430,7 @@ impl FsCore {
                             }
                         }
                         s.mtime_ns = None;
-                        staged.sync(&s);
+                        staged.sync(s);
                         staged.step(Step::Conflicted);
                         self.failures.clear(node);
                         Err(RemoteError::Io(
@@ -377,14 +440,14 @@ impl FsCore {
                     }
                     Err(e) => {
                         tracing::error!(file = %path.display(), "conflict, and the conflict copy failed ({e}); your data stays staged");
-                        self.push_failed(&staged, node, &path.display(), &e);
+                        self.push_failed(staged, node, &path.display(), &e);
                         Err(e)
                     }
                 }
             }
             Err(e) => {
                 self.stats.failed_commits.fetch_add(1, Ordering::Relaxed);
-                self.push_failed(&staged, node, &path.display(), &e);
+                self.push_failed(staged, node, &path.display(), &e);
                 Err(e)
             }
         }
@@ -489,9 +552,9 @@ impl FsCore {
     /// After a conflict the node becomes its conflict copy (`attr`, just written from the
     /// image): the user's version, which a handle still open goes on writing — an appending
     /// log's next line lands after its last one in the copy, never at that offset of the
-    /// sandbox's new file. The name is the sandbox's file again: a new node at the next
-    /// lookup. Answers false for a node it cannot move (several names, or its directory
-    /// unknown): that one follows the sandbox's version.
+    /// sandbox's new file. Its names (every hard link) are the sandbox's file again: a new node
+    /// at the next lookup. Answers false for a node it cannot move (its directory unknown):
+    /// that one follows the sandbox's version.
     fn follow_copy(
         &self,
         node: NodeId,
@@ -505,19 +568,27 @@ impl FsCore {
         else {
             return false;
         };
-        match n.links.as_slice() {
-            [(parent, linked)] if linked.as_slice() == name => {
+        let dir_node = self.inodes.resolve(&dir);
+        let mut named = false;
+        for (parent, linked) in &n.links {
+            if !named && Some(*parent) == dir_node && linked.as_slice() == name {
                 self.inodes.rename(*parent, name, *parent, copy_name);
-                if let Some(k) = self.kernel() {
-                    k.invalidate_entry(*parent, name);
-                }
+                named = true;
+            } else {
+                // Its other names (hard links, made here or by the sandbox) lead to the
+                // sandbox's file too: from the next lookup on.
+                self.inodes.unlink(*parent, linked);
             }
+            if let Some(k) = self.kernel() {
+                k.invalidate_entry(*parent, linked);
+            }
+        }
+        if !named {
             // Its name already leads to another file (the sandbox replaced it while open).
-            [] => match self.inodes.resolve(&dir) {
+            match dir_node {
                 Some(parent) => self.inodes.link(node, parent, copy_name),
                 None => return false,
-            },
-            _ => return false,
+            }
         }
         self.own_change(node, attr);
         self.handles.follow(node, attr);
@@ -556,9 +627,13 @@ impl FsCore {
                     let current = self.remote().read(path, page * PAGE, PAGE as u32).await;
                     match self.note(current) {
                         Ok(r) => r.data,
-                        // The file is gone from the sandbox: the user's own bytes are what is
-                        // left.
-                        Err(RemoteError::NotFound(_)) => bytes::Bytes::new(),
+                        // The file is gone from the sandbox (or another kind of thing took
+                        // its name): the user's own bytes are what is left.
+                        Err(
+                            RemoteError::NotFound(_)
+                            | RemoteError::IsDir(_)
+                            | RemoteError::Invalid(_),
+                        ) => bytes::Bytes::new(),
                         Err(e) => return Err(e),
                     }
                 }
@@ -570,24 +645,8 @@ impl FsCore {
                 "the conflict copy holds the sandbox's new bytes where you did not write: the old ones were replaced before they could be kept");
         }
         let (copy, version) = self.create_conflict_name(path, 0o600).await?;
-        // And one kept here: the sandbox's copy is the sandbox's to delete (`git clean`, or a
-        // hostile sandbox forcing the conflict), and the staged image follows its version next.
-        let mut image = s.image().map_err(|e| local_io(&e))?;
-        match write_unique(
-            &self.cfg.staging_dir.join("conflicts"),
-            &copy,
-            &mut image,
-            s.len,
-        ) {
-            Ok(local) => {
-                tracing::info!(file = %path.display(), kept = %local.display(), "a copy of your version is kept locally too")
-            }
-            Err(e) => {
-                tracing::error!(file = %path.display(), "could not keep a local copy of your version: {e}")
-            }
-        }
         let reader = s.reader().map_err(|e| local_io(&e))?;
-        let attr = self.note(
+        let committed = self.note(
             self.remote()
                 .commit(
                     &copy,
@@ -599,8 +658,46 @@ impl FsCore {
                     },
                 )
                 .await,
-        )?;
+        );
+        let attr = self.kept_or_discarded(path, &copy, committed).await?;
+        self.keep_conflict_locally(path, &copy, s, "a copy of your version is kept locally too");
         Ok((copy, attr))
+    }
+
+    /// A conflict copy's commit ended: on failure its (empty) name is removed again, so each
+    /// retry of a push the sandbox keeps failing leaves nothing behind there (nor here: the
+    /// local copy is made only once the sandbox has the copy; until then the staged image is
+    /// the user's version).
+    async fn kept_or_discarded(
+        &self,
+        path: &RemotePath,
+        copy: &RemotePath,
+        committed: Result<Attr>,
+    ) -> Result<Attr> {
+        if let Err(e) = &committed {
+            tracing::warn!(file = %path.display(), copy = %copy.display(), "the conflict copy could not be written: {e}");
+            let _ = self.note(self.remote().unlink(copy).await);
+        }
+        committed
+    }
+
+    /// The sandbox's copy is the sandbox's to delete (`git clean`, or a hostile sandbox forcing
+    /// the conflict): one is kept here too, holes kept as holes.
+    fn keep_conflict_locally(&self, path: &RemotePath, copy: &RemotePath, s: &Staged, what: &str) {
+        let saved = s.image().and_then(|mut image| {
+            write_unique(
+                &self.cfg.staging_dir.join("conflicts"),
+                copy,
+                &mut image,
+                s.len,
+            )
+        });
+        match saved {
+            Ok(local) => tracing::info!(file = %path.display(), kept = %local.display(), "{what}"),
+            Err(e) => {
+                tracing::error!(file = %path.display(), "could not keep a local copy of your version: {e}")
+            }
+        }
     }
 
     /// The conflict copy of a file too large to be kept whole here (its base was not
@@ -613,9 +710,29 @@ impl FsCore {
         s: &mut Staged,
     ) -> Result<(RemotePath, Attr)> {
         let (copy, created) = self.create_conflict_name(path, 0o600).await?;
+        let committed = self.patch_large_copy(path, &copy, created, s).await;
+        let attr = self.kept_or_discarded(path, &copy, committed).await?;
+        self.keep_conflict_locally(
+            path,
+            &copy,
+            s,
+            "what you wrote is kept locally too (holes where the file was not read)",
+        );
+        Ok((copy, attr))
+    }
+
+    /// The sandbox's file as it is now copied into `copy` (made empty at `created`), then the
+    /// user's writes patched over it.
+    async fn patch_large_copy(
+        &self,
+        path: &RemotePath,
+        copy: &RemotePath,
+        created: crate::remote::Version,
+        s: &Staged,
+    ) -> Result<Attr> {
         let copied = self
             .remote()
-            .copy_range(path, 0, &copy, 0, s.base_size, Some(created.clone()))
+            .copy_range(path, 0, copy, 0, s.base_size, Some(created.clone()))
             .await;
         let base = match self.note(copied) {
             Ok((_, attr)) => {
@@ -623,9 +740,9 @@ impl FsCore {
                     "the conflict copy holds the sandbox's new bytes where you did not write: a file this large is not kept whole locally");
                 attr.version
             }
-            Err(RemoteError::NotFound(_)) => {
+            Err(RemoteError::NotFound(_) | RemoteError::IsDir(_) | RemoteError::Invalid(_)) => {
                 tracing::warn!(file = %path.display(),
-                    "the file is gone from the sandbox: its conflict copy holds only what you wrote (zeros elsewhere)");
+                    "the file is no longer a file in the sandbox: its conflict copy holds only what you wrote (zeros elsewhere)");
                 created
             }
             Err(e) => return Err(e),
@@ -633,10 +750,10 @@ impl FsCore {
         let (content, _) = s
             .content_for(true, self.sandbox.patch_new())
             .map_err(|e| local_io(&e))?;
-        let attr = self.note(
+        self.note(
             self.remote()
                 .commit(
-                    &copy,
+                    copy,
                     content,
                     CommitOptions {
                         base: Some(base),
@@ -645,21 +762,7 @@ impl FsCore {
                     },
                 )
                 .await,
-        )?;
-        let mut image = s.image().map_err(|e| local_io(&e))?;
-        match write_unique(
-            &self.cfg.staging_dir.join("conflicts"),
-            &copy,
-            &mut image,
-            s.len,
-        ) {
-            Ok(local) => tracing::info!(file = %path.display(), kept = %local.display(),
-                "what you wrote is kept locally too (holes where the file was not read)"),
-            Err(e) => {
-                tracing::error!(file = %path.display(), "could not keep a local copy of your version: {e}")
-            }
-        }
-        Ok((copy, attr))
+        )
     }
 
     /// Create an empty file named after `path` that did not exist: answers it and its version.
@@ -670,10 +773,17 @@ impl FsCore {
     ) -> Result<(RemotePath, crate::remote::Version)> {
         let (parent, name) = path.split_last().expect("a file has a name");
         let stamp = stamp();
-        for n in 0..1000u32 {
-            let mut copy_name = name.to_vec();
-            copy_name.extend_from_slice(format!(".sbxfs-conflict-{stamp}-{n}").as_bytes());
-            let copy = parent.join(&copy_name)?;
+        for n in 0..CONFLICT_NAME_TRIES {
+            // `-0` first; then a random tail: names a sandbox cannot take ahead of time.
+            let tail = match n {
+                0 => "0".to_string(),
+                _ => {
+                    let mut r = [0u8; 4];
+                    let _ = getrandom::fill(&mut r);
+                    format!("{:08x}", u32::from_le_bytes(r))
+                }
+            };
+            let copy = parent.join(&conflict_name(name, &format!("{stamp}-{tail}")))?;
             match self.note(self.remote().create(&copy, mode).await) {
                 Ok(a) => return Ok((copy, a.version)),
                 Err(RemoteError::Exists(_)) => continue,
@@ -944,6 +1054,30 @@ impl FsCore {
     }
 }
 
+/// Names tried for one conflict copy (the first predictable, the rest random).
+const CONFLICT_NAME_TRIES: u32 = 16;
+/// Longest file name the sandbox's filesystems take (`NAME_MAX`).
+const NAME_MAX: usize = 255;
+
+/// `NAME.sbxfs-conflict-TAIL` for the file `name`: a copy of a copy is named after the
+/// original (no chain of suffixes), and a long name is shortened (at a character boundary)
+/// so the whole stays within [`NAME_MAX`].
+fn conflict_name(name: &[u8], tail: &str) -> Vec<u8> {
+    const MARK: &[u8] = b".sbxfs-conflict-";
+    let base = match name.windows(MARK.len()).position(|w| w == MARK) {
+        Some(i) if i > 0 => &name[..i],
+        _ => name,
+    };
+    let suffix_len = MARK.len() + tail.len();
+    let mut keep = base.len().min(NAME_MAX.saturating_sub(suffix_len));
+    if let Ok(text) = std::str::from_utf8(base) {
+        while !text.is_char_boundary(keep) {
+            keep -= 1;
+        }
+    }
+    [&base[..keep], MARK, tail.as_bytes()].concat()
+}
+
 /// Where an edit left by an earlier mount went.
 enum Recovered {
     Pushed,
@@ -1082,6 +1216,27 @@ fn stamp() -> String {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn conflict_names_stay_within_name_max_and_never_chain() {
+        let tail = "20261206-021600-0";
+        assert_eq!(
+            conflict_name(b"log", tail),
+            b"log.sbxfs-conflict-20261206-021600-0"
+        );
+        // A conflict on a copy (the node became it) is named after the original.
+        assert_eq!(
+            conflict_name(b"log.sbxfs-conflict-20261206-020000-0", tail),
+            b"log.sbxfs-conflict-20261206-021600-0"
+        );
+        let long = "é".repeat(120); // 240 bytes
+        let n = conflict_name(long.as_bytes(), tail);
+        assert!(n.len() <= NAME_MAX, "{}", n.len());
+        assert!(std::str::from_utf8(&n).is_ok(), "cut inside a character");
+        assert!(n.ends_with(b".sbxfs-conflict-20261206-021600-0"));
+        let bytes = vec![0xffu8; 255];
+        assert_eq!(conflict_name(&bytes, tail).len(), NAME_MAX);
+    }
 
     #[test]
     fn saved_copies_never_collide_or_overwrite() {
