@@ -934,7 +934,17 @@ impl FsCore {
         }
         let keep = self.inodes.kernel_pages_of(node, &attr.version) && !staged;
         let fh = self.handles.open_file(OpenFile::new(node, &attr, writable));
-        Ok((fh, keep && !truncate))
+        // A push that landed while this open waited (for the image's lock, or the stat) made
+        // the node another sandbox file and followed the handles it knew: not this one yet.
+        let mut followed = false;
+        if let (Ok(now), Ok(h)) = (self.node(node), self.handles.file(fh)) {
+            if RemoteId::of(&now.attr) != RemoteId::of(&attr) || now.attr.version != attr.version
+            {
+                h.follow(&now.attr);
+                followed = true;
+            }
+        }
+        Ok((fh, keep && !truncate && !followed))
     }
 
     /// One remote read for the page cache: never longer than asked, counted in the stats.
