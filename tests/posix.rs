@@ -299,8 +299,7 @@ fn hard_links_fifos_modes_owners_and_exchange() {
     assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
     assert_eq!(fs::read_to_string(r.join("x")).unwrap(), "Y");
     assert_eq!(
-        fs::read_to_string(m.join("y"))
-            .unwrap_or_else(|e| panic!("{e}: {}", s.mount.log_text())),
+        fs::read_to_string(m.join("y")).unwrap_or_else(|e| panic!("{e}: {}", s.mount.log_text())),
         "X"
     );
 

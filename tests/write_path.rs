@@ -521,6 +521,113 @@ fn a_conflict_copy_the_sandbox_has_no_room_for_leaves_nothing_behind_until_it_la
     assert_eq!(local_copies().len(), 1);
 }
 
+/// A loop-mounted image formatted as `fs` (xfs, btrfs) as the served root (root only),
+/// unmounted on drop.
+struct LoopDisk {
+    dir: tempfile::TempDir,
+}
+
+impl LoopDisk {
+    fn new(fs: &str, mb: u32) -> Option<LoopDisk> {
+        if !is_root() {
+            eprintln!("skipping: a loop mount needs root");
+            return None;
+        }
+        require_tool(&format!("mkfs.{fs}"));
+        let dir = tempfile::tempdir().unwrap();
+        let (img, root) = (dir.path().join("img"), dir.path().join("ws"));
+        fs::create_dir(&root).unwrap();
+        fs::File::create(&img)
+            .unwrap()
+            .set_len(u64::from(mb) << 20)
+            .unwrap();
+        let (code, _, err) = run(Command::new(format!("mkfs.{fs}"))
+            .args(["-q", "-f"])
+            .arg(&img));
+        assert_eq!(code, 0, "mkfs.{fs}: {}", String::from_utf8_lossy(&err));
+        let (code, _, err) = run(Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&img)
+            .arg(&root));
+        assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+        Some(LoopDisk { dir })
+    }
+
+    fn root(&self) -> PathBuf {
+        self.dir.path().join("ws")
+    }
+
+    /// Bytes in use on the filesystem, after a sync.
+    fn used(&self) -> u64 {
+        // SAFETY: sync takes no arguments.
+        unsafe { libc::sync() };
+        let c = std::ffi::CString::new(self.root().as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid path and a zeroed statvfs the call fills.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+        (st.f_blocks - st.f_bfree) as u64 * st.f_frsize as u64
+    }
+}
+
+impl Drop for LoopDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.root()).status();
+    }
+}
+
+/// A 1-byte edit of a 64 MiB file on a filesystem that clones (xfs, btrfs): the commit's new
+/// file shares the base's blocks (`copy_file_range` clones there), so the sandbox's disk
+/// grows by a block or so, not 64 MiB, and the link carries the byte.
+fn a_one_byte_edit_of_a_big_file_clones_its_base(t: Transport, fs_type: &str) {
+    let Some(disk) = LoopDisk::new(fs_type, 700) else {
+        return;
+    };
+    let keep = tempfile::tempdir().unwrap();
+    let s = Sandbox::over(t, keep, disk.root());
+    let size = 64usize << 20;
+    let base: Vec<u8> = (0..size).map(|i| (i * 31 % 251) as u8).collect();
+    fs::write(s.root.join("big"), &base).unwrap();
+    wait_shown(&s.mnt().join("big"));
+    let before = disk.used();
+    {
+        use std::os::unix::fs::FileExt;
+        let f = fs::OpenOptions::new()
+            .write(true)
+            .open(s.mnt().join("big"))
+            .unwrap();
+        f.write_all_at(b"Z", 1000).unwrap();
+    }
+    assert!(s.flush(), "{}", s.mount.log_text());
+    let grown = disk.used().saturating_sub(before);
+    assert!(
+        grown < 8 << 20,
+        "{fs_type}: the sandbox's disk grew by {grown} bytes for a 1-byte edit"
+    );
+    let stats = ctl_stats(s.mnt());
+    let pushed = stats["stats"]["bytes_pushed"].as_u64().unwrap();
+    assert!(pushed <= 64 << 10, "{pushed} bytes pushed");
+    let now = fs::read(s.root.join("big")).unwrap();
+    assert_eq!(now.len(), size);
+    assert_eq!(now[1000], b'Z');
+    assert_eq!(now[..1000], base[..1000]);
+    assert_eq!(now[1001..], base[1001..]);
+}
+
+#[test]
+fn a_one_byte_edit_of_a_big_file_clones_its_base_on_xfs_agent() {
+    a_one_byte_edit_of_a_big_file_clones_its_base(Transport::Agent, "xfs");
+}
+
+#[test]
+fn a_one_byte_edit_of_a_big_file_clones_its_base_on_btrfs_agent() {
+    a_one_byte_edit_of_a_big_file_clones_its_base(Transport::Agent, "btrfs");
+}
+
+#[test]
+fn a_one_byte_edit_of_a_big_file_clones_its_base_on_xfs_shell() {
+    a_one_byte_edit_of_a_big_file_clones_its_base(Transport::Shell, "xfs");
+}
+
 fn a_full_sandbox_disk_is_enospc_and_umount_says_what_stayed(t: Transport) {
     let Some(disk) = SmallDisk::new(8) else {
         return;

@@ -938,8 +938,7 @@ impl FsCore {
         // the node another sandbox file and followed the handles it knew: not this one yet.
         let mut followed = false;
         if let (Ok(now), Ok(h)) = (self.node(node), self.handles.file(fh)) {
-            if RemoteId::of(&now.attr) != RemoteId::of(&attr) || now.attr.version != attr.version
-            {
+            if RemoteId::of(&now.attr) != RemoteId::of(&attr) || now.attr.version != attr.version {
                 h.follow(&now.attr);
                 followed = true;
             }
