@@ -769,6 +769,46 @@ fn a_file_replaced_by_a_directory_while_open_is_a_conflict_not_a_stuck_push() {
 }
 
 #[test]
+fn a_large_files_conflict_copy_keeps_what_an_earlier_push_sent() {
+    // 2 MiB (not kept whole here): an append pushed, then the sandbox replaces the file, then
+    // another append. The copy is made from the sandbox's file, with every byte held here
+    // over it: both appends, not only the unpushed one.
+    let s = setup();
+    let mut base = vec![b'b'; (2 << 20) - 1];
+    base.push(b'\n');
+    fs::write(s.root.join("k"), &base).unwrap();
+    wait_shown(&s.mount.dir.join("k"));
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(s.mount.dir.join("k"))
+        .unwrap();
+    f.write_all(b"AAAA\n").unwrap();
+    f.sync_all().unwrap();
+    fs::write(s.root.join("k.t"), "new\n").unwrap();
+    fs::rename(s.root.join("k.t"), s.root.join("k")).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    f.write_all(b"BBBB\n").unwrap();
+    // The name leads to the sandbox's new file: this fsync hears of the conflict.
+    assert_eq!(
+        f.sync_all().unwrap_err().raw_os_error(),
+        Some(libc::EIO),
+        "{}",
+        s.mount.log_text()
+    );
+    drop(f);
+    ctl_flush(&s.mount.dir);
+    assert_eq!(fs::read_to_string(s.root.join("k")).unwrap(), "new\n");
+    let copies = conflict_copies_of(&s.root, "k");
+    assert_eq!(copies.len(), 1);
+    assert_eq!(copies[0].len(), (2 << 20) + 10);
+    assert!(
+        copies[0].ends_with("AAAA\nBBBB\n"),
+        "{:?}",
+        &copies[0][copies[0].len() - 20..]
+    );
+}
+
+#[test]
 fn sigterm_pushes_pending_writes_then_unmounts() {
     let mut s = setup();
     fs::write(s.mount.dir.join("late.txt"), "written before stop").unwrap();

@@ -313,6 +313,44 @@ impl Staged {
         Ok(())
     }
 
+    /// A patch of every byte this image holds locally (written, or the base's kept), over
+    /// `cut` = the base's size: what makes the user's version of a file not held whole from
+    /// a copy of another (a conflict copy made from the sandbox's current file). `None` when
+    /// that is more than `max` bytes.
+    pub fn local_patch(&self, max: u64) -> io::Result<Option<(CommitContent, u64)>> {
+        let mut spans: Vec<(u64, u64)> = self.dirty.clone();
+        for (a, b) in runs(&self.present) {
+            spans.push((a * PAGE, (b * PAGE).min(self.len)));
+        }
+        spans.retain(|(a, b)| a < b);
+        spans.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::new();
+        for (a, b) in spans {
+            match merged.last_mut() {
+                Some((_, end)) if a <= *end => *end = (*end).max(b),
+                _ => merged.push((a, b)),
+            }
+        }
+        let total: u64 = merged.iter().map(|(a, b)| b - a).sum();
+        if total > max {
+            return Ok(None);
+        }
+        let mut ranges = Vec::with_capacity(merged.len());
+        for (a, b) in merged {
+            let mut buf = vec![0u8; (b - a) as usize];
+            self.file.read_exact_at(&mut buf, a)?;
+            ranges.push((a, Bytes::from(buf)));
+        }
+        Ok(Some((
+            CommitContent::Patch {
+                cut: self.base_size,
+                new_len: self.len,
+                ranges,
+            },
+            total,
+        )))
+    }
+
     pub fn dirty_ranges(&self) -> &[(u64, u64)] {
         &self.dirty
     }

@@ -284,7 +284,11 @@ impl AgentProcess {
             .stdout(std::process::Stdio::piped());
         match how.log {
             Some(level) => cmd.env("SBXFS_LOG", level),
-            None => cmd.env_remove("SBXFS_LOG"),
+            // A debugging run can ask every mount for more (`SBXFS_TEST_LOG=sbxfs=debug`).
+            None => match std::env::var("SBXFS_TEST_LOG") {
+                Ok(level) => cmd.env("SBXFS_LOG", level),
+                Err(_) => cmd.env_remove("SBXFS_LOG"),
+            },
         };
         if let Some(f) = how.stderr {
             cmd.stderr(f);

@@ -216,7 +216,15 @@ impl FsCore {
                         staged.sync(s);
                         staged.step(Step::Conflicted);
                         self.failures.clear(node);
-                        Ok(())
+                        self.stats.conflicts.fetch_add(1, Ordering::Relaxed);
+                        // As any conflict: the fsync or close that pushed it hears of it.
+                        Err(RemoteError::Io(
+                            n.last_path.display(),
+                            format!(
+                                "conflict: replaced in the sandbox; your version was saved as {}",
+                                copy.display()
+                            ),
+                        ))
                     }
                     Err(e) => {
                         self.push_failed(staged, node, &n.last_path.display(), &e);
@@ -747,9 +755,17 @@ impl FsCore {
             }
             Err(e) => return Err(e),
         };
-        let (content, _) = s
-            .content_for(true, self.sandbox.patch_new())
-            .map_err(|e| local_io(&e))?;
+        // Every byte held here goes over the sandbox's: what was written before an earlier
+        // push too (it is no longer in the sandbox's file), not only what is unpushed.
+        let (content, _) = match s
+            .local_patch(MAX_LOCAL_PATCH_BYTES)
+            .map_err(|e| local_io(&e))?
+        {
+            Some(patch) => patch,
+            None => s
+                .content_for(true, self.sandbox.patch_new())
+                .map_err(|e| local_io(&e))?,
+        };
         self.note(
             self.remote()
                 .commit(
@@ -1054,6 +1070,9 @@ impl FsCore {
     }
 }
 
+/// Most bytes a large file's conflict copy sends of what is held locally (past it, only what
+/// is unpushed).
+const MAX_LOCAL_PATCH_BYTES: u64 = 64 * 1024 * 1024;
 /// Names tried for one conflict copy (the first predictable, the rest random).
 const CONFLICT_NAME_TRIES: u32 = 16;
 /// Longest file name the sandbox's filesystems take (`NAME_MAX`).
