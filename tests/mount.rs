@@ -809,6 +809,45 @@ fn a_large_files_conflict_copy_keeps_what_an_earlier_push_sent() {
 }
 
 #[test]
+fn a_lock_file_made_here_survives_the_echo_of_the_sandboxs_own_lock_rename() {
+    // Git on both sides: the sandbox's git renames its index.lock over index; right after,
+    // git here makes its own index.lock. The sandbox's rename, echoed to local watchers a
+    // moment later, must not move the new local file (git then failed: "unable to write
+    // new index file", its lock gone from under it).
+    let s = setup();
+    fs::write(s.root.join("idx"), "old index\n").unwrap();
+    wait_shown(&s.mount.dir.join("idx"));
+    for round in 0..3 {
+        fs::write(s.root.join("idx.lock"), format!("sandbox {round}\n")).unwrap();
+        fs::rename(s.root.join("idx.lock"), s.root.join("idx")).unwrap();
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(s.mount.dir.join("idx.lock"))
+            .unwrap();
+        f.write_all(format!("laptop {round}\n").as_bytes()).unwrap();
+        // Long enough for the sandbox's rename to be echoed meanwhile.
+        for _ in 0..15 {
+            std::thread::sleep(Duration::from_millis(100));
+            assert!(
+                s.mount.dir.join("idx.lock").exists(),
+                "round {round}: the lock made here vanished\n{}",
+                s.mount.log_text()
+            );
+        }
+        drop(f);
+        fs::rename(s.mount.dir.join("idx.lock"), s.mount.dir.join("idx")).unwrap();
+        ctl_flush(&s.mount.dir);
+        assert_eq!(
+            fs::read_to_string(s.root.join("idx")).unwrap(),
+            format!("laptop {round}\n")
+        );
+        assert!(!s.root.join("idx.lock").exists());
+    }
+    assert!(conflict_copies_of(&s.root, "idx").is_empty());
+}
+
+#[test]
 fn sigterm_pushes_pending_writes_then_unmounts() {
     let mut s = setup();
     fs::write(s.mount.dir.join("late.txt"), "written before stop").unwrap();

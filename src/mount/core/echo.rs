@@ -291,8 +291,14 @@ impl FsCore {
     }
 
     /// Whether the echo thread may remove or move `name` in `parent`: only a planned name.
+    /// The name must still lead to the planned node: a file the mount made at that name
+    /// since the sandbox's change (git's next `index.lock`, made here right after the
+    /// sandbox's git renamed its own away) is not the sandbox's to move or remove.
     pub(in crate::mount) fn echo_may_change(&self, parent: NodeId, name: &[u8]) -> bool {
-        matches!(self.echoes.peek(parent, name), Some(Name::Present(_)))
+        match self.echoes.peek(parent, name) {
+            Some(Name::Present(node)) => self.inodes.child(parent, name) == Some(node),
+            _ => false,
+        }
     }
 
     /// The echo thread renamed a name the sandbox renamed: the table follows, if the name
@@ -302,8 +308,7 @@ impl FsCore {
         (p1, n1): (NodeId, &[u8]),
         (p2, n2): (NodeId, &[u8]),
     ) {
-        let planned = matches!(self.echoes.peek(p1, n1), Some(Name::Present(_)));
-        if planned && self.inodes.child(p1, n1).is_some() {
+        if self.echo_may_change(p1, n1) {
             self.inodes.rename(p1, n1, p2, n2);
         }
     }

@@ -864,7 +864,14 @@ impl FsCore {
             .collect();
         let mut failures = Vec::new();
         for node in nodes {
-            if let Err(e) = self.push(node).await {
+            // A conflict: the user's version was saved beside the file and nothing is left
+            // unpushed (`flush` and `umount` name the copy among the conflicts).
+            let saved = || self.staged_of(node).is_none_or(|e| !e.is_dirty());
+            let pushed = match self.push(node).await {
+                Err(_) if saved() => Ok(()),
+                r => r,
+            };
+            if let Err(e) = pushed {
                 let path = self
                     .inodes
                     .get(node)
