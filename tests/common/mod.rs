@@ -284,11 +284,7 @@ impl AgentProcess {
             .stdout(std::process::Stdio::piped());
         match how.log {
             Some(level) => cmd.env("SBXFS_LOG", level),
-            // A debugging run can ask every mount for more (`SBXFS_TEST_LOG=sbxfs=debug`).
-            None => match std::env::var("SBXFS_TEST_LOG") {
-                Ok(level) => cmd.env("SBXFS_LOG", level),
-                Err(_) => cmd.env_remove("SBXFS_LOG"),
-            },
+            None => cmd.env_remove("SBXFS_LOG"),
         };
         if let Some(f) = how.stderr {
             cmd.stderr(f);
@@ -601,7 +597,11 @@ impl MountProcess {
             .arg("--token-file")
             .arg(&token_file)
             .args(extra)
-            .env("SBXFS_LOG", "info")
+            // A debugging run can ask every mount for more (`SBXFS_TEST_LOG=sbxfs=debug`).
+            .env(
+                "SBXFS_LOG",
+                std::env::var("SBXFS_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .env("XDG_CACHE_HOME", &cache)
             .envs(env.iter().copied())
             .stdout(std::process::Stdio::piped())

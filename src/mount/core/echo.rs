@@ -159,6 +159,13 @@ impl FsCore {
                 }
             },
             Job::Renamed(from, to, node) => match (self.held(&from), self.held(&to), hold(node)) {
+                // The file now at the new name is not the one the old name leads to here: not
+                // a move of it (an exchange made here is reported as two renames, nobody's;
+                // the table already shows it). Nothing to raise.
+                (Some(_), Some(_), Some(na)) if !self.moved_there(na.node, &to, rt) => {
+                    self.give_back(node);
+                    None
+                }
                 (Some((p1, n1)), Some(h2), Some(na)) => {
                     forget_name(&h2);
                     let (p2, n2) = h2;
@@ -279,6 +286,17 @@ impl FsCore {
             }
         };
         self.echo_attr(node)
+    }
+
+    /// Is the sandbox's file at `to` the one `node` stands for?
+    fn moved_there(&self, node: NodeId, to: &RemotePath, rt: &tokio::runtime::Handle) -> bool {
+        let Some(n) = self.inodes.get(node) else {
+            return false;
+        };
+        match rt.block_on(self.remote().stat(to)) {
+            Ok(a) => crate::mount::inode::RemoteId::of(&a) == n.remote,
+            Err(_) => false,
+        }
     }
 
     /// A node's attributes as cached, for the echo thread (its getattr and setattr).
