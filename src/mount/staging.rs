@@ -259,6 +259,7 @@ impl Staged {
     /// A stream of the whole staged content from its own open file description (reopened
     /// through /proc), so its offset is shared with no other reader of the staging file.
     pub fn reader(&self) -> io::Result<impl tokio::io::AsyncRead + Send + Unpin + 'static> {
+        self.cover_len()?;
         Ok(tokio::io::AsyncReadExt::take(
             tokio::fs::File::from_std(self.reopen()?),
             self.len,
@@ -272,7 +273,17 @@ impl Staged {
 
     /// The whole staged content, read blocking from its own open file description.
     pub fn image(&self) -> io::Result<impl std::io::Read> {
+        self.cover_len()?;
         Ok(std::io::Read::take(self.reopen()?, self.len))
+    }
+
+    /// The staging file is as long as the image (pages never fetched or written past its end
+    /// are a hole, read as zeros): a reader of it never ends short of the file's length.
+    fn cover_len(&self) -> io::Result<()> {
+        if self.file.metadata()?.len() < self.len {
+            self.file.set_len(self.len)?;
+        }
+        Ok(())
     }
 
     /// The push of the current content succeeded: it is the new base.
@@ -718,6 +729,23 @@ mod tests {
         r.replay(&ops);
         assert_eq!((r.dirty.clone(), r.len, r.base_size), (dirty, len, cut));
         assert_eq!(r.read_local(10, 3).unwrap(), b"abc");
+    }
+
+    #[test]
+    fn an_image_is_read_to_its_full_length_however_little_of_it_is_local() {
+        // A conflict copy of a 100 KiB file whose base could not be fetched: the image has
+        // only the user's write, yet it is 100 KiB long (zeros where nothing is known).
+        let mut s = Staged::new(
+            tempfile::tempfile().unwrap(),
+            Some(Version("v".into())),
+            100 << 10,
+        );
+        s.write(1000, b"USER-EDIT\n").unwrap();
+        s.fill_page(0, b"SHORT").unwrap();
+        let mut all = Vec::new();
+        std::io::Read::read_to_end(&mut s.image().unwrap(), &mut all).unwrap();
+        assert_eq!(all.len(), 100 << 10);
+        assert_eq!(&all[1000..1010], b"USER-EDIT\n");
     }
 
     #[test]

@@ -69,6 +69,22 @@ impl FsCore {
         });
     }
 
+    /// Take what the page cache holds of the base (no remote call): at an open for
+    /// writing, so a sandbox that stops answering right then (or a daemon killed right
+    /// after) still leaves the base's known bytes in the image and its journal.
+    pub(in crate::mount) fn capture_cached(&self, s: &mut Staged) {
+        let Some(base) = s.base.clone() else {
+            return;
+        };
+        for page in s.missing_pages() {
+            if let Some(d) = self.pages.get(&base, PageIndex(page)) {
+                if s.fill_page(page, &d).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+
     /// Capture the whole base now (before a push), lock held: every page not local is
     /// fetched at the base version. `Stale` when the sandbox's file is no longer the base.
     pub(in crate::mount) async fn capture_base(

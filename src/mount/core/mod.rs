@@ -1108,8 +1108,10 @@ impl FsCore {
         // answers (one read); a larger one in the background.
         if !g.capture_started && Self::wants_capture(&g) {
             g.capture_started = true;
+            self.capture_cached(&mut g);
             let now = g.base_size <= CAPTURE_AT_OPEN_BYTES && self.is_reachable();
             let captured = match self.inodes.path_of(node) {
+                _ if g.complete() => true,
                 Some(path) if now => self.capture_base(&path, &mut g).await.is_ok(),
                 _ => false,
             };
