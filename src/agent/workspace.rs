@@ -1402,8 +1402,9 @@ fn copy_plain(src: &impl AsFd, off_in: u64, dst: &File, off_out: u64, len: u64) 
 /// the data segments (`SEEK_DATA`/`SEEK_HOLE`), so a sparse file stays sparse; then `dst` is
 /// exactly `len` long.
 /// Copy up to `len` bytes of `src` from `off_in` into `dst` at `off_out`, holes kept as
-/// holes (a copy of a 3 GiB sparse file takes its data's space, not 3 GiB of zeros); `dst`
-/// grows to cover what was copied. Answers the bytes copied (fewer at `src`'s end).
+/// holes (a copy of a 3 GiB sparse file takes its data's space, not 3 GiB of zeros): a hole
+/// of `src` is punched into `dst` (which may hold bytes there), zeros written where it cannot
+/// be. `dst` grows to cover what was copied. Answers the bytes copied (fewer at `src`'s end).
 fn copy_range_keeping_holes(
     src: &impl AsFd,
     off_in: u64,
@@ -1416,9 +1417,9 @@ fn copy_range_keeping_holes(
     let mut pos = off_in;
     while pos < end {
         let data = match rfs::seek(src, rfs::SeekFrom::Data(pos)) {
-            Ok(d) => d,
+            Ok(d) => d.min(end),
             // Only a hole remains.
-            Err(rustix::io::Errno::NXIO) => break,
+            Err(rustix::io::Errno::NXIO) => end,
             // No hole support: copy the rest whole.
             Err(_) => {
                 let n = copy_plain(src, pos, dst, off_out + (pos - off_in), end - pos)?;
@@ -1426,6 +1427,9 @@ fn copy_range_keeping_holes(
                 break;
             }
         };
+        if data > pos {
+            zero_range(dst, off_out + (pos - off_in), data - pos)?;
+        }
         if data >= end {
             break;
         }
@@ -1445,6 +1449,24 @@ fn copy_range_keeping_holes(
         dst.set_len(off_out + copied)?;
     }
     Ok(copied)
+}
+
+/// Make `[off, off+len)` of `dst` zeros: a hole punched where the filesystem can, else
+/// zeros written (within its current length; past it a later `set_len` gives zeros).
+fn zero_range(dst: &File, off: u64, len: u64) -> io::Result<()> {
+    let flags = rfs::FallocateFlags::PUNCH_HOLE | rfs::FallocateFlags::KEEP_SIZE;
+    if rfs::fallocate(dst, flags, off, len).is_ok() {
+        return Ok(());
+    }
+    let until = dst.metadata()?.len().min(off.saturating_add(len));
+    let zeros = vec![0u8; 256 * 1024];
+    let mut at = off;
+    while at < until {
+        let n = (until - at).min(zeros.len() as u64) as usize;
+        dst.write_all_at(&zeros[..n], at)?;
+        at += n as u64;
+    }
+    Ok(())
 }
 
 fn copy_sparse(src: &impl AsFd, dst: &File, len: u64) -> io::Result<()> {
