@@ -188,10 +188,13 @@ async fn snapshot(r: &dyn Remote) -> Vec<String> {
         };
         // A directory's size is the filesystem's business.
         let size = if a.kind == FileKind::Dir { 0 } else { a.size };
+        // Their order is the filesystem's business too (ext4 lists them as it stores them).
         let xattrs = if a.kind == FileKind::Symlink {
             Vec::new()
         } else {
-            r.listxattr(&p).await.unwrap()
+            let mut names = r.listxattr(&p).await.unwrap();
+            names.sort();
+            names
         };
         out.push(format!(
             "{} {:?} {size} {:o} {} {:?} {content} {xattrs:?}",
