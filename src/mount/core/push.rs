@@ -10,7 +10,7 @@ use std::time::SystemTime;
 
 use super::capture::MAX_CAPTURE_BYTES;
 use super::{local_io, unreachable, FsCore};
-use crate::mount::inode::NodeId;
+use crate::mount::inode::{NodeId, RemoteId};
 use crate::mount::lifecycle::{Stage, Step};
 use crate::mount::pages::PageIndex;
 use crate::mount::staging::{Journal, JournalMeta, Staged, PAGE};
@@ -172,11 +172,17 @@ impl FsCore {
             s.mtime_ns = late.mtime_ns;
             staged.sync(s);
         }
+        let pushed_as = self.inodes.get(node).map(|n| n.remote);
         match self.note(self.remote().setattr(&path, late).await) {
-            Ok(a) => {
+            // Still the file the push made: its new times are ours.
+            Ok(a) if pushed_as == Some(RemoteId::of(&a)) => {
                 s.pushed(a.version.clone(), a.size);
                 self.own_change(node, &a);
                 self.handles.follow(node, &a);
+            }
+            // The sandbox replaced it meanwhile: that file is the feed's to report, not ours.
+            Ok(_) => {
+                tracing::debug!(file = %path.display(), "replaced in the sandbox right after its push")
             }
             Err(e) => {
                 tracing::warn!(file = %path.display(), "mode/times not applied after push: {e}")
@@ -374,7 +380,9 @@ impl FsCore {
                 }
                 if pending != SetAttr::default() {
                     match self.note(self.remote().setattr(&path, pending).await) {
-                        Ok(a) => attr = a,
+                        Ok(a) if RemoteId::of(&a) == RemoteId::of(&attr) => attr = a,
+                        // Replaced in the sandbox right after the commit: the feed reports it.
+                        Ok(_) => {}
                         Err(e) => {
                             tracing::warn!(file = %path.display(), "mode/times not applied after push: {e}")
                         }
