@@ -71,7 +71,10 @@ fn registered(info: &serde_json::Value) -> Option<Arc<Control>> {
 /// Why the control socket could not be bound.
 #[derive(Debug, thiserror::Error)]
 pub enum BindError {
-    #[error("{0} is the control socket of a live sbxfs mount")]
+    #[error(
+        "{0} is the control socket of a live sbxfs daemon of this sandbox (one still pushing \
+         after an unmount exits once done: wait a few seconds and mount again)"
+    )]
     Live(PathBuf),
     #[error("{0}: {1}")]
     Io(PathBuf, std::io::Error),
