@@ -163,6 +163,9 @@ fn print_target(v: &serde_json::Value) {
     let _ = out.write_all(b"\n");
 }
 
+/// Entries of a list the table shows (the latest).
+const MAX_TABLE_ITEMS: usize = 10;
+
 /// A JSON answer as a two-column table: each scalar under its dotted path (`cache.hits`,
 /// `failed[0].path`), the names aligned.
 fn table(v: &serde_json::Value) -> String {
@@ -191,7 +194,15 @@ fn flatten(prefix: String, v: &serde_json::Value, rows: &mut Vec<(String, String
             }
         }
         Value::Array(a) if !a.is_empty() => {
-            for (i, v) in a.iter().enumerate() {
+            // A long list (every conflict of a long-lived mount) shows its latest entries.
+            let skip = a.len().saturating_sub(MAX_TABLE_ITEMS);
+            if skip > 0 {
+                rows.push((
+                    prefix.clone(),
+                    format!("{skip} earlier not shown (--json lists all {})", a.len()),
+                ));
+            }
+            for (i, v) in a.iter().enumerate().skip(skip) {
                 flatten(format!("{prefix}[{i}]"), v, rows);
             }
         }
@@ -222,6 +233,21 @@ mod tests {
             t,
             "n              7\nround_trip_ms  2.401\nx              2.5\n"
         );
+    }
+
+    #[test]
+    fn a_long_list_shows_its_latest_entries_and_says_how_many_are_not_shown() {
+        let conflicts: Vec<_> = (0..62)
+            .map(|i| serde_json::json!({ "path": format!("f{i}") }))
+            .collect();
+        let t = super::table(&serde_json::json!({ "conflicts": conflicts }));
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 11, "{t}");
+        assert_eq!(
+            lines[0],
+            "conflicts           52 earlier not shown (--json lists all 62)"
+        );
+        assert_eq!(lines[10], "conflicts[61].path  f61");
     }
 
     #[test]
