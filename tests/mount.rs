@@ -592,12 +592,12 @@ fn a_file_the_sandbox_replaces_or_deletes_right_after_an_open_for_writing_keeps_
     // or the sandbox's new bytes in their place.
     let s = setup();
     for (name, sandbox_side) in [("del.txt", None), ("new.txt", Some("THEIRS\n"))] {
-        fs::write(s.root.join(name), "base line one\nbase line two\n").unwrap();
-        wait_shown(&s.mount.dir.join(name));
-        let mut f = fs::OpenOptions::new()
-            .append(true)
-            .open(s.mount.dir.join(name))
-            .unwrap();
+        let mut f = append_to_sandbox_file(
+            &s.root,
+            &s.mount.dir,
+            name,
+            b"base line one\nbase line two\n",
+        );
         match sandbox_side {
             None => fs::remove_file(s.root.join(name)).unwrap(),
             Some(text) => fs::write(s.root.join(name), text).unwrap(),
@@ -701,12 +701,7 @@ fn writes_after_a_conflict_on_a_hard_linked_file_go_to_the_conflict_copy() {
     // still-open handle's next writes go to the user's copy, never onto the sandbox's file
     // (at the old offset, NULs before them) under either name.
     let s = setup();
-    fs::write(s.root.join("log"), "line0\n").unwrap();
-    wait_shown(&s.mount.dir.join("log"));
-    let mut f = fs::OpenOptions::new()
-        .append(true)
-        .open(s.mount.dir.join("log"))
-        .unwrap();
+    let mut f = append_to_sandbox_file(&s.root, &s.mount.dir, "log", b"line0\n");
     f.write_all(b"USER-A\n").unwrap();
     f.sync_all().unwrap();
     fs::hard_link(s.root.join("log"), s.root.join(".hidden-link")).unwrap();
@@ -739,12 +734,7 @@ fn writes_after_a_conflict_on_a_hard_linked_file_go_to_the_conflict_copy() {
 #[test]
 fn a_file_replaced_by_a_directory_while_open_is_a_conflict_not_a_stuck_push() {
     let s = setup();
-    fs::write(s.root.join("d.txt"), "base\n").unwrap();
-    wait_shown(&s.mount.dir.join("d.txt"));
-    let mut f = fs::OpenOptions::new()
-        .append(true)
-        .open(s.mount.dir.join("d.txt"))
-        .unwrap();
+    let mut f = append_to_sandbox_file(&s.root, &s.mount.dir, "d.txt", b"base\n");
     f.write_all(b"mine1\n").unwrap();
     fs::remove_file(s.root.join("d.txt")).unwrap();
     fs::create_dir(s.root.join("d.txt")).unwrap();

@@ -826,11 +826,7 @@ fn an_edit_kept_over_a_restart_is_saved_whole_when_the_sandbox_changed_the_file_
         "SANDBOX REWROTE IT"
     );
     assert_eq!(conflict_copies_of(&root, "f"), ["ONE: base"], "{log}");
-    let (_, out, _) = run(Command::new(sbxfs_bin())
-        .args(["ctl", "--json", "--mount"])
-        .arg(&m.dir)
-        .arg("stats"));
-    let stats: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let stats = ctl_stats(&m.dir);
     assert_eq!(stats["stats"]["conflicts"], 1, "{stats}");
 }
 

@@ -833,6 +833,17 @@ pub fn wait_shown(path: &Path) {
     }
 }
 
+/// `text` made as `name` in the sandbox (`root`), then opened for appending through the mount
+/// once it shows there: a writer holding a file the sandbox is about to change.
+pub fn append_to_sandbox_file(root: &Path, mount: &Path, name: &str, text: &[u8]) -> std::fs::File {
+    std::fs::write(root.join(name), text).unwrap();
+    wait_shown(&mount.join(name));
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(mount.join(name))
+        .unwrap()
+}
+
 /// `sbxfs ctl --json stats` of the mount at `mount`.
 pub fn ctl_stats(mount: &Path) -> Value {
     let (code, out, err) = run(Command::new(sbxfs_bin())
