@@ -628,3 +628,27 @@ fn umount_of_a_busy_mount_names_who_uses_it_and_lazy_detaches_it() {
     // What was written was pushed before the detach.
     assert_eq!(fs::read_to_string(s.root.join("f")).unwrap(), "kept");
 }
+
+#[test]
+fn root_unmounts_without_fusermount3_and_the_write_reaches_the_sandbox() {
+    // Root mounts with mount(2), so `sbxfs mount` works where fuse3's tools are missing;
+    // `sbxfs umount` failed there ("fusermount3: No such file or directory").
+    if !is_root() {
+        return;
+    }
+    let mut s = setup_with(&[]);
+    fs::write(s.mount.dir.join("f"), "written before the umount\n").unwrap();
+    let bare = tempfile::tempdir().unwrap();
+    let dir = s.mount.dir.to_str().unwrap().to_string();
+    let (code, err) = run_within(
+        sbxfs(&["umount", &dir]).env("PATH", bare.path()),
+        Duration::from_secs(60),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(mountinfo_line(&s.mount.dir).is_none(), "unmounted");
+    assert_eq!(
+        fs::read_to_string(s.root.join("f")).unwrap(),
+        "written before the umount\n"
+    );
+    assert_eq!(s.mount.stop(), Some(0), "the daemon ends cleanly");
+}

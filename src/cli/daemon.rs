@@ -453,20 +453,13 @@ pub(super) fn run_umount(a: UmountArgs) -> i32 {
         ask_to_stop_the_agent(&at);
     }
     // The daemon sees its session end, pushes what is staged, and exits.
-    let mut unmount = std::process::Command::new("fusermount3");
-    unmount.arg("-u");
-    if a.lazy {
-        unmount.arg("-z");
-    }
-    let outcome = unmount
-        .arg(&at)
-        .stderr(std::process::Stdio::piped())
-        .output();
-    if matches!(&outcome, Ok(o) if o.status.success()) {
+    let outcome = crate::mount::kernel::unmount(&at, a.lazy);
+    if outcome.is_ok() {
         notes();
     }
-    let code = match outcome {
-        Ok(o) if !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("busy") => {
+    use crate::mount::kernel::UnmountError;
+    match outcome {
+        Err(UnmountError::Busy) => {
             eprintln!("sbxfs umount: {shown} is busy: programs are using it");
             for (pid, name, what) in users_of(&at).iter().take(MAX_USERS_SHOWN) {
                 eprintln!("sbxfs umount:   pid {pid} ({name}): {what}");
@@ -477,7 +470,22 @@ pub(super) fn run_umount(a: UmountArgs) -> i32 {
             );
             return ERROR;
         }
-        Ok(o) if o.status.success() && failed => {
+        Err(UnmountError::Refused(why)) => {
+            eprintln!(
+                "sbxfs umount: could not unmount {shown}{}",
+                if why.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", visible(&why))
+                }
+            );
+            return ERROR;
+        }
+        Err(UnmountError::NoFusermount(e)) => {
+            eprintln!("sbxfs umount: fusermount3: {e} (install fuse3, or unmount as root)");
+            return ERROR;
+        }
+        Ok(()) if failed => {
             eprintln!(
                 "sbxfs umount: unmounted {shown}; {} file(s) not pushed are kept in {} for the \
                  next mount",
@@ -487,35 +495,18 @@ pub(super) fn run_umount(a: UmountArgs) -> i32 {
                     .as_deref()
                     .unwrap_or("the daemon's staging directory (its log names it)")
             );
-            ERROR
         }
         // Detached: the daemon stays while programs hold it, so it is not waited for.
-        Ok(o) if o.status.success() && a.lazy => {
+        Ok(()) if a.lazy => {
             eprintln!(
                 "sbxfs umount: detached {shown}; its daemon pushes and exits when the programs \
                  using it let go"
             );
             return 0;
         }
-        Ok(o) if o.status.success() => 0,
-        Ok(o) => {
-            let why = String::from_utf8_lossy(&o.stderr);
-            let why = why.trim().rsplit(": ").next().unwrap_or("").to_string();
-            eprintln!(
-                "sbxfs umount: fusermount3 could not unmount {shown}{}",
-                if why.is_empty() {
-                    String::new()
-                } else {
-                    format!(": {}", visible(&why))
-                }
-            );
-            return ERROR;
-        }
-        Err(e) => {
-            eprintln!("sbxfs umount: fusermount3: {e}");
-            return ERROR;
-        }
-    };
+        Ok(()) => {}
+    }
+    let code = if failed { ERROR } else { 0 };
     // Returns once the daemon is gone, so a mount right after finds the place free.
     // Forced past unpushed files, it does not wait long: the daemon goes on trying for a
     // bounded time, and its journals keep the rest for the next mount.

@@ -160,6 +160,65 @@ fn receive_fd(socket: &OwnedFd) -> Option<OwnedFd> {
     fd
 }
 
+/// Why an unmount did not happen.
+#[derive(Debug)]
+pub enum UnmountError {
+    /// Programs still use the mount.
+    Busy,
+    /// The kernel or `fusermount3` refused, with its reason.
+    Refused(String),
+    /// `fusermount3` could not be run (not installed, for a user who is not root).
+    NoFusermount(io::Error),
+}
+
+impl std::fmt::Display for UnmountError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UnmountError::Busy => f.write_str("busy: programs are using it"),
+            UnmountError::Refused(why) => f.write_str(why),
+            UnmountError::NoFusermount(e) => write!(f, "fusermount3: {e}"),
+        }
+    }
+}
+
+/// Unmount `mountpoint` (`lazy`: detach it now, as `umount -l`). Root calls `umount2(2)`
+/// itself, as it mounted with `mount(2)`, so it needs no `fusermount3`; anyone else asks it.
+pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), UnmountError> {
+    if !uses_fusermount() {
+        let flags = if lazy {
+            rustix::mount::UnmountFlags::DETACH
+        } else {
+            rustix::mount::UnmountFlags::empty()
+        };
+        return match rustix::mount::unmount(mountpoint, flags) {
+            Ok(()) => Ok(()),
+            Err(rustix::io::Errno::BUSY) => Err(UnmountError::Busy),
+            Err(e) => Err(UnmountError::Refused(io::Error::from(e).to_string())),
+        };
+    }
+    let mut fusermount = std::process::Command::new("fusermount3");
+    fusermount.arg("-u");
+    if lazy {
+        fusermount.arg("-z");
+    }
+    let out = fusermount
+        .arg(mountpoint)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .map_err(UnmountError::NoFusermount)?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let why = String::from_utf8_lossy(&out.stderr);
+    if why.contains("busy") {
+        return Err(UnmountError::Busy);
+    }
+    // fusermount3 prefixes its own name and the path; the reason is the last part.
+    Err(UnmountError::Refused(
+        why.trim().rsplit(": ").next().unwrap_or("").to_string(),
+    ))
+}
+
 /// `fusermount3` as the user's `PATH` finds it.
 pub fn find_fusermount() -> Option<PathBuf> {
     std::env::var_os("PATH")?

@@ -308,28 +308,7 @@ fn announce_ready(
 /// Unmount our mount, once, lazily: a mount still in use leaves the namespace at once and ends
 /// when its last user leaves.
 fn unmount_once(mountpoint: &Path) {
-    let result = if rustix::process::geteuid().is_root() {
-        use std::os::unix::ffi::OsStrExt;
-        match std::ffi::CString::new(mountpoint.as_os_str().as_bytes()) {
-            // SAFETY: `c` is a NUL-terminated path that outlives the call.
-            Ok(c) => match unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } {
-                0 => Ok(()),
-                _ => Err(std::io::Error::last_os_error().to_string()),
-            },
-            Err(e) => Err(e.to_string()),
-        }
-    } else {
-        match std::process::Command::new("fusermount3")
-            .arg("-uz")
-            .arg(mountpoint)
-            .status()
-        {
-            Ok(s) if s.success() => Ok(()),
-            Ok(s) => Err(format!("fusermount3 -uz: {s}")),
-            Err(e) => Err(format!("fusermount3: {e}")),
-        }
-    };
-    match result {
+    match kernel::unmount(mountpoint, true) {
         Ok(()) => tracing::info!(mountpoint = %mountpoint.display(), "unmounted"),
         Err(e) => tracing::error!(mountpoint = %mountpoint.display(), "could not unmount: {e}"),
     }
