@@ -623,3 +623,93 @@ fn a_file_reads_back_while_its_push_is_on_the_way() {
     );
     c.rt.block_on(c.core.release(fh)).unwrap();
 }
+
+/// What the kernel asked the daemon while `run` ran, by request type.
+fn kernel_requests_during(
+    m: &MountProcess,
+    run: impl FnOnce(),
+) -> std::collections::BTreeMap<String, u64> {
+    let counts = || {
+        ctl_stats(&m.dir)["stats"]["kernel_requests"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_u64().unwrap()))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    let before = counts();
+    run();
+    counts()
+        .into_iter()
+        .map(|(k, v)| {
+            let d = v - before.get(&k).copied().unwrap_or(0);
+            (k, d)
+        })
+        .filter(|(_, d)| *d > 0)
+        .collect()
+}
+
+#[test]
+fn a_warm_ls_lr_past_the_ttl_costs_no_lookup_and_sandbox_changes_still_show() {
+    // While the feed vouches for the caches, the kernel keeps names as long as attributes,
+    // and a file's "no extended attributes" is answered without a task: `ls -l` asks two per
+    // name. Before, every name was looked up again once the 1 s TTL passed.
+    let ws = tempfile::tempdir().unwrap();
+    let root = ws.path();
+    for d in 0..4 {
+        fs::create_dir_all(root.join(format!("d{d}/sub"))).unwrap();
+        for f in 0..8 {
+            fs::write(root.join(format!("d{d}/f{f}.txt")), "x\n").unwrap();
+            fs::write(root.join(format!("d{d}/sub/g{f}.txt")), "y\n").unwrap();
+        }
+    }
+    let mut agent = AgentProcess::start(root);
+    let addr = agent.addr;
+    // The default TTL (1 s): the test waits past it.
+    let m = MountProcess::start(&agent, &[]);
+    feed_connected(&m);
+    let ls = || {
+        let (code, out, err) = run(Command::new("ls").arg("-lR").arg(&m.dir));
+        assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+        String::from_utf8(out).unwrap()
+    };
+    let first = ls();
+    assert!(first.contains("g7.txt"), "{first}");
+    std::thread::sleep(Duration::from_millis(1200));
+    let asked = kernel_requests_during(&m, || assert_eq!(ls(), first));
+    assert_eq!(asked.get("lookup"), None, "{asked:?}");
+    // Only the mount's root asks (its label and two ACLs): the walk does not list it.
+    assert!(asked.get("getxattr").is_none_or(|n| *n <= 3), "{asked:?}");
+    assert!(
+        asked.get("getxattr_at_once").is_some_and(|n| *n >= 64),
+        "{asked:?}"
+    );
+
+    // The sandbox removes, renames and makes names: each shows, though the kernel kept the
+    // old names.
+    fs::remove_file(root.join("d0/f0.txt")).unwrap();
+    fs::rename(root.join("d1/f1.txt"), root.join("d1/renamed.txt")).unwrap();
+    fs::create_dir(root.join("d2/new")).unwrap();
+    fs::write(root.join("d2/new/h.txt"), "z\n").unwrap();
+    let gone = |p: &str| fs::symlink_metadata(m.dir.join(p)).is_err();
+    let there = |p: &str| fs::symlink_metadata(m.dir.join(p)).is_ok();
+    eventually("the sandbox's changes show through the kept names", || {
+        gone("d0/f0.txt") && gone("d1/f1.txt") && there("d1/renamed.txt") && there("d2/new/h.txt")
+    });
+
+    // No feed while the agent is down: nothing vouches, and a change made meanwhile shows
+    // once it is back (the revalidation that follows drops the names that went).
+    for p in ["d3/f3.txt", "d3/sub/g3.txt"] {
+        assert!(there(p), "{p}");
+    }
+    agent.kill();
+    eventually("the feed is down", || {
+        status(&m)["feed"]["trusted"] == false
+    });
+    fs::remove_file(root.join("d3/f3.txt")).unwrap();
+    fs::rename(root.join("d3/sub/g3.txt"), root.join("d3/sub/moved.txt")).unwrap();
+    let _agent = AgentProcess::start_on(root, addr);
+    eventually("changes made while nobody watched show", || {
+        gone("d3/f3.txt") && gone("d3/sub/g3.txt") && there("d3/sub/moved.txt")
+    });
+}

@@ -38,6 +38,9 @@ use crate::remote::{stat_many_batches, ChangeEvent, ChangeKind, RemoteError, Rem
 /// How long what is cached is trusted while the feed vouches for it: "indefinitely", but an
 /// `Instant` arithmetic that never overflows (and is shorter than [`super::core::stale_instant`]'s age).
 pub const TRUSTED_TTL: Duration = Duration::from_secs(30 * 86_400);
+/// How long the kernel keeps a name while the feed vouches for it ([`FsCore::entry_ttl`]):
+/// the longest a name changed in the sandbox can outlive a feed that dropped.
+pub const TRUSTED_ENTRY_TTL: Duration = Duration::from_secs(60);
 /// First wait before reconnecting; doubled up to [`MAX_BACKOFF`].
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);

@@ -131,6 +131,7 @@ impl SbxFs {
     where
         F: std::future::Future<Output = ()> + Send + 'static,
     {
+        self.fs.count_request(op);
         let span = tracing::debug_span!("fuse", op, node);
         self.rt.spawn(f(self.fs.clone()).instrument(span));
     }
@@ -628,6 +629,10 @@ impl Filesystem for SbxFs {
             return reply.error(Errno::from_i32(libc::ENODATA));
         }
         let (name, caller) = (name_bytes(name), self.caller(req));
+        if let Some(r) = self.fs.getxattr_at_once(&caller, node(ino), &name) {
+            self.fs.count_request("getxattr_at_once");
+            return reply_xattr(reply, size, "getxattr", r);
+        }
         self.spawn("getxattr", ino.0, move |fs| async move {
             let r = fs.getxattr(&caller, node(ino), &name).await;
             reply_xattr(reply, size, "getxattr", r)

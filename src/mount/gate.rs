@@ -379,6 +379,25 @@ impl Gate<'_> {
         }
     }
 
+    /// [`Self::xattr`] for a node known to have no extended attribute (so no ACL), from its
+    /// trusted attributes; `None` when they are not at hand.
+    pub fn xattr_known(
+        &self,
+        node: NodeId,
+        name: &[u8],
+        what: access::XattrUse,
+    ) -> Option<Result<bool>> {
+        let attr = self.core.attr_without_xattrs(node)?;
+        Some(match self.caller {
+            Caller::Checked { who, raw } => {
+                let subject = self.owners.subject(&attr, *raw);
+                access::may_xattr(who, &subject, name, what)
+                    .map_err(|d| refused(self.core, node, d))
+            }
+            Caller::Unchecked => Ok(true),
+        })
+    }
+
     /// Whether a listed attribute name is shown to the caller.
     pub fn lists_xattr(&self, name: &[u8]) -> bool {
         match self.caller {

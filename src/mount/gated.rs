@@ -160,16 +160,15 @@ impl GatedFs {
         self.core.ttl()
     }
 
-    /// How long the kernel may reuse a name's lookup without asking again. With the daemon
-    /// checking and other users in, every path walk must reach it: the kernel reuses a cached
-    /// name without checking search permission on its directory. The configured TTL even while
-    /// the change feed vouches for the caches: a name the kernel asks again about costs no
-    /// round trip then, and one the kernel kept longer would outlive a feed that drops.
+    /// How long the kernel may reuse a name's lookup without asking again
+    /// ([`FsCore::entry_ttl`]). With the daemon checking and other users in, every path walk
+    /// must reach it: the kernel reuses a cached name without checking search permission on
+    /// its directory.
     pub fn entry_ttl(&self) -> Duration {
         if self.owners.checks && self.allow_other {
             Duration::ZERO
         } else {
-            self.core.config().attr_ttl
+            self.core.entry_ttl()
         }
     }
 
@@ -224,7 +223,12 @@ impl GatedFs {
 
     /// The echo thread's lookup (`making`: false) or create, mkdir, symlink (true).
     pub fn echo_entry(&self, parent: NodeId, name: &[u8], making: bool) -> Result<Entry> {
-        Ok(self.entry(&self.core.echo_entry(parent, name, making)?))
+        // Kept for the configured TTL only, however long the feed lets other names live: the
+        // echo makes names from the caches, a step behind the sandbox.
+        Ok(Entry {
+            entry_ttl: self.entry_ttl().min(self.core.config().attr_ttl),
+            ..self.entry(&self.core.echo_entry(parent, name, making)?)
+        })
     }
 
     /// The echo thread's getattr or setattr: the attributes as cached, nothing set.
@@ -245,6 +249,11 @@ impl GatedFs {
     /// The echo thread renamed what the sandbox renamed.
     pub fn echo_renamed(&self, from: (NodeId, &[u8]), to: (NodeId, &[u8])) {
         self.core.echo_renamed(from, to);
+    }
+
+    /// One more request of this type from the kernel (`ctl stats`).
+    pub fn count_request(&self, op: &'static str) {
+        self.core.stats.kernel_requests.count(op);
     }
 
     pub fn forget(&self, node: NodeId, nlookup: u64) {
@@ -297,6 +306,12 @@ impl GatedFs {
                 set.mtime.map(|t| time_ns(t, now)),
             )
             .await?;
+        if na.attr.kind == FileKind::Dir
+            && (mode.is_some() || set.uid.is_some() || set.gid.is_some())
+        {
+            // Who may search it changed: names the kernel keeps below it would skip the check.
+            self.core.forget_kernel_entries_in(node);
+        }
         Ok(self.attributes(&na))
     }
 
@@ -492,6 +507,24 @@ impl GatedFs {
         };
         self.gate(caller).xattr(node, name, XattrUse::Set).await?;
         self.core.setxattr(node, name, value, flags).await
+    }
+
+    /// GETXATTR answered at once from trusted attributes (`ls -l` asks each file for its
+    /// security label and ACL: two requests per name); `None`: [`Self::getxattr`] must ask.
+    pub fn getxattr_at_once(
+        &self,
+        caller: &Caller,
+        node: NodeId,
+        name: &[u8],
+    ) -> Option<Result<Vec<u8>>> {
+        let absent = || RemoteError::NoAttr(String::from_utf8_lossy(name).into());
+        if name == b"security.capability" {
+            return Some(Err(absent()));
+        }
+        match self.gate(caller).xattr_known(node, name, XattrUse::Get)? {
+            Err(e) => Some(Err(e)),
+            Ok(_) => Some(Err(absent())),
+        }
     }
 
     pub async fn getxattr(&self, caller: &Caller, node: NodeId, name: &[u8]) -> Result<Vec<u8>> {

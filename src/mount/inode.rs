@@ -631,6 +631,15 @@ impl InodeTable {
             .collect()
     }
 
+    /// The names directly in `dir`.
+    pub fn links_in(&self, dir: NodeId) -> Vec<Vec<u8>> {
+        let t = self.lock();
+        t.children
+            .get(&dir)
+            .map(|c| c.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
     /// The node at a path, walking names from the root (`None` if some name is not known).
     pub fn resolve(&self, path: &RemotePath) -> Option<NodeId> {
         let t = self.lock();

@@ -74,6 +74,15 @@ impl FsCore {
         }
     }
 
+    /// The kernel forgets the names it keeps directly in `dir`.
+    pub fn forget_kernel_entries_in(&self, dir: NodeId) {
+        if let Some(k) = self.kernel() {
+            for name in self.inodes.links_in(dir) {
+                k.invalidate_entry(dir, &name);
+            }
+        }
+    }
+
     /// Every node with a path, for a revalidation.
     pub(in crate::mount) fn known_paths(&self) -> Vec<(NodeId, RemotePath)> {
         self.inodes.known_paths()
@@ -135,8 +144,7 @@ impl FsCore {
 
     /// One node's answer about `path`: unchanged is trusted afresh; changed or gone is
     /// dropped. The kernel's entry goes only for a name that now leads elsewhere or nowhere,
-    /// only if the node still has that name (a rename through the mount may have moved it
-    /// meanwhile), and never on an answer a local change raced.
+    /// and never on an answer a local change raced.
     fn answered(
         &self,
         node: NodeId,
@@ -167,6 +175,13 @@ impl FsCore {
         };
         match answer {
             Ok(a) if !raced && !name_went => {
+                if a.kind == FileKind::Dir
+                    && (a.mode, a.uid, a.gid) != (n.attr.mode, n.attr.uid, n.attr.gid)
+                {
+                    // Who may search it changed: the kernel's names below it would skip
+                    // the daemon's check.
+                    self.forget_kernel_entries_in(node);
+                }
                 // Changed in place (the same file): open handles read its new bytes, as on a
                 // local disk, not pages of the old version (read ahead before the change).
                 if self.inodes.rebind_answer(node, &a, asked) {
@@ -191,10 +206,12 @@ impl FsCore {
             k.invalidate_data(node);
         }
         if name_went && !raced {
+            // Also when the name already leads elsewhere here (a listing fetched meanwhile
+            // took the new file): the kernel may still hold it for the old node, as long as
+            // the feed lets it keep names. Dropping a name the kernel holds for the right
+            // node costs one lookup.
             if let Some((parent_path, name)) = path.split_last() {
-                let parent = self.inodes.resolve(&parent_path);
-                let still = parent.is_some_and(|p| self.inodes.child(p, name) == Some(node));
-                if let (Some(p), true) = (parent, still) {
+                if let Some(p) = self.inodes.resolve(&parent_path) {
                     k.invalidate_entry(p, name);
                 }
             }

@@ -95,6 +95,29 @@ pub struct CoreStats {
     pub commits: AtomicU64,
     pub failed_commits: AtomicU64,
     pub conflicts: AtomicU64,
+    /// Requests the kernel sent, by operation: what a warm command still costs the daemon.
+    pub kernel_requests: KernelRequests,
+}
+
+/// A count per kernel request type (the adapter names them).
+#[derive(Default, Debug)]
+pub struct KernelRequests(Mutex<std::collections::BTreeMap<&'static str, u64>>);
+
+impl KernelRequests {
+    pub fn count(&self, op: &'static str) {
+        *self
+            .0
+            .lock()
+            .expect("kernel request counts")
+            .entry(op)
+            .or_default() += 1;
+    }
+}
+
+impl serde::Serialize for KernelRequests {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        self.0.lock().expect("kernel request counts").serialize(s)
+    }
 }
 
 pub struct FsCore {
@@ -505,6 +528,19 @@ impl FsCore {
     pub fn ttl(&self) -> Duration {
         if self.feed.trusted() {
             super::feed::TRUSTED_TTL
+        } else {
+            self.cfg.attr_ttl
+        }
+    }
+
+    /// How long the kernel may keep a name without asking: a minute while the change feed
+    /// vouches for the caches (it drops each name that changes), else the TTL. Not
+    /// indefinitely, as attributes are: the kernel drops a name it is told to forget, with
+    /// the node, whose listings an unreachable sandbox must still be served from, so names
+    /// are not dropped when the feed stops vouching, only left to expire.
+    pub fn entry_ttl(&self) -> Duration {
+        if self.feed.trusted() {
+            self.cfg.attr_ttl.max(super::feed::TRUSTED_ENTRY_TTL)
         } else {
             self.cfg.attr_ttl
         }

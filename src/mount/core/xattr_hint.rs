@@ -6,8 +6,17 @@
 
 use super::FsCore;
 use crate::mount::inode::NodeId;
+use crate::remote::Attr;
 
 impl FsCore {
+    /// The node's attributes when they are trusted and say it has no extended attribute: a
+    /// `getxattr` is then answered without waiting for anything (not even a task).
+    pub(in crate::mount) fn attr_without_xattrs(&self, node: NodeId) -> Option<Attr> {
+        let n = self.inodes.get(node)?;
+        (n.attr.has_xattrs == Some(false) && self.fresh(n.fetched))
+            .then(|| self.with_staged(node, n.attr))
+    }
+
     /// Whether `node` has no extended attribute, by attributes still trusted.
     pub(in crate::mount) fn known_without_xattrs(&self, node: NodeId) -> bool {
         self.inodes
