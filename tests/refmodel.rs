@@ -86,6 +86,8 @@ enum Step {
     LoseNextCommitAnswer,
     /// The next unlink is done in the sandbox, but its answer is lost (a session cut).
     LoseNextUnlinkAnswer,
+    /// The next mkdir is made in the sandbox but its answer is lost.
+    LoseNextMkdirAnswer,
     /// The kernel forgets every node it looked up (memory pressure, `drop_caches`).
     ForgetAll,
     /// A `stat` of the file is answered late, after the mount's own save of it landed: the
@@ -128,6 +130,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::FailNextCommit),
         1 => Just(Step::LoseNextCommitAnswer),
         1 => Just(Step::LoseNextUnlinkAnswer),
+        1 => Just(Step::LoseNextMkdirAnswer),
         1 => Just(Step::ForgetAll),
         1 => (name.clone(), 1u16..5000, any::<u8>())
             .prop_map(|(name, len, byte)| Step::StatCrossesOwnSave { name, len, byte }),
@@ -550,6 +553,7 @@ async fn apply(step: &Step, m: &mut Model, r: &mut Real) {
         }
         Step::LoseNextCommitAnswer => r.faults.lose_answer_once(RemoteOp::Commit),
         Step::LoseNextUnlinkAnswer => r.faults.lose_answer_once(RemoteOp::Unlink),
+        Step::LoseNextMkdirAnswer => r.faults.lose_answer_once(RemoteOp::Mkdir),
         Step::ForgetAll => {
             for n in NAMES {
                 if let Ok(na) = r.core.lookup(ROOT, n.as_bytes()).await {
@@ -727,6 +731,21 @@ fn an_unlink_whose_answer_was_lost_succeeds() {
         LoseNextUnlinkAnswer,
         Unlink(0),
     ]);
+}
+
+/// A mkdir made in the sandbox whose answer was lost: it succeeds (it said EIO, and the
+/// directory appeared anyway), and the directory is usable at once.
+#[test]
+fn a_mkdir_whose_answer_was_lost_succeeds() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let r = Real::new(Trust::Nothing).await;
+        r.faults.lose_answer_once(RemoteOp::Mkdir);
+        r.core.mkdir(ROOT, b"d", 0o755).await.expect("mkdir");
+        let d = r.core.lookup(ROOT, b"d").await.expect("lookup d").node;
+        r.core.mkdir(d, b"e", 0o755).await.expect("mkdir d/e");
+        assert_eq!(errno(&r.core.mkdir(ROOT, b"d", 0o755).await), libc::EEXIST);
+    });
 }
 
 /// Shrunk by the proptest: renames over a new file's name, then away, left the old name

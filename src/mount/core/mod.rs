@@ -1498,7 +1498,18 @@ impl FsCore {
     pub async fn mkdir(&self, parent: NodeId, name: &[u8], mode: u32) -> Result<NodeAttr> {
         let path = self.path_of(parent)?.join(name)?;
         self.bump();
-        let attr = self.note(self.remote().mkdir(&path, mode & 0o7777).await)?;
+        let attr = match self.note(self.remote().mkdir(&path, mode & 0o7777).await) {
+            // The answer was lost (a session cut on its way back): a directory there now was
+            // made by this request (the kernel looked the name up as absent just before).
+            Err(RemoteError::Transport(e)) => match self.note(self.remote().stat(&path).await) {
+                Ok(a) if a.kind == FileKind::Dir => {
+                    tracing::debug!("a mkdir got no answer ({e}); the directory is there");
+                    a
+                }
+                _ => return Err(RemoteError::Transport(e)),
+            },
+            r => r?,
+        };
         let node = self.made_in_sandbox(parent, name, &attr);
         // Made just now, by us: empty (names looked up in it are absent without asking).
         self.meta.put(node, Default::default());
