@@ -652,3 +652,31 @@ fn root_unmounts_without_fusermount3_and_the_write_reaches_the_sandbox() {
     );
     assert_eq!(s.mount.stop(), Some(0), "the daemon ends cleanly");
 }
+
+#[test]
+fn a_staging_directory_open_to_others_is_refused_before_the_sandbox_is_contacted() {
+    // Over `shell:` the agent was uploaded into the sandbox first, and the message named
+    // the directory twice.
+    let dir = tempfile::tempdir().unwrap();
+    let (ws, mnt, staging) = (
+        dir.path().join("ws"),
+        dir.path().join("mnt"),
+        dir.path().join("staging"),
+    );
+    for d in [&ws, &mnt, &staging] {
+        fs::create_dir(d).unwrap();
+    }
+    fs::set_permissions(&staging, fs::Permissions::from_mode(0o755)).unwrap();
+    let url = format!("shell:{}", ws.display());
+    let (code, err) = run_within(
+        sbxfs(&["mount", &url, mnt.to_str().unwrap(), "--staging-dir"]).arg(&staging),
+        Duration::from_secs(30),
+    );
+    assert_eq!(code, Some(2), "{err}");
+    let shown = staging.display().to_string();
+    assert!(err.contains("open to other users (mode 755)"), "{err}");
+    assert_eq!(err.matches(&shown).count(), 1, "{err}");
+    assert!(mountinfo_line(&mnt).is_none());
+    // Nothing was made in the workspace.
+    assert_eq!(fs::read_dir(&ws).unwrap().count(), 0);
+}

@@ -190,9 +190,8 @@ fn staging_dir(
     let remote_url = remote_key.as_str();
     match configured {
         Some(d) => {
-            created
-                .private_dir(d)
-                .with_context(|| format!("staging directory {}", d.display()))?;
+            // The error names the directory.
+            created.private_dir(d).context("staging directory")?;
             Ok(d.to_path_buf())
         }
         None => state::staging_dir_for(remote_url, created).context("staging directory"),
@@ -343,6 +342,9 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     preflight::check_fuse()?;
     if cfg.allow_other {
         preflight::check_allow_other()?;
+    }
+    if let Some(d) = cfg.staging_dir.as_deref() {
+        state::check_private_if_there(d).context("staging directory")?;
     }
     readahead::bound_allocator();
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -22,6 +22,20 @@ fn create_private_dir(dir: &Path) -> io::Result<bool> {
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
         Err(e) => return Err(e),
     };
+    check_private(dir)?;
+    Ok(made)
+}
+
+/// Refuse `dir` if it exists and is not private ([`ensure_private_dir`]'s checks), creating
+/// nothing: a mistake is named before the sandbox is contacted (or an agent uploaded to it).
+pub fn check_private_if_there(dir: &Path) -> io::Result<()> {
+    match std::fs::symlink_metadata(dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        _ => check_private(dir),
+    }
+}
+
+fn check_private(dir: &Path) -> io::Result<()> {
     let m = std::fs::symlink_metadata(dir)?;
     let me = rustix::process::geteuid().as_raw();
     if !m.file_type().is_dir() {
@@ -44,7 +58,7 @@ fn create_private_dir(dir: &Path) -> io::Result<bool> {
             m.mode() & 0o7777
         )));
     }
-    Ok(made)
+    Ok(())
 }
 
 /// The directories one start of the daemon made, removed again (newest first, each only if
