@@ -73,6 +73,8 @@ pub struct Sandbox {
     pace_ns: AtomicU64,
     /// Remote calls made (for `ctl stats`).
     calls: AtomicU64,
+    /// The same by operation, as the transport made them (a retry counts once).
+    by_op: Arc<crate::remote::counted::CallCounts>,
     told: RwLock<Told>,
     /// The last `statfs` answer and when it came.
     statfs_seen: Mutex<Option<(Instant, StatFs)>>,
@@ -80,8 +82,10 @@ pub struct Sandbox {
 
 impl Sandbox {
     pub fn new(remote: Arc<dyn Remote>) -> Self {
+        let (counted, by_op) = crate::remote::counted::Counted::wrap(remote);
         Sandbox {
-            remote,
+            remote: Arc::new(counted),
+            by_op,
             offline_since: Mutex::new(None),
             pace_ns: AtomicU64::new(0),
             calls: AtomicU64::new(0),
@@ -135,6 +139,11 @@ impl Sandbox {
 
     pub fn calls(&self) -> u64 {
         self.calls.load(Ordering::Relaxed)
+    }
+
+    /// Calls made by operation.
+    pub fn calls_by_op(&self) -> std::collections::BTreeMap<&'static str, u64> {
+        self.by_op.snapshot()
     }
 
     pub fn is_reachable(&self) -> bool {

@@ -12,6 +12,7 @@
 pub mod agentscope;
 pub mod client;
 pub mod connect;
+pub mod counted;
 pub mod deadline;
 pub mod error;
 pub mod exec;

@@ -302,6 +302,7 @@ impl FsCore {
     pub fn stats_json(&self) -> serde_json::Value {
         let mut v = serde_json::to_value(&self.stats).unwrap_or_default();
         v["remote_calls"] = self.sandbox.calls().into();
+        v["remote_calls_by_op"] = serde_json::json!(self.sandbox.calls_by_op());
         v
     }
 

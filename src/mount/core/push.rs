@@ -378,6 +378,14 @@ impl FsCore {
                 if was_new {
                     pending.mode = None;
                 }
+                // A time set before the push (`tar -x` sets each file's mtime right after
+                // closing it) went with the commit: no second call for it.
+                if pending.mtime_ns.is_some()
+                    && pending.mtime_ns == s.mtime_ns
+                    && Some(attr.mtime_ns) == pending.mtime_ns
+                {
+                    pending.mtime_ns = None;
+                }
                 if pending != SetAttr::default() {
                     match self.note(self.remote().setattr(&path, pending).await) {
                         Ok(a) if RemoteId::of(&a) == RemoteId::of(&attr) => attr = a,
