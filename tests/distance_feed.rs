@@ -713,3 +713,58 @@ fn a_warm_ls_lr_past_the_ttl_costs_no_lookup_and_sandbox_changes_still_show() {
         gone("d3/f3.txt") && gone("d3/sub/g3.txt") && there("d3/sub/moved.txt")
     });
 }
+
+/// What git does for every object it writes: a temp file, a hard link to its name, the temp
+/// removed. The feed's check of the removed temp name found the file gone, and the mount
+/// kept asking for it by that name: `cat` of the object said ENOENT and git's mmap of it
+/// died of SIGBUS (`git log -p` through the mount after a commit in the sandbox).
+fn files_written_as_git_writes_objects_read_back(m: &MountProcess, root: &Path) {
+    fs::create_dir(root.join("objects")).unwrap();
+    eventually("the directory shows", || m.dir.join("objects").is_dir());
+    // Held by a reader, as git's directory walk would: the sandbox's changes are echoed in it.
+    let _ = fs::read_dir(m.dir.join("objects")).unwrap().count();
+    std::thread::sleep(Duration::from_millis(1200));
+    for i in 0..10 {
+        let tmp = root.join(format!("objects/tmp_obj_{i}"));
+        fs::write(&tmp, format!("object {i}\n")).unwrap();
+        // Each step a moment apart, as git's are: the temp's creation is echoed before it goes.
+        std::thread::sleep(Duration::from_millis(30 * (i % 4)));
+        fs::hard_link(&tmp, root.join(format!("objects/{i:02x}"))).unwrap();
+        std::thread::sleep(Duration::from_millis(30 * (i % 3)));
+        fs::remove_file(&tmp).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for i in 0..10 {
+        let obj = m.dir.join(format!("objects/{i:02x}"));
+        eventually(&format!("object {i} reads back"), || {
+            read(&obj).as_deref() == Some(format!("object {i}\n").as_str())
+        });
+    }
+    // And they stay readable once every event is in.
+    std::thread::sleep(Duration::from_millis(1500));
+    for i in 0..10 {
+        let obj = m.dir.join(format!("objects/{i:02x}"));
+        assert_eq!(
+            read(&obj).as_deref(),
+            Some(format!("object {i}\n").as_str()),
+            "{i:02x}"
+        );
+    }
+}
+
+#[test]
+fn files_written_as_git_writes_objects_read_back_agent() {
+    let ws = tempfile::tempdir().unwrap();
+    let agent = AgentProcess::start(ws.path());
+    let m = MountProcess::start(&agent, &[]);
+    feed_connected(&m);
+    files_written_as_git_writes_objects_read_back(&m, ws.path());
+}
+
+#[test]
+fn files_written_as_git_writes_objects_read_back_shell() {
+    let ws = tempfile::tempdir().unwrap();
+    let m = MountProcess::start_url(&format!("shell:{}", ws.path().display()), "unused", &[]);
+    feed_connected(&m);
+    files_written_as_git_writes_objects_read_back(&m, ws.path());
+}

@@ -162,6 +162,7 @@ impl FsCore {
                 && a.ctime_ns == n.attr.ctime_ns
                 && a.kind == n.attr.kind
         };
+        let gone_there = matches!(&answer, Err(crate::remote::RemoteError::NotFound(_)));
         let name_went = match &answer {
             Ok(a) if same(a) => {
                 if !raced {
@@ -191,6 +192,18 @@ impl FsCore {
             // Asked again on next use.
             _ => {
                 self.inodes.mark_stale(node);
+                if gone_there && !raced && n.links.len() > 1 {
+                    // A hard-linked file lost this name (git writes each object as a temp,
+                    // links it to its name and removes the temp): it is asked for through
+                    // its other names from now on, not through the one that is gone.
+                    if let Some((parent_path, name)) = path.split_last() {
+                        if let Some(p) = self.inodes.resolve(&parent_path) {
+                            if self.inodes.child(p, name) == Some(node) {
+                                self.inodes.unlink(p, name);
+                            }
+                        }
+                    }
+                }
             }
         }
         self.meta.expire(node);
