@@ -579,16 +579,35 @@ impl FsCore {
             // the mount holds a node for: the node wins.
             Some(None) if offline && known.is_some() => self.node(known.expect("checked"))?.attr,
             Some(None) => return Err(RemoteError::NotFound(path.display())),
-            None if offline && self.inodes.child(parent, name).is_some() => {
-                let id = self.inodes.child(parent, name).expect("checked");
-                self.node(id)?.attr
-            }
-            // The change feed vouches for a node it has not reported changed.
-            None if self.vouched_child(parent, name).is_some() => {
-                self.vouched_child(parent, name).expect("checked")
-            }
-            None => match self
-                .stable_stat(&path, || {
+            // Asked once each (the table can change between two asks: a second ask once
+            // found nothing and panicked).
+            None => match (
+                offline.then(|| self.inodes.child(parent, name)).flatten(),
+                self.vouched_child(parent, name),
+            ) {
+                (Some(id), _) => self.node(id)?.attr,
+                // The change feed vouches for a node it has not reported changed.
+                (None, Some(a)) => a,
+                (None, None) => self.lookup_remote(parent, name, &path, known).await?,
+            },
+        };
+        let node = self.remember_entry(parent, name, attr, asked);
+        let attr = self.with_staged(node, self.node(node)?.attr);
+        Ok(NodeAttr { node, attr })
+    }
+
+    /// A lookup's answer from the sandbox (what the caches could not say), or, while it does
+    /// not answer, what was known of the name, however old.
+    async fn lookup_remote(
+        &self,
+        parent: NodeId,
+        name: &[u8],
+        path: &RemotePath,
+        known: Option<NodeId>,
+    ) -> Result<Attr> {
+        Ok(
+            match self
+                .stable_stat(path, || {
                     self.meta.entry(parent, name, self.ttl(), true).is_some()
                         || self.inodes.child(parent, name).is_some()
                 })
@@ -614,10 +633,7 @@ impl FsCore {
                     return Err(e);
                 }
             },
-        };
-        let node = self.remember_entry(parent, name, attr, asked);
-        let attr = self.with_staged(node, self.node(node)?.attr);
-        Ok(NodeAttr { node, attr })
+        )
     }
 
     /// The attributes of a known child while the change feed vouches for them.
