@@ -105,6 +105,7 @@ impl FsCore {
         self.inodes.touched(node, now_ns());
         self.dir_changed(parent);
         self.dir_changed(new_parent);
+        tracing::debug!(to = ?self.inodes.path_of(node).map(|p| p.display()), "a new file renamed here, not pushed yet");
         Ok(true)
     }
 

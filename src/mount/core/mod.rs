@@ -1741,7 +1741,9 @@ impl FsCore {
         }
         self.bump();
         let source = self.inodes.child(parent, name);
-        let r = match self.note(self.remote().rename(&from, &to, mode).await) {
+        let answer = self.note(self.remote().rename(&from, &to, mode).await);
+        tracing::debug!(from = %from.display(), to = %to.display(), ok = answer.is_ok(), "rename in the sandbox");
+        let r = match answer {
             // A new file whose commit got no answer and did not land: renamed here, and its
             // push goes to the new name (taking it from a linked file there first, as the
             // rename would have).

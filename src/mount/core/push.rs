@@ -315,6 +315,7 @@ impl FsCore {
                     .await,
             );
             drop(shown);
+            tracing::debug!(file = %path.display(), ok = result.is_ok(), "commit");
             if let Err(e) = &result {
                 if unreachable(e) {
                     // The commit may have reached the sandbox: remember what it sent, to
