@@ -31,6 +31,7 @@ impl FsCore {
             return false;
         }
         self.bump();
+        tracing::debug!(name = %String::from_utf8_lossy(name), "a new file removed here, never pushed");
         self.inodes.unlink(parent, name);
         // Marked under the image's lock: a push waiting for it finds nothing to send.
         self.inodes.lost_name(node, now_ns());
@@ -66,6 +67,7 @@ impl FsCore {
         }
         let target = self.inodes.child(new_parent, new_name);
         if target == Some(node) {
+            tracing::debug!("a new file renamed over another name of itself: nothing to do");
             return Ok(true);
         }
         if let Some(t) = target {

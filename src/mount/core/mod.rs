@@ -1654,7 +1654,9 @@ impl FsCore {
             self.keep_open_copy(n).await?;
         }
         self.bump();
-        let r = match self.removed_once(|| self.remote().unlink(&path)).await {
+        let answer = self.removed_once(|| self.remote().unlink(&path)).await;
+        tracing::debug!(file = %path.display(), ok = answer.is_ok(), "unlink in the sandbox");
+        let r = match answer {
             // A new file whose commit got no answer and did not land: gone all the same.
             Err(RemoteError::NotFound(_)) if node.is_some_and(|n| self.newfiles.contains(n)) => {
                 Ok(())
