@@ -11,7 +11,8 @@
 //!   retry ([`remote::retry`]: idempotent calls after a transport failure) and deadline layer.
 //!   [`remote::layer`]: wrappers as layers: one [`remote::layer::Op`] table (idempotent or
 //!   not, time bound) and one forwarder ([`remote::layer::Layered`]) for retry, deadlines,
-//!   injected faults and the ssh relink.
+//!   injected faults, the ssh relink and the calls counted by operation ([`remote::counted`],
+//!   which the mount's `ctl stats` shows).
 //!   [`remote::memory`]: a whole sandbox in memory, the reference backend for tests (with a
 //!   sandbox-side API to change files behind the mount's back).
 //!   [`remote::faulty`]: a wrapper around any `Remote` injecting latency, errors, hangs, cut streams.
