@@ -256,6 +256,20 @@ impl FsCore {
         making: bool,
     ) -> Result<NodeAttr> {
         let absent = || RemoteError::NotFound(String::from_utf8_lossy(name).into_owned());
+        // A planned name that leads to another file here now (git's next `index.lock`, made
+        // here while the sandbox's rename of its own was being echoed): answered absent. The
+        // kernel would keep the planned node for that name, and the local program's own
+        // rename of it would then be a rename of a file over itself, which the kernel
+        // completes without asking: its lock file left in the sandbox.
+        if let (false, Some(Name::Present(planned))) = (making, self.echoes.peek(parent, name)) {
+            if self
+                .inodes
+                .child(parent, name)
+                .is_some_and(|n| n != planned)
+            {
+                return Err(absent());
+            }
+        }
         let node = match self.echoes.planned(parent, name, making) {
             Planned::Node { node, counted } => {
                 if !counted {
