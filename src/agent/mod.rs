@@ -701,12 +701,16 @@ async fn tree(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Res
     if a.bytes("format") == Some(crate::remote::treepack::FORMAT.as_bytes()) {
         let most = crate::remote::listings::MAX_TREE_ENTRIES;
         let max = a.number::<usize>("max")?.unwrap_or(most).min(most);
-        let xattrs = a.bytes(crate::remote::treepack::XATTRS_PARAM) == Some(&b"1"[..]);
+        let asked = |param| a.bytes(param) == Some(&b"1"[..]);
+        let trailer = crate::remote::treepack::Trailer {
+            xattrs: asked(crate::remote::treepack::XATTRS_PARAM),
+            born: asked(crate::remote::treepack::BORN_PARAM),
+        };
         let (tx, rx) = mpsc::channel(STREAM_QUEUE);
         let ws = app.ws.clone();
         producer(move || {
             let _ = unpanic(|| {
-                tree::packed(&ws, &path, max, xattrs, &mut |chunk| {
+                tree::packed(&ws, &path, max, trailer, &mut |chunk| {
                     tx.blocking_send(Bytes::from(chunk)).is_ok()
                 });
                 Ok(())

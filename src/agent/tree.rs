@@ -4,7 +4,7 @@
 //! client has gone (a send fails).
 
 use crate::remote::listings::Walk;
-use crate::remote::treepack::Encoder;
+use crate::remote::treepack::{Encoder, Trailer};
 use crate::remote::wire::ErrorBody;
 use crate::remote::{DirEntry, RemotePath, Result};
 
@@ -16,19 +16,15 @@ const ENTRIES_PER_CHUNK: usize = 2048;
 
 /// Walk `path` and hand each compressed chunk to `send` (which answers `false` once the
 /// client is gone). Errors after the first listing end the answer in its end record. With
-/// `xattrs`, each entry says whether it has extended attributes.
+/// the trailer, each entry says whether it has extended attributes and when it was born.
 pub fn packed(
     ws: &Workspace,
     path: &RemotePath,
     max_entries: usize,
-    xattrs: bool,
+    trailer: Trailer,
     send: &mut dyn FnMut(Vec<u8>) -> bool,
 ) {
-    let mut enc = if xattrs {
-        Encoder::with_xattrs()
-    } else {
-        Encoder::new()
-    };
+    let mut enc = Encoder::with(trailer);
     let error = match walk(ws, path, max_entries, &mut enc, send) {
         Ok(true) => None,
         Ok(false) => return,

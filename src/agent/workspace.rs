@@ -111,17 +111,26 @@ fn proc_fd(fd: &impl std::os::fd::AsRawFd) -> String {
     format!("/proc/self/fd/{}", fd.as_raw_fd())
 }
 
+/// The birth time, 0 where the filesystem keeps none.
+fn born_ns(st: &rfs::Statx) -> i64 {
+    if StatxFlags::from_bits_retain(st.stx_mask).contains(StatxFlags::BTIME) {
+        ts_ns(st.stx_btime)
+    } else {
+        0
+    }
+}
+
 fn version_of(st: &rfs::Statx) -> Version {
     // Not the ctime: a rename, chmod or link changes it but not the content, and a file
-    // renamed while open must keep its base version.
-    Version(format!(
-        "{:x}:{:x}-{:x}-{:x}-{:x}",
-        st.stx_dev_major,
-        st.stx_dev_minor,
+    // renamed while open must keep its base version. The birth time tells apart two files
+    // that had the same inode number in turn (the same form as `treepack::derived_version`).
+    crate::remote::treepack::version_from(
+        libc::makedev(st.stx_dev_major, st.stx_dev_minor),
         st.stx_ino,
         st.stx_size,
         ts_ns(st.stx_mtime),
-    ))
+        born_ns(st),
+    )
 }
 
 fn attr_of(st: &rfs::Statx, symlink_target: Option<Vec<u8>>) -> Attr {
@@ -147,6 +156,7 @@ fn attr_of(st: &rfs::Statx, symlink_target: Option<Vec<u8>>) -> Attr {
         ctime_ns: ts_ns(st.stx_ctime),
         dev: libc::makedev(st.stx_dev_major, st.stx_dev_minor),
         ino: st.stx_ino,
+        born_ns: born_ns(st),
         nlink: u64::from(st.stx_nlink),
         rdev: libc::makedev(st.stx_rdev_major, st.stx_rdev_minor),
         symlink_target: symlink_target.map(WireBytes),
@@ -161,7 +171,7 @@ fn any_xattrs(listed: rustix::io::Result<usize>) -> Option<bool> {
     listed.ok().map(|len| len > 0)
 }
 
-const STATX_MASK: StatxFlags = StatxFlags::BASIC_STATS;
+const STATX_MASK: StatxFlags = StatxFlags::BASIC_STATS.union(StatxFlags::BTIME);
 
 fn statx_fd(fd: impl AsFd) -> rustix::io::Result<rfs::Statx> {
     rfs::statx(fd, "", AtFlags::EMPTY_PATH, STATX_MASK)

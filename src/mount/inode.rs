@@ -29,18 +29,29 @@ pub struct NodeId(pub u64);
 
 pub const ROOT: NodeId = NodeId(1);
 
-/// A file's identity in the sandbox.
+/// A file's identity in the sandbox: device, inode number and birth time (a file made later
+/// under a freed inode number is another file; a hard link or a rename is the same one).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct RemoteId {
     pub dev: u64,
     pub ino: u64,
+    /// 0 where the sandbox does not say.
+    pub born: i64,
 }
 
 impl RemoteId {
+    /// No file's identity: what a node has once the sandbox gave its identity to another.
+    pub const NONE: RemoteId = RemoteId {
+        dev: 0,
+        ino: 0,
+        born: 0,
+    };
+
     pub fn of(a: &Attr) -> Self {
         RemoteId {
             dev: a.dev,
             ino: a.ino,
+            born: a.born_ns,
         }
     }
 }
@@ -467,7 +478,7 @@ impl InodeTable {
             // The sandbox reused an inode number: the old node no longer stands for it.
             if let Some(n) = t.nodes.get_mut(&old) {
                 if n.remote == rid {
-                    n.remote = RemoteId { dev: 0, ino: 0 };
+                    n.remote = RemoteId::NONE;
                 }
             }
         }

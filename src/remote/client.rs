@@ -792,6 +792,7 @@ impl Remote for AgentClient {
             ("format", treepack::FORMAT.as_bytes().to_vec()),
             ("max", max_entries.to_string().into_bytes()),
             (treepack::XATTRS_PARAM, b"1".to_vec()),
+            (treepack::BORN_PARAM, b"1".to_vec()),
         ];
         let resp = self
             .send(None, || self.request(Method::GET, "tree", &q))

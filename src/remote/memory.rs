@@ -288,6 +288,7 @@ impl State {
             ctime_ns: n.ctime,
             dev: MEMORY_DEV,
             ino,
+            born_ns: 0,
             nlink: n.nlink,
             rdev: n.rdev,
             symlink_target: match &n.data {

@@ -299,10 +299,15 @@ pub struct Attr {
     pub atime_ns: i64,
     pub mtime_ns: i64,
     pub ctime_ns: i64,
-    /// The sandbox's device and inode numbers: together, the file's identity.
+    /// The sandbox's device and inode numbers and the birth time: together, the file's
+    /// identity. The birth time tells a file apart from an earlier one that had its inode
+    /// number (ext4 hands a freed number to the next file made, so a file replaced by an
+    /// atomic rename often comes back under its predecessor's number); 0 where not known.
     #[serde(default)]
     pub dev: u64,
     pub ino: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub born_ns: i64,
     pub nlink: u64,
     /// Device number of a character or block device (0 otherwise).
     #[serde(default)]
@@ -315,6 +320,10 @@ pub struct Attr {
     /// not known (an older agent), ask.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub has_xattrs: Option<bool>,
+}
+
+fn is_zero(v: &i64) -> bool {
+    *v == 0
 }
 
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]

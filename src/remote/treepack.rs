@@ -13,7 +13,9 @@
 //!
 //! With `xattrs=1` in the query, each `F` record ends with one more byte: 0 the entry has no
 //! extended attribute, 1 it has some, 2 unknown. An older agent ignores the parameter and
-//! sends none (unknown); an older client never asks, so never sees the byte.
+//! sends none (unknown); an older client never asks, so never sees the byte. With `born=1` as
+//! well, the byte is followed by the birth time (zigzag varint, 0 not known); a record that
+//! ends at the byte has none.
 //!
 //! "The next directory": directory 0 is the one asked for; each `F` of kind directory numbers
 //! the next one, in stream order, and listings (`L` or `S`) come in that order. Directories
@@ -39,6 +41,8 @@ pub const CONTENT_TYPE: &str = "application/x-sbxfs-tree";
 pub const FORMAT: &str = "packed";
 /// The query parameter (`=1`) asking for each entry's has-xattrs byte.
 pub const XATTRS_PARAM: &str = "xattrs";
+/// The query parameter (`=1`, with [`XATTRS_PARAM`]) asking for each entry's birth time.
+pub const BORN_PARAM: &str = "born";
 /// Longest record: a 255-byte name, a 4 KiB symlink target, a version and the numbers fit
 /// well within it; anything longer is a broken or hostile agent.
 pub const MAX_RECORD: usize = 16 * 1024;
@@ -111,23 +115,33 @@ fn kind_of(c: u8) -> Option<FileKind> {
     })
 }
 
-/// The version the agent gives a file (device, inode, size, mtime): sent as "derived" instead
-/// of spelled out when an attribute's version is exactly this.
+/// The version the agent gives a file (device, inode, size, mtime, and the birth time where
+/// known): sent as "derived" instead of spelled out when an attribute's version is exactly
+/// this.
 pub fn derived_version(a: &Attr) -> Version {
-    Version(format!(
-        "{:x}:{:x}-{:x}-{:x}-{:x}",
-        libc::major(a.dev as libc::dev_t),
-        libc::minor(a.dev as libc::dev_t),
-        a.ino,
-        a.size,
-        a.mtime_ns
-    ))
+    version_from(a.dev, a.ino, a.size, a.mtime_ns, a.born_ns)
+}
+
+/// The version of a file with these numbers (a birth time of 0, not known, adds nothing: the
+/// form older agents give).
+pub fn version_from(dev: u64, ino: u64, size: u64, mtime_ns: i64, born_ns: i64) -> Version {
+    let numbers = format!(
+        "{:x}:{:x}-{ino:x}-{size:x}-{mtime_ns:x}",
+        libc::major(dev as libc::dev_t),
+        libc::minor(dev as libc::dev_t),
+    );
+    Version(if born_ns == 0 {
+        numbers
+    } else {
+        format!("{numbers}-{born_ns:x}")
+    })
 }
 
 /// One entry: name, kind byte, then size, mode, uid, gid, zigzag atime, mtime, ctime, dev,
 /// ino, nlink, rdev as varints, the symlink target (optional bytes) and the version (optional
-/// bytes, absent when it is [`derived_version`]), then with `xattrs` the has-xattrs byte.
-fn put_entry(out: &mut Vec<u8>, name: &[u8], a: &Attr, xattrs: bool) {
+/// bytes, absent when it is [`derived_version`]), then with `xattrs` the has-xattrs byte, and
+/// with `born` as well the birth time.
+fn put_entry(out: &mut Vec<u8>, name: &[u8], a: &Attr, trailer: Trailer) {
     out.push(b'F');
     put_bytes(out, name);
     out.push(kind_code(a.kind));
@@ -148,13 +162,25 @@ fn put_entry(out: &mut Vec<u8>, name: &[u8], a: &Attr, xattrs: bool) {
     put_opt_bytes(out, a.symlink_target.as_ref().map(|t| t.0.as_slice()));
     let derived = derived_version(a) == a.version;
     put_opt_bytes(out, (!derived).then_some(a.version.0.as_bytes()));
-    if xattrs {
+    if trailer.xattrs {
         out.push(match a.has_xattrs {
             Some(false) => 0,
             Some(true) => 1,
             None => 2,
         });
+        if trailer.born {
+            put_varint(out, zigzag(a.born_ns));
+        }
     }
+}
+
+/// What each entry carries after its version: what the client asked for.
+#[derive(Clone, Copy, Default)]
+pub struct Trailer {
+    /// The has-xattrs byte.
+    pub xattrs: bool,
+    /// The birth time (after the has-xattrs byte: only with it).
+    pub born: bool,
 }
 
 /// Builds a packed answer: records are compressed as they are added; [`Encoder::take`] hands
@@ -162,8 +188,7 @@ fn put_entry(out: &mut Vec<u8>, name: &[u8], a: &Attr, xattrs: bool) {
 pub struct Encoder {
     z: flate2::write::DeflateEncoder<Vec<u8>>,
     record: Vec<u8>,
-    /// Whether entries carry the has-xattrs byte (the client asked for it).
-    xattrs: bool,
+    trailer: Trailer,
 }
 
 impl Default for Encoder {
@@ -177,14 +202,14 @@ impl Encoder {
         Encoder {
             z: flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast()),
             record: Vec::new(),
-            xattrs: false,
+            trailer: Trailer::default(),
         }
     }
 
-    /// An encoder whose entries carry the has-xattrs byte.
-    pub fn with_xattrs() -> Self {
+    /// An encoder whose entries end with this trailer.
+    pub fn with(trailer: Trailer) -> Self {
         Encoder {
-            xattrs: true,
+            trailer,
             ..Self::new()
         }
     }
@@ -204,9 +229,9 @@ impl Encoder {
             r.push(b'L');
             put_varint(r, entries.len() as u64);
         });
-        let xattrs = self.xattrs;
+        let trailer = self.trailer;
         for e in entries {
-            self.record(|r| put_entry(r, &e.name.0, &e.attr, xattrs));
+            self.record(|r| put_entry(r, &e.name.0, &e.attr, trailer));
         }
     }
 
@@ -321,6 +346,10 @@ fn entry(c: &mut Cursor) -> Result<DirEntry> {
             b => return Err(bad(format!("has-xattrs byte {b}"))),
         },
     };
+    let born_ns = match c.0.first() {
+        None => 0,
+        Some(_) => unzigzag(c.varint()?),
+    };
     let mut attr = Attr {
         kind,
         size,
@@ -332,6 +361,7 @@ fn entry(c: &mut Cursor) -> Result<DirEntry> {
         ctime_ns,
         dev,
         ino,
+        born_ns,
         nlink,
         rdev,
         symlink_target,
@@ -704,18 +734,74 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(
-            decoded(Encoder::with_xattrs()),
+            decoded(Encoder::with(Trailer {
+                xattrs: true,
+                born: false
+            })),
             [Some(false), Some(true), None]
         );
         // An older agent's records (no byte): unknown, so the mount asks.
         assert_eq!(decoded(Encoder::new()), [None, None, None]);
         let mut r = Vec::new();
-        put_entry(&mut r, b"a", &entries[0].attr, true);
+        let xattrs = Trailer {
+            xattrs: true,
+            born: false,
+        };
+        put_entry(&mut r, b"a", &entries[0].attr, xattrs);
         *r.last_mut().unwrap() = 7;
         assert!(record(&r).is_err());
+        // After the byte, a birth time and nothing more.
         *r.last_mut().unwrap() = 0;
-        r.push(0);
+        r.extend([0, 0]);
         assert!(record(&r).is_err());
+        r.pop();
+        r.push(0x80);
+        assert!(record(&r).is_err(), "a cut varint");
+    }
+
+    #[test]
+    fn birth_times_travel_when_asked_and_make_part_of_the_version() {
+        let born = |ns: i64| Attr {
+            born_ns: ns,
+            ..attr(FileKind::File, 9)
+        };
+        let entries: Vec<DirEntry> = [0, 1_700_000_000_123_456_789, -5]
+            .into_iter()
+            .enumerate()
+            .map(|(i, ns)| {
+                let mut a = born(ns);
+                a.version = derived_version(&a);
+                DirEntry {
+                    name: WireBytes(vec![b'a' + i as u8]),
+                    attr: a,
+                }
+            })
+            .collect();
+        assert_ne!(entries[0].attr.version, entries[1].attr.version);
+        assert_eq!(entries[0].attr.version, derived_version(&attr(FileKind::File, 9)));
+        let decoded = |trailer: Trailer| {
+            let mut e = Encoder::with(trailer);
+            e.listing(&entries);
+            e.end(None);
+            decode_all(&e.finish())
+                .unwrap()
+                .into_iter()
+                .filter_map(|r| match r {
+                    Record::Entry(e) => Some(e.attr),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+        };
+        let both = Trailer {
+            xattrs: true,
+            born: true,
+        };
+        let got = decoded(both);
+        assert_eq!(got, entries.iter().map(|e| e.attr.clone()).collect::<Vec<_>>());
+        // Not asked: no birth time, and the version (spelled out, not derived) still exact.
+        let got = decoded(Trailer::default());
+        assert!(got.iter().all(|a| a.born_ns == 0));
+        assert_eq!(got[1].version, entries[1].attr.version);
     }
 
     #[test]

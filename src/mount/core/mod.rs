@@ -1438,6 +1438,7 @@ impl FsCore {
             ctime_ns: now,
             dev: super::newfiles::UNPUSHED_DEV,
             ino: self.newfiles.next_ino(),
+            born_ns: 0,
             nlink: 1,
             rdev: 0,
             symlink_target: None,

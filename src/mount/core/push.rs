@@ -99,7 +99,7 @@ impl FsCore {
             .inodes
             .get(crate::mount::inode::ROOT)
             .map(|n| n.remote)
-            .unwrap_or(crate::mount::inode::RemoteId { dev: 0, ino: 0 });
+            .unwrap_or(crate::mount::inode::RemoteId::NONE);
         format!("{:x}:{:x}", root.dev, root.ino)
     }
 

@@ -102,6 +102,7 @@ pub fn parse_attr(line: &str, symlink_target: Option<Vec<u8>>) -> Result<Attr, R
         ctime_ns: time_ns(f[6])?,
         dev,
         ino,
+        born_ns: 0,
         nlink: num(f[9])?,
         rdev,
         symlink_target: symlink_target.map(crate::remote::WireBytes),
