@@ -2096,6 +2096,106 @@ async fn versions_name_the_device(b: &Backend) {
     ));
 }
 
+/// Replace `path` by rename, as a program in the sandbox saves: the new file is another inode.
+fn replace_by_rename(b: &Backend, path: &str, data: &[u8]) {
+    let temp = format!("{path}.new");
+    b.sb.write(temp.as_bytes(), data);
+    b.sb.rename(temp.as_bytes(), path.as_bytes());
+}
+
+async fn reads_never_mix_a_replaced_file_with_its_successor(b: &Backend) {
+    let r = &b.remote;
+    b.sb.write(b"f", &[b'A'; 200_000]);
+    let v1 = r.stat(&rp("f")).await.unwrap().version;
+    let first = r.read_held(&rp("f"), 0, 4096, &v1).await.unwrap();
+    assert_eq!((&first.data[..], &first.version), (&[b'A'; 4096][..], &v1));
+    replace_by_rename(b, "f", &[b'B'; 200_000]);
+    // The same number of bytes, so only the version tells the files apart: the answer is
+    // the first file's bytes under its version (a sandbox that still holds it) or the new
+    // file's under another one, never one file's bytes under the other's version.
+    let later = r.read_held(&rp("f"), 100_000, 4096, &v1).await.unwrap();
+    if later.version == v1 {
+        assert_eq!(&later.data[..], &[b'A'; 4096][..]);
+    } else {
+        assert_eq!(&later.data[..], &[b'B'; 4096][..]);
+        assert_eq!(later.version, r.stat(&rp("f")).await.unwrap().version);
+    }
+    // A plain read is of what the name holds now.
+    let now = r.read(&rp("f"), 0, 10).await.unwrap();
+    assert_eq!(&now.data[..], b"BBBBBBBBBB");
+}
+
+/// Agent only: the agent holds the file a mount reads, so a reader's file replaced by rename
+/// or removed in the sandbox keeps its bytes, as an open file does on a local disk.
+async fn held_reads_keep_a_replaced_or_removed_file(b: &Backend) {
+    let r = &b.remote;
+    let old: Vec<u8> = (0..300_000u32).map(|i| (i % 241) as u8).collect();
+    b.sb.write(b"f", &old);
+    let v1 = r.stat(&rp("f")).await.unwrap().version;
+    r.read_held(&rp("f"), 0, 4096, &v1).await.unwrap();
+    replace_by_rename(b, "f", &[b'B'; 300_000]);
+    let got = r.read_held(&rp("f"), 200_000, 65_536, &v1).await.unwrap();
+    assert_eq!(got.version, v1);
+    assert_eq!(&got.data[..], &old[200_000..265_536]);
+    // The new file is read under its own version, and held in turn; removed, it still reads.
+    let v2 = r.stat(&rp("f")).await.unwrap().version;
+    assert_ne!(v1, v2);
+    let new = r.read_held(&rp("f"), 0, 100, &v2).await.unwrap();
+    assert_eq!((&new.data[..], &new.version), (&[b'B'; 100][..], &v2));
+    b.sb.remove(b"f");
+    let gone = r.read_held(&rp("f"), 299_900, 1000, &v2).await.unwrap();
+    assert_eq!((&gone.data[..], &gone.version), (&[b'B'; 100][..], &v2));
+    // Changed in place, the held file's version is no longer the one asked for: the answer
+    // is what the name holds now.
+    b.sb.write(b"g", b"one");
+    let g1 = r.stat(&rp("g")).await.unwrap().version;
+    r.read_held(&rp("g"), 0, 10, &g1).await.unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    b.sb.write(b"g", b"two!");
+    let g2 = r.read_held(&rp("g"), 0, 10, &g1).await.unwrap();
+    assert_eq!(&g2.data[..], b"two!");
+    assert_ne!(g2.version, g1);
+    assert!(matches!(
+        r.read_held(&rp("never"), 0, 10, &g1).await,
+        Err(RemoteError::NotFound(_))
+    ));
+}
+
+/// Agent only (a real ext4 or tmpfs): a file made under the inode number a removed one had is
+/// another file: another birth time and version, the same in every answer that names it.
+async fn a_file_made_under_a_freed_inode_number_is_another_file(b: &Backend) {
+    let r = &b.remote;
+    let root = b.real_root.as_ref().expect("agent only");
+    let mut reused = false;
+    for _ in 0..50 {
+        fs::write(root.join("f"), b"same").unwrap();
+        let a1 = r.stat(&rp("f")).await.unwrap();
+        fs::remove_file(root.join("f")).unwrap();
+        fs::write(root.join("f"), b"same").unwrap();
+        let a2 = r.stat(&rp("f")).await.unwrap();
+        assert_ne!(a1.version, a2.version, "{a1:?} {a2:?}");
+        if a1.ino == a2.ino {
+            assert_ne!(a1.born_ns, a2.born_ns, "{a1:?} {a2:?}");
+            reused = true;
+            // The listings name it the same way as stat does.
+            let listed = r.list(&RemotePath::root()).await.unwrap();
+            let entry = listed.iter().find(|e| e.name.0 == b"f").unwrap();
+            assert_eq!(
+                (entry.attr.born_ns, &entry.attr.version),
+                (a2.born_ns, &a2.version)
+            );
+            break;
+        }
+        fs::remove_file(root.join("f")).unwrap();
+    }
+    let fs_type = rustix::fs::statfs(root).unwrap().f_type as i64;
+    // tmpfs never hands out a number again; ext4 does at once.
+    assert!(
+        reused || fs_type == 0x0102_1994,
+        "no file got a freed inode number in 50 tries (filesystem {fs_type:#x})"
+    );
+}
+
 macro_rules! conformance {
     ($backend:ident: $($check:ident),* $(,)?) => {
         mod $backend {
@@ -2117,6 +2217,9 @@ conformance!(agent_backend:
     tree_listings_are_breadth_first_and_capped,
     stat_list_and_tree_tell_whether_xattrs_exist,
     ranged_reads_carry_the_version,
+    reads_never_mix_a_replaced_file_with_its_successor,
+    held_reads_keep_a_replaced_or_removed_file,
+    a_file_made_under_a_freed_inode_number_is_another_file,
     commits_replace_whole_files_atomically_and_keep_mode,
     patch_commits_apply_ranges_over_the_base,
     namespace_operations_and_their_errors,
@@ -2151,6 +2254,7 @@ conformance!(memory_backend:
     tree_listings_are_breadth_first_and_capped,
     stat_list_and_tree_tell_whether_xattrs_exist,
     ranged_reads_carry_the_version,
+    reads_never_mix_a_replaced_file_with_its_successor,
     commits_replace_whole_files_atomically_and_keep_mode,
     patch_commits_apply_ranges_over_the_base,
     namespace_operations_and_their_errors,
@@ -2220,6 +2324,9 @@ conformance!(https_backend:
     tree_listings_are_breadth_first_and_capped,
     stat_list_and_tree_tell_whether_xattrs_exist,
     ranged_reads_carry_the_version,
+    reads_never_mix_a_replaced_file_with_its_successor,
+    held_reads_keep_a_replaced_or_removed_file,
+    a_file_made_under_a_freed_inode_number_is_another_file,
     commits_replace_whole_files_atomically_and_keep_mode,
     patch_commits_apply_ranges_over_the_base,
     namespace_operations_and_their_errors,
@@ -2358,6 +2465,9 @@ conformance!(shell_agent_backend:
     tree_listings_are_breadth_first_and_capped,
     stat_list_and_tree_tell_whether_xattrs_exist,
     ranged_reads_carry_the_version,
+    reads_never_mix_a_replaced_file_with_its_successor,
+    held_reads_keep_a_replaced_or_removed_file,
+    a_file_made_under_a_freed_inode_number_is_another_file,
     commits_replace_whole_files_atomically_and_keep_mode,
     patch_commits_apply_ranges_over_the_base,
     namespace_operations_and_their_errors,
@@ -2392,6 +2502,9 @@ conformance!(exec_agent_backend:
     tree_listings_are_breadth_first_and_capped,
     stat_list_and_tree_tell_whether_xattrs_exist,
     ranged_reads_carry_the_version,
+    reads_never_mix_a_replaced_file_with_its_successor,
+    held_reads_keep_a_replaced_or_removed_file,
+    a_file_made_under_a_freed_inode_number_is_another_file,
     commits_replace_whole_files_atomically_and_keep_mode,
     patch_commits_apply_ranges_over_the_base,
     namespace_operations_and_their_errors,
@@ -2427,6 +2540,7 @@ conformance!(shell_backend:
     // stat_list_and_tree_tell_whether_xattrs_exist: the scripts leave has_xattrs unknown
     // (None: the mount asks), as a getfattr per listed file would cost a process each.
     ranged_reads_carry_the_version,
+    reads_never_mix_a_replaced_file_with_its_successor,
     commits_replace_whole_files_atomically_and_keep_mode,
     patch_commits_apply_ranges_over_the_base,
     namespace_operations_and_their_errors,
@@ -2460,6 +2574,7 @@ conformance!(exec_backend:
     // stat_list_and_tree_tell_whether_xattrs_exist: the scripts leave has_xattrs unknown
     // (None: the mount asks), as a getfattr per listed file would cost a process each.
     ranged_reads_carry_the_version,
+    reads_never_mix_a_replaced_file_with_its_successor,
     commits_replace_whole_files_atomically_and_keep_mode,
     patch_commits_apply_ranges_over_the_base,
     namespace_operations_and_their_errors,
@@ -2494,6 +2609,7 @@ conformance!(busybox_shell_backend:
     // stat_list_and_tree_tell_whether_xattrs_exist: the scripts leave has_xattrs unknown
     // (None: the mount asks), as a getfattr per listed file would cost a process each.
     ranged_reads_carry_the_version,
+    reads_never_mix_a_replaced_file_with_its_successor,
     commits_replace_whole_files_atomically_and_keep_mode,
     patch_commits_apply_ranges_over_the_base,
     awkward_names_round_trip,
@@ -2585,6 +2701,7 @@ conformance!(dash_session_backend:
     // stat_list_and_tree_tell_whether_xattrs_exist: the scripts leave has_xattrs unknown
     // (None: the mount asks), as a getfattr per listed file would cost a process each.
     ranged_reads_carry_the_version,
+    reads_never_mix_a_replaced_file_with_its_successor,
     commits_replace_whole_files_atomically_and_keep_mode,
     patch_commits_apply_ranges_over_the_base,
     namespace_operations_and_their_errors,
@@ -2615,6 +2732,7 @@ conformance!(busybox_session_backend:
     // stat_list_and_tree_tell_whether_xattrs_exist: the scripts leave has_xattrs unknown
     // (None: the mount asks), as a getfattr per listed file would cost a process each.
     ranged_reads_carry_the_version,
+    reads_never_mix_a_replaced_file_with_its_successor,
     commits_replace_whole_files_atomically_and_keep_mode,
     patch_commits_apply_ranges_over_the_base,
     awkward_names_round_trip,
@@ -2667,6 +2785,9 @@ conformance!(ssh_backend:
     tree_listings_are_breadth_first_and_capped,
     stat_list_and_tree_tell_whether_xattrs_exist,
     ranged_reads_carry_the_version,
+    reads_never_mix_a_replaced_file_with_its_successor,
+    held_reads_keep_a_replaced_or_removed_file,
+    a_file_made_under_a_freed_inode_number_is_another_file,
     commits_replace_whole_files_atomically_and_keep_mode,
     patch_commits_apply_ranges_over_the_base,
     namespace_operations_and_their_errors,
@@ -2817,6 +2938,7 @@ conformance!(busybox_python_shell_backend:
     stat_list_and_tree,
     tree_listings_are_breadth_first_and_capped,
     ranged_reads_carry_the_version,
+    reads_never_mix_a_replaced_file_with_its_successor,
     commits_replace_whole_files_atomically_and_keep_mode,
     patch_commits_apply_ranges_over_the_base,
     awkward_names_round_trip,

@@ -17,6 +17,7 @@ pub mod confine;
 pub mod identity;
 pub mod server;
 pub mod tls;
+pub mod held;
 mod tree;
 pub mod watch;
 pub mod workspace;
@@ -447,6 +448,19 @@ pub async fn serve(cfg: AgentConfig) -> anyhow::Result<()> {
             );
         }
     });
+    // Files held for readers are let go once idle, even when no read comes to prune them.
+    let held = Arc::downgrade(&ws);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(held::HELD_IDLE / 3);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            match held.upgrade() {
+                Some(ws) => ws.prune_held(),
+                None => return,
+            }
+        }
+    });
     let feed = match watch::ChangeFeed::start(ws.root_path(), ws.authors()) {
         Ok(f) => Some(f),
         Err(e) => {
@@ -761,8 +775,13 @@ async fn read(State(app): State<Shared>, RawQuery(q): RawQuery) -> ApiResult<Res
         .acquire_many_owned(units)
         .await
         .map_err(|_| RemoteError::Io(String::new(), "the agent is stopping".into()))?;
+    let held = a.text("held")?.map(crate::remote::Version);
     let ws = app.ws.clone();
-    let (data, version) = blocking(move || ws.read(&path, offset, len)).await?;
+    let (data, version) = blocking(move || match held {
+        Some(v) => ws.read_held(&path, offset, len, &v),
+        None => ws.read(&path, offset, len),
+    })
+    .await?;
     app.stats
         .bytes_read
         .fetch_add(data.len() as u64, Ordering::Relaxed);

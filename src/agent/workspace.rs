@@ -39,6 +39,8 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
 
 use rustix::fs::{
     self as rfs, AtFlags, FallocateFlags, FileType, Mode, OFlags, RenameFlags, ResolveFlags,
@@ -71,6 +73,8 @@ pub struct Workspace {
     allow_setid: bool,
     /// Whose commit each named temp carries, for the change feed ([`super::watch::Authors`]).
     authors: std::sync::Arc<super::watch::Authors>,
+    /// Files kept open for the mounts reading them ([`Workspace::read_held`]).
+    held: super::held::HeldFiles,
 }
 
 /// The set-user-ID and set-group-ID bits.
@@ -294,6 +298,7 @@ impl Workspace {
                 .collect(),
             allow_setid: false,
             authors: Default::default(),
+            held: Default::default(),
         })
     }
 
@@ -563,10 +568,52 @@ impl Workspace {
         Ok(())
     }
 
-    /// Read up to `len` bytes at `offset`, with the version they came from. A file changed in
-    /// place during the read is read again, so bytes and version agree.
+    /// Read up to `len` bytes at `offset`, with the version they came from.
     pub fn read(&self, path: &RemotePath, offset: u64, len: u32) -> Result<(Vec<u8>, Version)> {
         let (file, _) = self.open_regular(path, OFlags::RDONLY)?;
+        read_versioned(&file, path, offset, len)
+    }
+
+    /// Read as [`Workspace::read`], from the file that was at `path` at `version` if it is
+    /// still held (even if renamed over or removed since); the file read is held for the
+    /// next read.
+    pub fn read_held(
+        &self,
+        path: &RemotePath,
+        offset: u64,
+        len: u32,
+        version: &Version,
+    ) -> Result<(Vec<u8>, Version)> {
+        if let Some(file) = self.held.get(path, version, Instant::now()) {
+            let (data, now) = read_versioned(&file, path, offset, len)?;
+            if &now == version {
+                return Ok((data, now));
+            }
+            // Changed in place since: what the path holds now is the answer.
+            self.held.forget(path, version);
+        }
+        let (file, _) = self.open_regular(path, OFlags::RDONLY)?;
+        let (data, now) = read_versioned(&file, path, offset, len)?;
+        self.held
+            .keep(path.clone(), now.clone(), Arc::new(file), Instant::now());
+        Ok((data, now))
+    }
+
+    /// Let go of the files no mount has read for a while ([`super::held::HELD_IDLE`]).
+    pub fn prune_held(&self) {
+        self.held.prune(Instant::now());
+    }
+}
+
+/// Up to `len` bytes of `file` at `offset`, with their version. A file changed in place during
+/// the read is read again, so bytes and version agree.
+fn read_versioned(
+    file: &File,
+    path: &RemotePath,
+    offset: u64,
+    len: u32,
+) -> Result<(Vec<u8>, Version)> {
+    {
         for _ in 0..3 {
             let before = statx_fd(&file).map_err(|e| errno(e, path))?;
             let want = (len as u64).min(before.stx_size.saturating_sub(offset)) as usize;
@@ -591,7 +638,9 @@ impl Workspace {
             "the file kept changing while it was read".into(),
         ))
     }
+}
 
+impl Workspace {
     /// The lock serialising commits to one target.
     pub fn commit_lock(&self, path: &RemotePath) -> &tokio::sync::Mutex<()> {
         let mut h = std::collections::hash_map::DefaultHasher::new();

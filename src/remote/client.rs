@@ -561,6 +561,64 @@ fn p(path: &RemotePath) -> (&'static str, Vec<u8>) {
     ("path", path.as_bytes().to_vec())
 }
 
+impl AgentClient {
+    /// One read, of the held file at `held` if the agent still has it
+    /// ([`Remote::read_held`]).
+    async fn read_of(
+        &self,
+        path: &RemotePath,
+        offset: u64,
+        len: u32,
+        held: Option<&Version>,
+    ) -> Result<ReadResult> {
+        let mut q = vec![
+            p(path),
+            ("offset", offset.to_string().into_bytes()),
+            ("len", len.to_string().into_bytes()),
+        ];
+        if let Some(v) = held {
+            q.push(("held", v.0.clone().into_bytes()));
+        }
+        let resp = self
+            .send(Some(CALL_TIMEOUT), || self.request(Method::GET, "read", &q))
+            .await?;
+        let version = resp
+            .headers()
+            .get(VERSION_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| Version(v.to_string()))
+            .ok_or_else(|| RemoteError::Transport("read answer without a version".into()))?;
+        // Never more than asked: a longer answer is refused as it arrives, not buffered.
+        let more = || {
+            RemoteError::Io(
+                path.display(),
+                "the sandbox answered more bytes than asked".into(),
+            )
+        };
+        if resp.content_length().is_some_and(|n| n > u64::from(len)) {
+            return Err(more());
+        }
+        // Sized once: a buffer grown by doubling leaves a trail of freed ones behind.
+        let mut data = bytes::BytesMut::with_capacity(
+            resp.content_length()
+                .map_or(0, |n| n.min(u64::from(len)) as usize),
+        );
+        let mut body = resp.bytes_stream();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(transport)?;
+            if data.len() + chunk.len() > len as usize {
+                return Err(more());
+            }
+            data.extend_from_slice(&chunk);
+        }
+        Ok(ReadResult {
+            data: data.freeze(),
+            version,
+        })
+    }
+
+}
+
 #[async_trait]
 impl Remote for AgentClient {
     async fn mknod(
@@ -811,48 +869,19 @@ impl Remote for AgentClient {
     }
 
     async fn read(&self, path: &RemotePath, offset: u64, len: u32) -> Result<ReadResult> {
-        let q = [
-            p(path),
-            ("offset", offset.to_string().into_bytes()),
-            ("len", len.to_string().into_bytes()),
-        ];
-        let resp = self
-            .send(Some(CALL_TIMEOUT), || self.request(Method::GET, "read", &q))
-            .await?;
-        let version = resp
-            .headers()
-            .get(VERSION_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .map(|v| Version(v.to_string()))
-            .ok_or_else(|| RemoteError::Transport("read answer without a version".into()))?;
-        // Never more than asked: a longer answer is refused as it arrives, not buffered.
-        let more = || {
-            RemoteError::Io(
-                path.display(),
-                "the sandbox answered more bytes than asked".into(),
-            )
-        };
-        if resp.content_length().is_some_and(|n| n > u64::from(len)) {
-            return Err(more());
-        }
-        // Sized once: a buffer grown by doubling leaves a trail of freed ones behind.
-        let mut data = bytes::BytesMut::with_capacity(
-            resp.content_length()
-                .map_or(0, |n| n.min(u64::from(len)) as usize),
-        );
-        let mut body = resp.bytes_stream();
-        while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(transport)?;
-            if data.len() + chunk.len() > len as usize {
-                return Err(more());
-            }
-            data.extend_from_slice(&chunk);
-        }
-        Ok(ReadResult {
-            data: data.freeze(),
-            version,
-        })
+        self.read_of(path, offset, len, None).await
     }
+
+    async fn read_held(
+        &self,
+        path: &RemotePath,
+        offset: u64,
+        len: u32,
+        version: &Version,
+    ) -> Result<ReadResult> {
+        self.read_of(path, offset, len, Some(version)).await
+    }
+
 
     async fn commit(
         &self,

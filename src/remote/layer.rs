@@ -289,6 +289,16 @@ impl<L: Layer> Remote for Layered<L> {
         let f = |r: Inner| async move { r.read(path, offset, len).await }.boxed();
         self.layer.call(Op::Read, u64::from(len), &f).await
     }
+    async fn read_held(
+        &self,
+        path: &RemotePath,
+        offset: u64,
+        len: u32,
+        version: &Version,
+    ) -> Result<ReadResult> {
+        let f = |r: Inner| async move { r.read_held(path, offset, len, version).await }.boxed();
+        self.layer.call(Op::Read, u64::from(len), &f).await
+    }
     async fn commit(
         &self,
         path: &RemotePath,

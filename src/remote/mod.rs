@@ -637,6 +637,20 @@ pub trait Remote: Send + Sync {
     // --- data
     /// Up to `len` bytes at `offset` (fewer at the end of the file), with their version.
     async fn read(&self, path: &RemotePath, offset: u64, len: u32) -> Result<ReadResult>;
+    /// As [`Remote::read`], from the file that was at `path` at `version` if the sandbox still
+    /// holds it open, even though a rename replaced it or it was removed since (as a local
+    /// disk's open file keeps its bytes); the file read is held for the next such read. A
+    /// sandbox that holds nothing answers what `path` holds now, with its version.
+    async fn read_held(
+        &self,
+        path: &RemotePath,
+        offset: u64,
+        len: u32,
+        version: &Version,
+    ) -> Result<ReadResult> {
+        let _ = version;
+        self.read(path, offset, len).await
+    }
     /// Replace the file's content atomically (temp file beside it, then rename), after
     /// checking `opts.base`. A file with other hard links (`nlink > 1`) is the exception: a
     /// rename would cut those names off, so its new content, assembled aside all the same, is

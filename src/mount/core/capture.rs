@@ -114,7 +114,7 @@ impl FsCore {
                 PageIndex(run.0),
                 run.1 - run.0,
                 |from, n| async move {
-                    self.read_checked(path, from.start(), (n * PAGE) as u32)
+                    self.read_checked(path, base, from.start(), (n * PAGE) as u32)
                         .await
                 },
             )

@@ -999,17 +999,23 @@ impl FsCore {
         Ok((fh, keep && !truncate && !followed))
     }
 
-    /// One remote read for the page cache: never longer than asked, counted in the stats.
+    /// One remote read for the page cache, of the file at `version` if the sandbox still holds
+    /// it (a file replaced while being read keeps its bytes): never longer than asked,
+    /// counted in the stats.
     pub(super) async fn read_checked(
         &self,
         path: &RemotePath,
+        version: &crate::remote::Version,
         offset: u64,
         len: u32,
     ) -> Result<(Bytes, crate::remote::Version)> {
         // Nothing else to serve: a hung sandbox's read ends at its deadline, and a slow one's
         // answer is taken when it comes.
         let r = self
-            .ask(self.remote().read(path, offset, len), || false)
+            .ask(
+                self.remote().read_held(path, offset, len, version),
+                || false,
+            )
             .await?;
         if r.data.len() as u64 > u64::from(len) {
             return Err(RemoteError::Io(
@@ -1032,7 +1038,7 @@ impl FsCore {
         let (data, other, hit) = self
             .pages
             .get_or_fetch(version, page, || async {
-                self.read_checked(path, page.start(), PAGE as u32).await
+                self.read_checked(path, version, page.start(), PAGE as u32).await
             })
             .await?;
         if other.is_some() {
@@ -1054,11 +1060,12 @@ impl FsCore {
             return self.read_staged(h.node, &s, offset, size as u64).await;
         }
         // A file that lost its name to another (replaced in the sandbox, and the name since
-        // looked up): its old bytes are gone, as a replaced file's are below.
-        let path = self.path_of(h.node).map_err(|e| match e {
-            RemoteError::NotFound(m) => RemoteError::Stale(m),
-            e => e,
-        })?;
+        // looked up) is asked for by its last name: the sandbox may still hold it for us
+        // (`read_held`); if not, the answer is of another file, and ESTALE below.
+        let (path, lost) = match self.inodes.path_of(h.node) {
+            Some(p) => (p, false),
+            None => (self.node(h.node)?.last_path, true),
+        };
         if h.remote().dev == super::newfiles::UNPUSHED_DEV {
             // Opened while the file was new; pushed since: it is the sandbox's file now.
             h.follow(&self.node(h.node)?.attr);
@@ -1078,7 +1085,14 @@ impl FsCore {
                         // in place, it is still this handle's file: its new bytes are what a
                         // local disk would show. Replaced by another file, its old bytes are
                         // gone: answer that, never a mix of two files.
-                        let a = self.stable_stat(&path, || false).await?;
+                        let a = match self.stable_stat(&path, || false).await {
+                            Ok(a) => a,
+                            // Removed: a read cannot say ENOENT, and its bytes are gone.
+                            Err(RemoteError::NotFound(_)) => {
+                                return Err(RemoteError::Stale(path.display()))
+                            }
+                            Err(e) => return Err(e),
+                        };
                         if RemoteId::of(&a) != h.remote() {
                             return Err(RemoteError::Stale(path.display()));
                         }
@@ -1094,6 +1108,12 @@ impl FsCore {
                         h.follow(&a);
                         continue 'again;
                     }
+                    // Whatever holds the lost name now (nothing, a directory) is not this file.
+                    Err(
+                        RemoteError::NotFound(_)
+                        | RemoteError::IsDir(_)
+                        | RemoteError::Invalid(_),
+                    ) if lost => return Err(RemoteError::Stale(path.display())),
                     Err(e) => return Err(e),
                 };
                 let start = page.start();

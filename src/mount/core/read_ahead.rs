@@ -34,7 +34,7 @@ impl FsCore {
         let pages = (end - start).div_ceil(PAGE);
         self.pages
             .fetch_run(version, first, pages, |from, count| async move {
-                self.read_checked(path, from.start(), (count * PAGE) as u32)
+                self.read_checked(path, version, from.start(), (count * PAGE) as u32)
                     .await
             })
             .await;
