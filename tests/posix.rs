@@ -704,7 +704,10 @@ fn a_handle_never_reads_a_mix_of_two_files() {
     std::thread::sleep(Duration::from_millis(1200));
     let mut rest = vec![0u8; 1_000_000];
     f.read_exact_at(&mut rest, 2_000_000).unwrap();
-    assert!(rest == old[2_000_000..], "the tail is not the opened file's");
+    assert!(
+        rest == old[2_000_000..],
+        "the tail is not the opened file's"
+    );
     let mut all = Vec::new();
     (&f).read_to_end(&mut all).unwrap();
     assert!(all == old, "not the opened file, whole");

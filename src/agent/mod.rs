@@ -14,10 +14,10 @@
 //! Set-ID bits are dropped from requested modes unless `--allow-setid`.
 
 pub mod confine;
+pub mod held;
 pub mod identity;
 pub mod server;
 pub mod tls;
-pub mod held;
 mod tree;
 pub mod watch;
 pub mod workspace;

@@ -122,7 +122,11 @@ mod tests {
     }
 
     fn id(ino: u64) -> RemoteId {
-        RemoteId { dev: 1, ino, born: 0 }
+        RemoteId {
+            dev: 1,
+            ino,
+            born: 0,
+        }
     }
 
     #[test]

@@ -616,7 +616,6 @@ impl AgentClient {
             version,
         })
     }
-
 }
 
 #[async_trait]
@@ -881,7 +880,6 @@ impl Remote for AgentClient {
     ) -> Result<ReadResult> {
         self.read_of(path, offset, len, Some(version)).await
     }
-
 
     async fn commit(
         &self,

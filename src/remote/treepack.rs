@@ -778,7 +778,10 @@ mod tests {
             })
             .collect();
         assert_ne!(entries[0].attr.version, entries[1].attr.version);
-        assert_eq!(entries[0].attr.version, derived_version(&attr(FileKind::File, 9)));
+        assert_eq!(
+            entries[0].attr.version,
+            derived_version(&attr(FileKind::File, 9))
+        );
         let decoded = |trailer: Trailer| {
             let mut e = Encoder::with(trailer);
             e.listing(&entries);
@@ -797,7 +800,10 @@ mod tests {
             born: true,
         };
         let got = decoded(both);
-        assert_eq!(got, entries.iter().map(|e| e.attr.clone()).collect::<Vec<_>>());
+        assert_eq!(
+            got,
+            entries.iter().map(|e| e.attr.clone()).collect::<Vec<_>>()
+        );
         // Not asked: no birth time, and the version (spelled out, not derived) still exact.
         let got = decoded(Trailer::default());
         assert!(got.iter().all(|a| a.born_ns == 0));

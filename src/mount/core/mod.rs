@@ -1012,10 +1012,9 @@ impl FsCore {
         // Nothing else to serve: a hung sandbox's read ends at its deadline, and a slow one's
         // answer is taken when it comes.
         let r = self
-            .ask(
-                self.remote().read_held(path, offset, len, version),
-                || false,
-            )
+            .ask(self.remote().read_held(path, offset, len, version), || {
+                false
+            })
             .await?;
         if r.data.len() as u64 > u64::from(len) {
             return Err(RemoteError::Io(
@@ -1038,7 +1037,8 @@ impl FsCore {
         let (data, other, hit) = self
             .pages
             .get_or_fetch(version, page, || async {
-                self.read_checked(path, version, page.start(), PAGE as u32).await
+                self.read_checked(path, version, page.start(), PAGE as u32)
+                    .await
             })
             .await?;
         if other.is_some() {
@@ -1110,9 +1110,7 @@ impl FsCore {
                     }
                     // Whatever holds the lost name now (nothing, a directory) is not this file.
                     Err(
-                        RemoteError::NotFound(_)
-                        | RemoteError::IsDir(_)
-                        | RemoteError::Invalid(_),
+                        RemoteError::NotFound(_) | RemoteError::IsDir(_) | RemoteError::Invalid(_),
                     ) if lost => return Err(RemoteError::Stale(path.display())),
                     Err(e) => return Err(e),
                 };
