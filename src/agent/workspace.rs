@@ -615,7 +615,7 @@ fn read_versioned(
 ) -> Result<(Vec<u8>, Version)> {
     {
         for _ in 0..3 {
-            let before = statx_fd(&file).map_err(|e| errno(e, path))?;
+            let before = statx_fd(file).map_err(|e| errno(e, path))?;
             let want = (len as u64).min(before.stx_size.saturating_sub(offset)) as usize;
             let mut buf = vec![0u8; want];
             let mut got = 0;
@@ -628,7 +628,7 @@ fn read_versioned(
                 }
             }
             buf.truncate(got);
-            let after = statx_fd(&file).map_err(|e| errno(e, path))?;
+            let after = statx_fd(file).map_err(|e| errno(e, path))?;
             if version_of(&before) == version_of(&after) {
                 return Ok((buf, version_of(&after)));
             }

@@ -212,6 +212,7 @@ mod tests {
             ctime_ns: 0,
             dev: 1,
             ino: 9,
+            born_ns: 0,
             nlink: 1,
             rdev: 0,
             symlink_target: None,

@@ -689,6 +689,7 @@ mod tests {
             ctime_ns: 0,
             dev: 7,
             ino,
+            born_ns: 0,
             nlink,
             rdev: 0,
             symlink_target: None,

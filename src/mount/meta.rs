@@ -257,6 +257,7 @@ mod tests {
             ctime_ns: 0,
             dev: 0,
             ino: 3,
+            born_ns: 0,
             nlink: 1,
             rdev: 0,
             symlink_target: None,

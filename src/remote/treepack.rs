@@ -601,6 +601,7 @@ mod tests {
             ctime_ns: 1_700_000_000_000_000_000,
             dev: libc::makedev(8, 1),
             ino,
+            born_ns: 0,
             nlink: 1,
             rdev: 0,
             symlink_target: None,
