@@ -725,3 +725,44 @@ fn a_session_killed_mid_commit_lands_the_file_exactly_once() {
         "one commit landed: {st}"
     );
 }
+
+/// `agent --stdio` stopped by SIGTERM exits, though its exec channel stays open (a `docker
+/// exec` session whose other end is gone but not closed): it waited for its input to close.
+#[test]
+fn a_stdio_agent_exits_on_sigterm_while_its_input_stays_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = std::process::Command::new(crate::common::sbxfs_bin())
+        .args(["agent", "--stdio", "--root"])
+        .arg(dir.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = std::io::BufReader::new(agent.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("agent ready on stdio") {
+        line.clear();
+        let n = std::io::BufRead::read_line(&mut err, &mut line).unwrap();
+        assert!(n > 0, "the agent ended before it was ready");
+    }
+    // SAFETY: a signal to our own child, by its pid.
+    unsafe {
+        libc::kill(agent.id() as i32, libc::SIGTERM);
+    }
+    // Only a deadline for a broken agent: it lets requests finish for a few seconds.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = agent.try_wait().unwrap() {
+            break s;
+        }
+        if std::time::Instant::now() > until {
+            let _ = agent.kill();
+            let _ = agent.wait();
+            panic!("the agent did not exit within 30 s of SIGTERM with its input open");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(status.success(), "{status}");
+    drop(agent.stdin.take());
+}

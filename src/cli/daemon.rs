@@ -270,7 +270,7 @@ pub(super) fn run_agent(mut a: AgentArgs) -> i32 {
         // Before any thread starts: Landlock binds the calling thread and those it starts.
         let confinement = confine_agent(&a.root, &a.listen, a.no_landlock);
         let rt = crate::agent::runtime()?;
-        rt.block_on(crate::agent::serve(crate::agent::AgentConfig {
+        let served = rt.block_on(crate::agent::serve(crate::agent::AgentConfig {
             root: a.root,
             listen: a.listen,
             token,
@@ -280,7 +280,11 @@ pub(super) fn run_agent(mut a: AgentArgs) -> i32 {
             allow_setid: a.allow_setid,
             tls,
             workspace_id,
-        }))
+        }));
+        // Not waiting for every blocking thread: `--stdio`'s reader of standard input stays
+        // blocked until the exec channel closes, which a SIGTERM'd agent must not wait for.
+        rt.shutdown_timeout(std::time::Duration::from_secs(1));
+        served
     });
     match result {
         Ok(()) => 0,
