@@ -38,7 +38,8 @@
 //!   to its root by `openat2(RESOLVE_BENEATH)` ([`agent::workspace`]), its searches walking
 //!   beneath the root's descriptor ([`search::beneath`]) under a deadline and cancelled when
 //!   their client leaves ([`search::cancel`]); Landlock as a second wall ([`agent::confine`]);
-//!   a change feed over real directories only ([`agent::watch`]); its own accept loop bounding
+//!   a change feed over real directories only ([`agent::watch`]); the files mounts read, held
+//!   open for them ([`agent::held`]); its own accept loop bounding
 //!   connections, header reads and idle time ([`agent::server`]), on TCP or a Unix socket, https
 //!   when given a certificate ([`agent::tls`]).
 //! - [`mount`]: `sbxfs mount`, a FUSE filesystem over any `Remote`: a thin adapter
@@ -92,9 +93,11 @@
 //! `read(2)` in the mount reaches [`mount::fuse`], which hands it to a task calling
 //! [`mount::gated::GatedFs::read`] and so [`mount::core::FsCore::read`]: a file with staged writes is read from its staged image
 //! (base pages fetched on demand); otherwise the file's current version (revalidated at `open`)
-//! and the page index key the page cache; a miss calls [`remote::Remote::read`], and the agent opens the
-//! path beneath its root, `pread`s the range and answers the bytes with the version (device,
-//! inode, size, mtime) they came from.
+//! and the page index key the page cache; a miss calls [`remote::Remote::read_held`] with the
+//! handle's version, and the agent reads the file it holds open under that path and version
+//! ([`agent::held`]: a file replaced or removed since keeps its bytes for its reader), else
+//! opens the path beneath its root; it `pread`s the range and answers the bytes with the
+//! version (device, inode, size, mtime, birth time) they came from.
 //!
 //! # The path of a write
 //! `write(2)` goes to the node's staged image ([`mount::staging`]; a journal line records it),
