@@ -160,7 +160,9 @@ fn put_entry(out: &mut Vec<u8>, name: &[u8], a: &Attr, trailer: Trailer) {
         put_varint(out, v);
     }
     put_opt_bytes(out, a.symlink_target.as_ref().map(|t| t.0.as_slice()));
-    let derived = derived_version(a) == a.version;
+    // Derived by the reader from what it is sent: not when the birth time it was made with
+    // is not sent.
+    let derived = derived_version(a) == a.version && (a.born_ns == 0 || trailer.born);
     put_opt_bytes(out, (!derived).then_some(a.version.0.as_bytes()));
     if trailer.xattrs {
         out.push(match a.has_xattrs {
