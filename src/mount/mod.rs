@@ -50,6 +50,7 @@ pub mod prefetch;
 pub mod preflight;
 pub mod pushq;
 pub mod readahead;
+pub mod recent;
 pub mod sandbox;
 pub mod staging;
 pub use self::core::subtree;

@@ -50,7 +50,10 @@ pub(in crate::mount) enum Applied {
 impl FsCore {
     pub(in crate::mount) fn apply(&self, change: Change<'_>) -> Applied {
         match change {
-            Change::Reported { path, namespace } => self.reported(path, namespace),
+            Change::Reported { path, namespace } => {
+                self.recent.note(path, self.cfg.clock.now());
+                self.reported(path, namespace)
+            }
             Change::AllStale => {
                 self.meta.expire_all();
                 self.prefetched.forget_under(&RemotePath::root());

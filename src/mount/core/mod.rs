@@ -128,6 +128,8 @@ pub struct FsCore {
     meta: MetaCache,
     /// Subdirectories' listings from a subtree fetch, until their nodes exist.
     prefetched: super::prefetch::Prefetched,
+    /// Names the sandbox changed lately: opens of them ask it first.
+    recent: super::recent::RecentChanges,
     flights: subtree::Flights,
     /// Stale listings fetched again, by directory ([`Self::relist_stale`]).
     relists: subtree::Flights,
@@ -189,6 +191,7 @@ impl FsCore {
             inodes: InodeTable::with_clock(root, cfg.clock.clone()),
             meta: MetaCache::with_clock(cfg.clock.clone()),
             prefetched: Default::default(),
+            recent: Default::default(),
             flights: Default::default(),
             relists: Default::default(),
             tree_unsupported: AtomicBool::new(false),
@@ -448,7 +451,7 @@ impl FsCore {
             return false;
         }
         match self.meta.entry(parent, &name, self.ttl(), false) {
-            Some(Some(a)) => self.inodes.rebind_answer(node, &a, asked),
+            Some(Some(a)) => self.rebind_at_name(node, &a, asked),
             _ => false,
         }
     }
@@ -457,10 +460,73 @@ impl FsCore {
         let asked = self.epoch();
         // The node's own attributes are the answer while the sandbox gives none.
         let a = self.ask(self.remote().stat(path), || true).await?;
-        if self.inodes.rebind_answer(node, &a, asked) {
+        if self.rebind_at_name(node, &a, asked) {
             return Ok(a);
         }
         Ok(self.node(node)?.attr)
+    }
+
+    /// The sandbox's answer about the node's name, asked for at epoch `asked`: applied to the
+    /// node ([`InodeTable::rebind_answer`]), unless it is another file while this one is open
+    /// for reading here. Then the open file stays what it was, size included (its readers go on
+    /// reading it, as the agent holds it: were the kernel told the new file's size, they would
+    /// read the old bytes cut or padded to it), and the name leaves it, for the next lookup to
+    /// make the new file a node of its own. Answers whether the answer was applied.
+    fn rebind_at_name(&self, node: NodeId, a: &Attr, asked: u64) -> bool {
+        let Some(n) = self.inodes.get(node) else {
+            return false;
+        };
+        let another_file = RemoteId::of(a) != n.remote;
+        if another_file
+            && n.open > 0
+            && n.attr.kind == FileKind::File
+            && n.own_change <= asked
+            && self.staged_of(node).is_none()
+        {
+            self.name_leaves(node);
+            return false;
+        }
+        self.inodes.rebind_answer(node, a, asked)
+    }
+
+    /// Another file has the node's name in the sandbox: the name leaves the node (here and
+    /// in the kernel), whose open handles keep it as it was.
+    fn name_leaves(&self, node: NodeId) {
+        let Some(n) = self.inodes.get(node) else {
+            return;
+        };
+        if let Some((parent, name)) = n.links.first() {
+            self.inodes.unlink(*parent, name);
+            self.meta.expire(*parent);
+            if let Some(k) = self.kernel() {
+                k.invalidate_entry(*parent, name);
+            }
+        }
+    }
+
+    /// An open for reading of a file the sandbox changed lately, made from what the feed last
+    /// said (which a replacement made since may not have reached yet): one byte read of the
+    /// version opened makes the agent hold that file for this reader, or finds it replaced
+    /// already. Then the name leaves the node and the open answers ESTALE, which makes the
+    /// kernel look the name up again and open the file that is there now.
+    async fn hold_at_open(&self, node: NodeId, path: &RemotePath, attr: &Attr) -> Result<()> {
+        let replaced = match self.read_checked(path, &attr.version, 0, 1).await {
+            Ok((_, v)) if v == attr.version => false,
+            Ok(_) => match self.stable_stat(path, || false).await {
+                // Changed in place: the same file, whose handles follow it.
+                Ok(a) => RemoteId::of(&a) != RemoteId::of(attr),
+                Err(RemoteError::NotFound(_)) => true,
+                Err(e) => return Err(e),
+            },
+            Err(RemoteError::NotFound(_)) => true,
+            // Unreachable, or whatever else: the first read meets it and says so.
+            Err(_) => false,
+        };
+        if replaced {
+            self.name_leaves(node);
+            return Err(RemoteError::Stale(path.display()));
+        }
+        Ok(())
     }
 
     /// The mount itself changed the node: it now has `attr`, and answers asked for before
@@ -975,6 +1041,13 @@ impl FsCore {
         };
         if attr.kind == FileKind::Dir && writable {
             return Err(RemoteError::IsDir(self.path_of(node)?.display()));
+        }
+        if vouched && !writable && !staged && attr.kind == FileKind::File && !self.offline() {
+            if let Some(path) = self.inodes.path_of(node) {
+                if self.recent.changing(&path, self.cfg.clock.now()) {
+                    self.hold_at_open(node, &path, &attr).await?;
+                }
+            }
         }
         // Counted open before any staging, so a release racing this open never drops the
         // staged state it is about to use.
