@@ -911,3 +911,44 @@ fn writes_follow_a_file_the_sandbox_renamed_while_it_was_open() {
     assert!(!r.join("draft.txt").exists());
     assert!(leftovers(r).is_empty(), "{:?}", leftovers(r));
 }
+
+#[test]
+fn a_lock_file_made_here_is_a_lock_in_the_sandbox_too() {
+    // Git on both sides: a `NAME.lock` made exclusively here must stop git in the sandbox
+    // from taking the same lock, and the other way round.
+    let s = setup();
+    let (m, r) = (&s.mount.dir, &s.root);
+    let mut lock = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(m.join("index.lock"))
+        .unwrap();
+    let theirs = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(r.join("index.lock"));
+    assert_eq!(
+        theirs.map(drop).unwrap_err().kind(),
+        std::io::ErrorKind::AlreadyExists,
+        "the sandbox took a lock held here"
+    );
+    lock.write_all(b"new index").unwrap();
+    drop(lock);
+    fs::rename(m.join("index.lock"), m.join("index")).unwrap();
+    assert_eq!(fs::read_to_string(r.join("index")).unwrap(), "new index");
+    assert!(
+        !r.join("index.lock").exists(),
+        "the lock stayed in the sandbox"
+    );
+    // A lock the sandbox holds is refused here, whatever the mount's listing last said.
+    fs::write(r.join("HEAD.lock"), "theirs").unwrap();
+    let ours = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(m.join("HEAD.lock"));
+    assert_eq!(
+        ours.map(drop).unwrap_err().raw_os_error(),
+        Some(libc::EEXIST)
+    );
+    assert_eq!(fs::read_to_string(r.join("HEAD.lock")).unwrap(), "theirs");
+}

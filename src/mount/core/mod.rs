@@ -1461,9 +1461,13 @@ impl FsCore {
         let dir = self.path_of(parent)?;
         let path = dir.join(name)?;
         let absent = self.meta.entry(parent, name, self.ttl(), false) == Some(None);
-        if (self.newfiles.take_absent(parent, name) || absent)
-            && self.inodes.child(parent, name).is_none()
-        {
+        let known_absent = self.newfiles.take_absent(parent, name) || absent;
+        // A lock file (git's `index.lock`: any `NAME.lock` made exclusively) is made in the
+        // sandbox at once, so that a lock taken here is taken there too: made here only, it
+        // would not stop a program in the sandbox from taking the same lock (git on both
+        // sides then wrote the same index at once).
+        let lock = exclusive && is_lock_name(name) && !self.offline();
+        if known_absent && !lock && self.inodes.child(parent, name).is_none() {
             return self.made_new(parent, name, mode).await;
         }
         // Not known to be absent: ask, rather than create it empty in the sandbox (a reader
@@ -1471,7 +1475,7 @@ impl FsCore {
         // this answer is not overwritten: the first push is create-only.
         // A sandbox out of reach: made here too, and pushed when it answers (create-only, so
         // nothing there is overwritten), as writes to existing files are kept.
-        if self.inodes.child(parent, name).is_none() {
+        if self.inodes.child(parent, name).is_none() && !lock {
             if self.offline() {
                 return self.made_new(parent, name, mode).await;
             }
@@ -2237,4 +2241,9 @@ pub(super) fn stale_instant() -> Instant {
 /// A local (staging) I/O error: an error of this machine, not of the sandbox.
 pub(super) fn local_io(e: &std::io::Error) -> RemoteError {
     RemoteError::from_io(e, "staging directory")
+}
+
+/// A name programs take as a lock by making it exclusively (`O_EXCL`): git's lock files.
+fn is_lock_name(name: &[u8]) -> bool {
+    name.len() > b".lock".len() && name.ends_with(b".lock")
 }
