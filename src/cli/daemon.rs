@@ -295,6 +295,9 @@ pub(super) fn run_agent(mut a: AgentArgs) -> i32 {
     }
 }
 
+/// Conflicts (and kept edits) `umount` names one by one: the latest.
+const MAX_SHOWN: usize = 10;
+
 pub(super) fn run_mount(a: MountArgs) -> i32 {
     close_inherited_on_exec();
     if a.background {
@@ -425,13 +428,26 @@ pub(super) fn run_umount(a: UmountArgs) -> i32 {
     // What the mount did with edits (kept, saved beside): told once, when it is unmounted,
     // not again at each attempt a busy mount refuses.
     let notes = || {
-        for (path, why) in &flushed.kept {
+        // The latest few of each: a long-lived mount's run to hundreds of lines.
+        let latest = |all: &[(String, String)], what: &str| -> usize {
+            let skipped = all.len().saturating_sub(MAX_SHOWN);
+            if skipped > 0 {
+                eprintln!(
+                    "sbxfs umount: {} {what} in all; the latest {MAX_SHOWN}:",
+                    all.len()
+                );
+            }
+            skipped
+        };
+        let skipped = latest(&flushed.kept, "edits kept from earlier mounts");
+        for (path, why) in &flushed.kept[skipped..] {
             eprintln!(
                 "sbxfs umount: note: {path}: an edit from an earlier mount is kept unpushed in \
                  the staging directory ({why})"
             );
         }
-        for (path, copy) in &flushed.conflicts {
+        let skipped = latest(&flushed.conflicts, "conflicts while mounted");
+        for (path, copy) in &flushed.conflicts[skipped..] {
             eprintln!(
                 "sbxfs umount: conflict: {path} changed in the sandbox while it had unpushed \
                  edits; your version was saved beside it as {copy}"
