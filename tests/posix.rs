@@ -715,6 +715,18 @@ fn a_handle_never_reads_a_mix_of_two_files() {
     // A new open reads the new file.
     assert_eq!(fs::read(m.join("f")).unwrap(), vec![b'Z'; 3_000_000]);
 
+    // Removed in the sandbox while open here: read to its end, and fstat still answers.
+    fs::write(r.join("gone"), &old).unwrap();
+    let mut gone = fs::File::open(m.join("gone")).unwrap();
+    gone.read_exact_at(&mut head, 0).unwrap();
+    fs::remove_file(r.join("gone")).unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(gone.metadata().unwrap().len(), old.len() as u64);
+    let mut all = Vec::new();
+    gone.read_to_end(&mut all).unwrap();
+    assert!(all == old, "not the removed file, whole");
+    assert!(fs::symlink_metadata(m.join("gone")).is_err());
+
     // Changed in place in the sandbox (same file): the reader sees the new bytes, as on ext4.
     fs::write(r.join("g"), vec![b'C'; 300_000]).unwrap();
     let g = fs::File::open(m.join("g")).unwrap();

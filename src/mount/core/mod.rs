@@ -459,7 +459,16 @@ impl FsCore {
     async fn stat_node(&self, node: NodeId, path: &RemotePath) -> Result<Attr> {
         let asked = self.epoch();
         // The node's own attributes are the answer while the sandbox gives none.
-        let a = self.ask(self.remote().stat(path), || true).await?;
+        let a = match self.ask(self.remote().stat(path), || true).await {
+            Ok(a) => a,
+            // Removed in the sandbox while open here: the open file is still what it was (as
+            // an unlinked file is on a local disk), and its readers read it to its end.
+            Err(RemoteError::NotFound(_)) if self.open_for_reading(node) => {
+                self.name_leaves(node);
+                return Ok(self.node(node)?.attr);
+            }
+            Err(e) => return Err(e),
+        };
         if self.rebind_at_name(node, &a, asked) {
             return Ok(a);
         }
@@ -476,17 +485,20 @@ impl FsCore {
         let Some(n) = self.inodes.get(node) else {
             return false;
         };
-        let another_file = RemoteId::of(a) != n.remote;
-        if another_file
-            && n.open > 0
-            && n.attr.kind == FileKind::File
-            && n.own_change <= asked
-            && self.staged_of(node).is_none()
-        {
+        if RemoteId::of(a) != n.remote && n.own_change <= asked && self.open_for_reading(node) {
             self.name_leaves(node);
             return false;
         }
         self.inodes.rebind_answer(node, a, asked)
+    }
+
+    /// Whether the node is a file open here with nothing staged (its handles read the
+    /// sandbox's file).
+    fn open_for_reading(&self, node: NodeId) -> bool {
+        self.inodes
+            .get(node)
+            .is_some_and(|n| n.open > 0 && n.attr.kind == FileKind::File)
+            && self.staged_of(node).is_none()
     }
 
     /// Another file has the node's name in the sandbox: the name leaves the node (here and
