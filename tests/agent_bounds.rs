@@ -285,12 +285,13 @@ async fn answers_nobody_reads_and_quiet_feeds_never_lock_out_clients() {
     );
     let request = |target: &str| {
         let mut s = TcpStream::connect(agent.addr).unwrap();
-        write!(
+        // Past the connection cap the agent gives up its idlest connection, which may be this
+        // one before its request is written (a busy machine): that is the bound at work.
+        let _ = write!(
             s,
             "GET {target} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\r\n",
             agent.token
-        )
-        .unwrap();
+        );
         s
     };
     // Change-feed streams: a bounded number at once, the rest refused.
