@@ -614,6 +614,21 @@ mod tests {
         a
     }
 
+    /// The attributes of `entries` as a listing encoded with `trailer` and decoded again.
+    fn round_trip(entries: &[DirEntry], trailer: Trailer) -> Vec<Attr> {
+        let mut e = Encoder::with(trailer);
+        e.listing(entries);
+        e.end(None);
+        decode_all(&e.finish())
+            .unwrap()
+            .into_iter()
+            .filter_map(|r| match r {
+                Record::Entry(e) => Some(e.attr),
+                _ => None,
+            })
+            .collect()
+    }
+
     fn decode_all(bytes: &[u8]) -> Result<Vec<Record>> {
         let mut d = Decoder::new();
         let mut out = Vec::new();
@@ -724,27 +739,21 @@ mod tests {
                 },
             })
             .collect();
-        let decoded = |mut e: Encoder| {
-            e.listing(&entries);
-            e.end(None);
-            decode_all(&e.finish())
-                .unwrap()
+        let decoded = |trailer: Trailer| -> Vec<Option<bool>> {
+            round_trip(&entries, trailer)
                 .into_iter()
-                .filter_map(|r| match r {
-                    Record::Entry(e) => Some(e.attr.has_xattrs),
-                    _ => None,
-                })
-                .collect::<Vec<_>>()
+                .map(|a| a.has_xattrs)
+                .collect()
         };
         assert_eq!(
-            decoded(Encoder::with(Trailer {
+            decoded(Trailer {
                 xattrs: true,
                 born: false
-            })),
+            }),
             [Some(false), Some(true), None]
         );
         // An older agent's records (no byte): unknown, so the mount asks.
-        assert_eq!(decoded(Encoder::new()), [None, None, None]);
+        assert_eq!(decoded(Trailer::default()), [None, None, None]);
         let mut r = Vec::new();
         let xattrs = Trailer {
             xattrs: true,
@@ -785,19 +794,7 @@ mod tests {
             entries[0].attr.version,
             derived_version(&attr(FileKind::File, 9))
         );
-        let decoded = |trailer: Trailer| {
-            let mut e = Encoder::with(trailer);
-            e.listing(&entries);
-            e.end(None);
-            decode_all(&e.finish())
-                .unwrap()
-                .into_iter()
-                .filter_map(|r| match r {
-                    Record::Entry(e) => Some(e.attr),
-                    _ => None,
-                })
-                .collect::<Vec<_>>()
-        };
+        let decoded = |trailer: Trailer| round_trip(&entries, trailer);
         let both = Trailer {
             xattrs: true,
             born: true,
