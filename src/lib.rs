@@ -97,7 +97,9 @@
 //! handle's version, and the agent reads the file it holds open under that path and version
 //! ([`agent::held`]: a file replaced or removed since keeps its bytes for its reader), else
 //! opens the path beneath its root; it `pread`s the range and answers the bytes with the
-//! version (device, inode, size, mtime, birth time) they came from.
+//! version (device, inode, size, mtime, birth time) they came from. The reply goes through
+//! [`mount::kernel_notes`], which orders it with the kernel invalidations and attribute answers
+//! of that file, so a read that a rewrite in the sandbox cut short ends the file there.
 //!
 //! # The path of a write
 //! `write(2)` goes to the node's staged image ([`mount::staging`]; a journal line records it),

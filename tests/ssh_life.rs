@@ -489,7 +489,8 @@ fn deploying_a_dynamically_linked_build_says_so_and_names_the_static_one() {
     let log = m.log_text();
     assert!(
         log.contains("deploying a dynamically linked sbxfs")
-            && log.contains("scripts/build-static.sh"),
+            && log.contains("+crt-static")
+            && log.contains("-o deploy_binary=PATH"),
         "{log}"
     );
 }

@@ -40,7 +40,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rustix::fs::{
     self as rfs, AtFlags, FallocateFlags, FileType, Mode, OFlags, RenameFlags, ResolveFlags,
@@ -605,38 +605,47 @@ impl Workspace {
     }
 }
 
+/// Tries of [`read_versioned`] before it answers bytes that may mix versions.
+const READ_TRIES: u32 = 6;
+
 /// Up to `len` bytes of `file` at `offset`, with their version. A file changed in place during
-/// the read is read again, so bytes and version agree.
+/// the read is read again, so bytes and version agree; a writer that keeps at it (a program
+/// rewriting the file chunk by chunk while this thread waits for a CPU) is given a few
+/// milliseconds more each time. If it never holds still, the last bytes read are answered, as
+/// a local disk answers a reader racing a writer, under a version no stat names
+/// ([`Version::unsettled`]), so no cache keeps them as the file's.
 fn read_versioned(
     file: &File,
     path: &RemotePath,
     offset: u64,
     len: u32,
 ) -> Result<(Vec<u8>, Version)> {
-    {
-        for _ in 0..3 {
-            let before = statx_fd(file).map_err(|e| errno(e, path))?;
-            let want = (len as u64).min(before.stx_size.saturating_sub(offset)) as usize;
-            let mut buf = vec![0u8; want];
-            let mut got = 0;
-            while got < want {
-                match file.read_at(&mut buf[got..], offset + got as u64) {
-                    Ok(0) => break,
-                    Ok(n) => got += n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(RemoteError::from_io(&e, &path.display())),
-                }
-            }
-            buf.truncate(got);
-            let after = statx_fd(file).map_err(|e| errno(e, path))?;
-            if version_of(&before) == version_of(&after) {
-                return Ok((buf, version_of(&after)));
+    let mut attempt = 0;
+    loop {
+        let before = statx_fd(file).map_err(|e| errno(e, path))?;
+        let want = (len as u64).min(before.stx_size.saturating_sub(offset)) as usize;
+        let mut buf = vec![0u8; want];
+        let mut got = 0;
+        while got < want {
+            match file.read_at(&mut buf[got..], offset + got as u64) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(RemoteError::from_io(&e, &path.display())),
             }
         }
-        Err(RemoteError::Io(
-            path.display(),
-            "the file kept changing while it was read".into(),
-        ))
+        buf.truncate(got);
+        let after = statx_fd(file).map_err(|e| errno(e, path))?;
+        if version_of(&before) == version_of(&after) {
+            return Ok((buf, version_of(&after)));
+        }
+        attempt += 1;
+        if attempt == READ_TRIES {
+            return Ok((buf, Version::unsettled(&version_of(&after))));
+        }
+        if attempt >= 2 {
+            std::thread::sleep(Duration::from_millis(1 << (attempt - 2)));
+        }
     }
 }
 

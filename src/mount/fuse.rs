@@ -19,16 +19,19 @@ use fuser::{
 use tokio::runtime::Handle;
 use tracing::Instrument;
 
-use super::core::KernelCache;
+use super::core::KernelPages;
 use super::echo::ECHO_FH;
 use super::gate::Caller;
 use super::gated::{Attributes, Entry, GatedFs, Opened, SetAttrs};
 use super::inode::NodeId;
+use super::kernel_notes::KernelNotes;
 use crate::remote::{RemoteError, RenameMode};
 
 pub struct SbxFs {
     pub fs: Arc<GatedFs>,
     pub rt: Handle,
+    /// Told of each READ until it is answered ([`super::kernel_notes`]).
+    pub notes: Arc<KernelNotes>,
 }
 
 /// The one place a core error becomes an errno. Expected answers (a name that is not there,
@@ -89,8 +92,14 @@ fn reply_attr(reply: ReplyAttr, op: &str, r: crate::remote::Result<Attributes>) 
 
 fn reply_opened(reply: ReplyOpen, op: &str, r: crate::remote::Result<Opened>) {
     match r {
-        Ok(o) if o.keep_cache => reply.opened(FileHandle(o.fh), FopenFlags::FOPEN_KEEP_CACHE),
-        Ok(o) => reply.opened(FileHandle(o.fh), FopenFlags::empty()),
+        Ok(o) => reply.opened(
+            FileHandle(o.fh),
+            match o.pages {
+                KernelPages::Keep => FopenFlags::FOPEN_KEEP_CACHE,
+                KernelPages::Drop => FopenFlags::empty(),
+                KernelPages::Bypass => FopenFlags::FOPEN_DIRECT_IO,
+            },
+        ),
         Err(e) => reply.error(fail(op, &e)),
     }
 }
@@ -149,6 +158,9 @@ impl Filesystem for SbxFs {
         // Lookups and listings in one directory run in parallel (the kernel still serialises
         // changes to it); asked for alone, as a kernel without it refuses the whole set.
         let _ = config.add_capabilities(fuser::InitFlags::FUSE_PARALLEL_DIROPS);
+        // A file opened while the sandbox rewrites it bypasses the page cache
+        // (`KernelPages::Bypass`); mapping it must still work (`MAP_SHARED` too: Python's mmap).
+        let _ = config.add_capabilities(fuser::InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP);
         // ioctls on directories too: `sbxfs grep` asks the directory it stands in. O_TRUNC in
         // OPEN itself: a SETATTR of the size is then always an explicit truncate.
         let _ = config.add_capabilities(
@@ -205,12 +217,13 @@ impl Filesystem for SbxFs {
             return reply_entry(reply, "lookup", r);
         }
         let (name, caller) = (name_bytes(name), self.caller(req));
+        let notes = self.notes.clone();
         self.spawn("lookup", parent.0, move |fs| async move {
-            reply_entry(
-                reply,
-                "lookup",
-                fs.lookup(&caller, node(parent), &name).await,
-            )
+            let r = fs.lookup(&caller, node(parent), &name).await;
+            if let Ok(e) = &r {
+                notes.after_reads_out(e.attr.ino.0).await;
+            }
+            reply_entry(reply, "lookup", r)
         });
     }
 
@@ -222,8 +235,11 @@ impl Filesystem for SbxFs {
         if self.fs.is_echo(req.pid()) {
             return reply_attr(reply, "getattr", self.fs.echo_attributes(node(ino)));
         }
+        let notes = self.notes.clone();
         self.spawn("getattr", ino.0, move |fs| async move {
-            reply_attr(reply, "getattr", fs.getattr(node(ino)).await)
+            let r = fs.getattr(node(ino)).await;
+            notes.after_reads_out(ino.0).await;
+            reply_attr(reply, "getattr", r)
         });
     }
 
@@ -451,8 +467,15 @@ impl Filesystem for SbxFs {
     ) {
         // The kernel's read sizes show whether max_readahead/max_pages took (SBXFS_LOG=trace).
         tracing::trace!(offset, size, "read");
+        let in_flight = self.notes.reading(ino.0, offset);
         self.spawn("read", ino.0, move |fs| async move {
-            reply_data(reply, "read", fs.read(fh.0, offset, size).await)
+            let r = fs.read(fh.0, offset, size).await;
+            if r.as_ref().is_ok_and(|d| d.len() < size as usize) {
+                // An end of file: told to the kernel in offset order (`kernel_notes`).
+                in_flight.after_lower_reads().await;
+            }
+            reply_data(reply, "read", r);
+            drop(in_flight);
         });
     }
 
@@ -737,73 +760,5 @@ impl Filesystem for SbxFs {
                 Err(e) => reply.error(fail("create", &e)),
             }
         });
-    }
-}
-
-/// Kernel cache invalidation through the session's notifier. Notifications are sent from a
-/// thread of their own, never from a request's: the kernel may need a lock held by the very
-/// request that caused one, and that request can only finish once we reply. One thread, fed
-/// by a queue, so a burst of changes in the sandbox does not start a thread per change.
-pub struct Notifier {
-    queue: std::sync::Mutex<std::sync::mpsc::Sender<Note>>,
-}
-
-enum Note {
-    Data(NodeId),
-    Attr(NodeId),
-    Entry(NodeId, Vec<u8>),
-    /// Everything queued before it was sent.
-    Barrier(tokio::sync::oneshot::Sender<()>),
-}
-
-impl Notifier {
-    pub fn new(kernel: Arc<fuser::Notifier>) -> Notifier {
-        let (tx, rx) = std::sync::mpsc::channel::<Note>();
-        let spawned = std::thread::Builder::new()
-            .name("sbxfs-notify".into())
-            .spawn(move || {
-                // Errors say the kernel did not have that node or name cached: nothing to drop.
-                for note in rx {
-                    let _ = match note {
-                        Note::Data(n) => kernel.inval_inode(INodeNo(n.0), 0, 0),
-                        Note::Attr(n) => kernel.inval_inode(INodeNo(n.0), -1, 0),
-                        Note::Entry(p, name) => {
-                            kernel.inval_entry(INodeNo(p.0), OsStr::from_bytes(&name))
-                        }
-                        Note::Barrier(done) => {
-                            let _ = done.send(());
-                            Ok(())
-                        }
-                    };
-                }
-            });
-        if let Err(e) = spawned {
-            tracing::error!("cannot start the kernel notification thread: {e}");
-        }
-        Notifier {
-            queue: std::sync::Mutex::new(tx),
-        }
-    }
-
-    fn send(&self, note: Note) {
-        let _ = self.queue.lock().expect("notifier lock").send(note);
-    }
-}
-
-impl KernelCache for Notifier {
-    fn invalidate_data(&self, node: NodeId) {
-        self.send(Note::Data(node));
-    }
-
-    fn invalidate_attr(&self, node: NodeId) {
-        self.send(Note::Attr(node));
-    }
-
-    fn invalidate_entry(&self, parent: NodeId, name: &[u8]) {
-        self.send(Note::Entry(parent, name.to_vec()));
-    }
-
-    fn barrier(&self, done: tokio::sync::oneshot::Sender<()>) {
-        self.send(Note::Barrier(done));
     }
 }

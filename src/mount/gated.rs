@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fuser::{FileAttr, FileType, INodeNo, TimeOrNow};
 
 use super::access::{self, XattrUse};
-use super::core::{FsCore, NodeAttr};
+use super::core::{FsCore, KernelPages, NodeAttr};
 use super::gate::{Caller, Gate, Owners};
 use super::handles::DirEntryOut;
 use super::inode::NodeId;
@@ -38,8 +38,8 @@ pub struct Attributes {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Opened {
     pub fh: u64,
-    /// The kernel may keep the file's pages from before (nothing changed since).
-    pub keep_cache: bool,
+    /// What the kernel may do with the file's cached pages.
+    pub pages: KernelPages,
 }
 
 /// A file made and opened by CREATE.
@@ -429,8 +429,8 @@ impl GatedFs {
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let truncate = flags & libc::O_TRUNC != 0;
         self.gate(caller).open(node, flags).await?;
-        let (fh, keep_cache) = self.core.open(node, writable, truncate).await?;
-        Ok(Opened { fh, keep_cache })
+        let (fh, pages) = self.core.open(node, writable, truncate).await?;
+        Ok(Opened { fh, pages })
     }
 
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
@@ -467,7 +467,7 @@ impl GatedFs {
         let fh = self.core.opendir(node)?;
         Ok(Opened {
             fh,
-            keep_cache: false,
+            pages: KernelPages::Drop,
         })
     }
 

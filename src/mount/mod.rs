@@ -1,6 +1,7 @@
 //! `sbxfs mount REMOTE MOUNTPOINT`: the FUSE filesystem over any [`crate::remote::Remote`].
 //!
-//! [`fuse`] is the thin adapter over [`core`], the filesystem operations, which work over
+//! [`fuse`] is the thin adapter over [`core`] (its invalidations of the kernel's caches go
+//! through [`kernel_notes`]), the filesystem operations, which work over
 //! [`inode`] (the inode table), [`meta`] (listings), [`pages`] (the page cache), [`handles`]
 //! (open files and directories) and [`writeback`] (pushes, retries, conflicts) with
 //! [`staging`] (the durable image of a file being written); [`links`] shows symlink targets so
@@ -37,6 +38,7 @@ pub mod handles;
 pub mod health;
 pub mod inode;
 pub mod kernel;
+pub mod kernel_notes;
 pub mod lifecycle;
 pub mod links;
 pub mod made_links;
@@ -439,7 +441,9 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
         "the sandbox's user"
     );
     core.learn(&info);
+    let (notes, notes_rx) = kernel_notes::KernelNotes::new();
     let fs = fuse::SbxFs {
+        notes: notes.clone(),
         fs: Arc::new(gated::GatedFs::new(
             core.clone(),
             owners.clone(),
@@ -500,7 +504,8 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     // The device number tells our mount from one mounted over it later.
     let our_dev = mounts::top_at(&mounts::current(), &mountpoint).map(|e| e.dev.clone());
     let kernel_cache = Arc::new(session.notifier());
-    core.set_kernel_cache(Arc::new(fuse::Notifier::new(kernel_cache.clone())));
+    kernel_notes::start(notes.clone(), notes_rx, kernel_cache.clone());
+    core.set_kernel_cache(Arc::new(kernel_notes::Notifier(notes)));
     if info.capabilities.feed {
         rt.spawn(feed::follow(core.clone(), Some(health.clone())));
     } else {

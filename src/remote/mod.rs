@@ -231,6 +231,12 @@ impl Version {
     pub fn is_absent(&self) -> bool {
         self.0 == "absent"
     }
+
+    /// The version of bytes read while the file kept changing (at `now` after the read): no
+    /// stat ever names it, so they are never taken from a cache for a real version.
+    pub fn unsettled(now: &Version) -> Version {
+        Version(format!("{now}~unsettled"))
+    }
 }
 
 impl fmt::Display for Version {

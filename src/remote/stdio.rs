@@ -283,13 +283,29 @@ pub fn is_dynamically_linked(path: &Path) -> Option<bool> {
     Some(false)
 }
 
+/// How to make a build that runs in any Linux sandbox of this architecture, for one who has
+/// the binary and not the sources' scripts.
+pub const STATIC_BUILD: &str = "a static build runs anywhere: \
+     cargo build --release with RUSTFLAGS='-C target-feature=+crt-static' and an explicit \
+     --target (the sources' scripts/build-static.sh does this), passed as -o deploy_binary=PATH";
+
 /// What to do about a build that does not run in the sandbox, when it is a dynamic one.
-fn static_hint(bin: &Binary) -> &'static str {
-    if is_dynamically_linked(&bin.path) == Some(true) {
-        "; this sbxfs is dynamically linked: deploy the static build \
-         (scripts/build-static.sh, then -o deploy_binary=PATH or put it first in PATH)"
+pub fn static_hint(path: &Path) -> String {
+    if is_dynamically_linked(path) == Some(true) {
+        format!("; this sbxfs is dynamically linked: {STATIC_BUILD}")
     } else {
-        ""
+        String::new()
+    }
+}
+
+/// Say, before an upload, that a dynamic build may not run there.
+pub fn warn_if_dynamic(path: &Path) {
+    if is_dynamically_linked(path) == Some(true) {
+        tracing::warn!(
+            path = %path.display(),
+            "deploying a dynamically linked sbxfs: it runs only where the C library matches \
+             this machine's; {STATIC_BUILD}"
+        );
     }
 }
 
@@ -413,7 +429,7 @@ pub async fn deploy(
         // An upload of this very build failed to run there before: not sent again.
         ProbeAnswer::NoRun(why) => Ok(Err(NoAgent(format!(
             "this build did not run in the sandbox ({why}){}",
-            static_hint(bin)
+            static_hint(&bin.path)
         )))),
         ProbeAnswer::Upload { arch, .. } if !arch.is_empty() && arch != local_machine() => {
             Ok(Err(NoAgent(format!(
@@ -422,13 +438,7 @@ pub async fn deploy(
             ))))
         }
         ProbeAnswer::Upload { dir, .. } => {
-            if is_dynamically_linked(&bin.path) == Some(true) {
-                tracing::warn!(
-                    path = %bin.path.display(),
-                    "deploying a dynamically linked sbxfs: it runs only where the C library \
-                     matches this machine's (scripts/build-static.sh makes one that runs anywhere)"
-                );
-            }
+            warn_if_dynamic(&bin.path);
             tracing::info!(
                 bytes = bin.size,
                 dir,
@@ -444,7 +454,7 @@ pub async fn deploy(
                 let why = quoted(said.strip_prefix("failed ").unwrap_or(&said));
                 return Ok(Err(NoAgent(format!(
                     "the uploaded agent {why}{}",
-                    static_hint(bin)
+                    static_hint(&bin.path)
                 ))));
             }
             Ok(Ok(format!("{dir}/sbxfs").into_bytes()))

@@ -46,8 +46,12 @@ use crate::remote::{
 };
 use capture::CAPTURE_AT_OPEN_BYTES;
 
-/// How many times one read follows a file that changed in place before it gives up: a file
-/// rewritten faster than it can be read, or an agent whose reads never match its stat.
+/// How many times one read follows a file that changed in place before it takes the bytes as
+/// they come: a file rewritten faster than a round trip is never at one version for a whole
+/// read.
+const SETTLE_AFTER_FOLLOWS: u32 = 3;
+/// How many times one read follows before it gives up (a sandbox that answers every read
+/// "stale").
 const MAX_READ_FOLLOWS: u32 = 8;
 
 /// How long a `statfs` answer is reused.
@@ -84,6 +88,20 @@ pub trait KernelCache: Send + Sync {
     fn barrier(&self, done: tokio::sync::oneshot::Sender<()>) {
         let _ = done.send(());
     }
+}
+
+/// What the kernel may do with a file's pages for an open handle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelPages {
+    /// Keep the pages it has: the version is the one they were read from.
+    Keep,
+    /// Drop the pages it has, then cache as it reads.
+    Drop,
+    /// Cache nothing for this handle (`FOPEN_DIRECT_IO`): the sandbox is rewriting the file in
+    /// place, and a read the rewrite cut short must end there. Through the page cache the
+    /// kernel pads such a read with zeros up to the size it last knew whenever the change feed
+    /// told it of the change while the read was on its way, bytes no local disk ever shows.
+    Bypass,
 }
 
 #[derive(Default, Debug, serde::Serialize)]
@@ -1033,9 +1051,14 @@ impl FsCore {
     }
 
     /// Open: revalidate (close-to-open; while the change feed vouches for the cached version,
-    /// no round trip), stage for writing if asked. Returns the handle and whether the kernel
-    /// may keep its cached pages (same version as its last open).
-    pub async fn open(&self, node: NodeId, writable: bool, truncate: bool) -> Result<(u64, bool)> {
+    /// no round trip), stage for writing if asked. Returns the handle and what the kernel may
+    /// do with its cached pages.
+    pub async fn open(
+        &self,
+        node: NodeId,
+        writable: bool,
+        truncate: bool,
+    ) -> Result<(u64, KernelPages)> {
         let staged = self.staged_of(node).is_some();
         let vouched = self.feed.trusted() && self.fresh(self.node(node)?.fetched);
         let attr = if staged || vouched || self.inodes.path_of(node).is_none() || self.offline() {
@@ -1054,9 +1077,11 @@ impl FsCore {
         if attr.kind == FileKind::Dir && writable {
             return Err(RemoteError::IsDir(self.path_of(node)?.display()));
         }
-        if vouched && !writable && !staged && attr.kind == FileKind::File && !self.offline() {
+        let mut changing = false;
+        if !writable && !staged && attr.kind == FileKind::File && !self.offline() {
             if let Some(path) = self.inodes.path_of(node) {
-                if self.recent.changing(&path, self.cfg.clock.now()) {
+                changing = self.recent.changing(&path, self.cfg.clock.now());
+                if changing && vouched {
                     self.hold_at_open(node, &path, &attr).await?;
                 }
             }
@@ -1081,7 +1106,14 @@ impl FsCore {
                 followed = true;
             }
         }
-        Ok((fh, keep && !truncate && !followed))
+        let pages = if changing {
+            KernelPages::Bypass
+        } else if keep && !truncate && !followed {
+            KernelPages::Keep
+        } else {
+            KernelPages::Drop
+        };
+        Ok((fh, pages))
     }
 
     /// One remote read for the page cache, of the file at `version` if the sandbox still holds
@@ -1119,6 +1151,21 @@ impl FsCore {
         version: &crate::remote::Version,
         page: PageIndex,
     ) -> Result<Bytes> {
+        match self.page_of_any_version(path, version, page).await? {
+            (data, None) => Ok(data),
+            // The bytes are of another version (filed under it): not the ones asked for.
+            (_, Some(_)) => Err(RemoteError::Stale(path.display())),
+        }
+    }
+
+    /// A page of `version`, or, if the sandbox's file is no longer at it, of the version it
+    /// is at now (named).
+    async fn page_of_any_version(
+        &self,
+        path: &RemotePath,
+        version: &crate::remote::Version,
+        page: PageIndex,
+    ) -> Result<(Bytes, Option<crate::remote::Version>)> {
         let (data, other, hit) = self
             .pages
             .get_or_fetch(version, page, || async {
@@ -1126,17 +1173,13 @@ impl FsCore {
                     .await
             })
             .await?;
-        if other.is_some() {
-            // The bytes are of another version (filed under it): not the ones asked for.
-            return Err(RemoteError::Stale(path.display()));
-        }
         let counter = if hit {
             &self.stats.cache_hits
         } else {
             &self.stats.cache_misses
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        Ok(data)
+        Ok((data, other))
     }
 
     pub async fn read(self: &Arc<Self>, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
@@ -1157,15 +1200,23 @@ impl FsCore {
         }
         let mut follows = 0;
         'again: loop {
-            let version = h.version();
+            let mut version = h.version();
             self.read_ahead(&h, &path, &version, offset, size as u64);
             let end = offset + size as u64;
             let mut out = Vec::with_capacity(size as usize);
             let mut page = PageIndex::containing(offset);
             while page.start() < end {
-                let data = match self.page_at(&path, &version, page).await {
-                    Ok(d) => d,
-                    Err(RemoteError::Stale(_)) => {
+                let data = match self.page_of_any_version(&path, &version, page).await {
+                    Ok((d, None)) => d,
+                    Ok((d, Some(now))) if follows >= SETTLE_AFTER_FOLLOWS => {
+                        // Still this file (checked by the follows before), rewritten in
+                        // place faster than a round trip: its bytes as they come, page by
+                        // page, as a local disk gives a reader racing a writer. Each page is
+                        // of one version, filed under it; nothing else is claimed.
+                        version = now;
+                        d
+                    }
+                    Ok((_, Some(_))) | Err(RemoteError::Stale(_)) => {
                         // The sandbox's file changed since this handle last knew it. Changed
                         // in place, it is still this handle's file: its new bytes are what a
                         // local disk would show. Replaced by another file, its old bytes are
@@ -1181,8 +1232,8 @@ impl FsCore {
                         if RemoteId::of(&a) != h.remote() {
                             return Err(RemoteError::Stale(path.display()));
                         }
-                        // A file that changes on every read (or an agent whose reads never
-                        // match its stat) would be followed for ever: a few times, then EIO.
+                        // A file that changes on every read is followed a few times, then
+                        // read as it comes (above).
                         follows += 1;
                         if follows > MAX_READ_FOLLOWS {
                             return Err(RemoteError::Io(

@@ -425,10 +425,15 @@ impl FsCore {
                 self.stats.conflicts.fetch_add(1, Ordering::Relaxed);
                 match self.save_conflict_copy(node, &path, s).await {
                     Ok((copy, copy_attr)) => {
+                        let what = if s.base.is_none() {
+                            "the sandbox made a file of that name after you did"
+                        } else {
+                            "the file changed in the sandbox since it was opened"
+                        };
                         tracing::error!(
                             file = %path.display(),
                             saved_as = %copy.display(),
-                            "conflict: the file changed in the sandbox since it was opened; your version was saved beside it"
+                            "conflict: {what}; your version was saved beside it"
                         );
                         self.failures.note_conflict(&path, &copy);
                         if self.follow_copy(node, &path, &copy, &copy_attr, s) {

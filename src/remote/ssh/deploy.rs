@@ -256,14 +256,7 @@ pub async fn deploy(
         Some(("reuse", sock)) => parent_of_agents(sock),
         Some(("start", d)) => d.to_string(),
         Some(("upload", d)) => {
-            let dynamic = crate::remote::stdio::is_dynamically_linked(&bin.path) == Some(true);
-            if dynamic {
-                tracing::warn!(
-                    path = %bin.path.display(),
-                    "deploying a dynamically linked sbxfs: it runs only where the C library \
-                     matches this machine's (scripts/build-static.sh makes one that runs anywhere)"
-                );
-            }
+            crate::remote::stdio::warn_if_dynamic(&bin.path);
             // A session the connection dropped (ssh's status 255) is tried once more: the
             // upload writes a temp file and renames it, so a second attempt is safe.
             let mut attempt = 0;
@@ -286,12 +279,7 @@ pub async fn deploy(
             };
             let (said, _) = result(&out, "upload")?;
             if said != "ok" {
-                let hint = if dynamic {
-                    "; this sbxfs is dynamically linked: deploy the static build \
-                     (scripts/build-static.sh, then -o deploy_binary=PATH)"
-                } else {
-                    ""
-                };
+                let hint = crate::remote::stdio::static_hint(&bin.path);
                 return Ok(Err(NoAgent(format!("{said}{hint}"))));
             }
             d.to_string()
