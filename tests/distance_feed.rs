@@ -857,3 +857,46 @@ fn reads_of_a_file_rewritten_in_place_never_show_nuls_shell() {
     feed_connected(&m);
     reads_of_a_file_rewritten_in_place_never_show_nuls(&m, ws.path());
 }
+
+/// New bytes under the old size and mtime (`cp -p`, `rsync -t --inplace`) carry the old
+/// version: the mount served the old bytes for ever, `ctl invalidate` included. The ctime
+/// moved, and the pages are read again.
+fn a_rewrite_that_keeps_size_and_mtime_shows(m: &MountProcess, root: &Path) {
+    let path = root.join("conf");
+    let same_times = |f: &Path| {
+        let t = std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let file = fs::OpenOptions::new().write(true).open(f).unwrap();
+        file.set_times(fs::FileTimes::new().set_accessed(t).set_modified(t))
+            .unwrap();
+    };
+    fs::write(&path, "config = alpha\n").unwrap();
+    same_times(&path);
+    eventually("the first bytes show", || {
+        read(&m.dir.join("conf")).as_deref() == Some("config = alpha\n")
+    });
+    for (i, word) in ["bravo", "charl", "delta"].iter().enumerate() {
+        fs::write(&path, format!("config = {word}\n")).unwrap();
+        same_times(&path);
+        let want = format!("config = {word}\n");
+        eventually(&format!("rewrite {i} shows"), || {
+            read(&m.dir.join("conf")).as_deref() == Some(want.as_str())
+        });
+    }
+}
+
+#[test]
+fn a_rewrite_that_keeps_size_and_mtime_shows_agent() {
+    let ws = tempfile::tempdir().unwrap();
+    let agent = AgentProcess::start(ws.path());
+    let m = MountProcess::start(&agent, &[]);
+    feed_connected(&m);
+    a_rewrite_that_keeps_size_and_mtime_shows(&m, ws.path());
+}
+
+#[test]
+fn a_rewrite_that_keeps_size_and_mtime_shows_shell() {
+    let ws = tempfile::tempdir().unwrap();
+    let m = MountProcess::start_url(&format!("shell:{}", ws.path().display()), "unused", &[]);
+    feed_connected(&m);
+    a_rewrite_that_keeps_size_and_mtime_shows(&m, ws.path());
+}

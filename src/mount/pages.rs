@@ -77,6 +77,23 @@ impl PageCache {
         }
     }
 
+    /// Drop every page of `version`: the file may hold other bytes under it (rewritten in
+    /// place with its size and mtime put back, as `cp -p` and `rsync -t --inplace` do).
+    pub fn forget_version(&self, version: &Version) {
+        let mut l = self.lru.lock().expect("page cache lock");
+        let keys: Vec<Key> = l
+            .map
+            .iter()
+            .filter(|((v, _), _)| v == version)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in keys {
+            if let Some(d) = l.map.pop(&k) {
+                l.bytes -= d.len() as u64;
+            }
+        }
+    }
+
     pub fn bytes(&self) -> u64 {
         self.lru.lock().expect("page cache lock").bytes
     }

@@ -33,11 +33,10 @@ use tokio::sync::broadcast;
 
 use super::wire::MAX_READ_BYTES;
 use super::*;
-use crate::agent::{MAX_FUZZY_RESULTS, MAX_GLOB_RESULTS, MAX_GREP_BYTES, MAX_GREP_RESULTS};
 use crate::search::fuzzy::FuzzyMatch;
 use crate::search::grep::GrepOptions;
 use crate::search::scan::{LineWindow, ScanRequest, ScanResult};
-use crate::search::walk::{walk_source, SourceEntry, SourceKind, TreeSource};
+use crate::search::walk::{SourceEntry, SourceKind, TreeSource};
 use crate::search::SearchError;
 
 /// The device number every inode reports: any fixed value works, as long as it is the same
@@ -1437,59 +1436,26 @@ impl Remote for MemoryRemote {
     async fn grep(
         &self,
         path: &RemotePath,
-        mut opts: GrepOptions,
+        opts: GrepOptions,
     ) -> Result<BoxStream<'static, Result<GrepEvent>>> {
-        // The agent's caps, so both answer the same.
-        opts.max_results = Some(
-            opts.max_results
-                .unwrap_or(MAX_GREP_RESULTS)
-                .min(MAX_GREP_RESULTS),
-        );
-        opts.max_bytes = Some(opts.max_bytes.unwrap_or(MAX_GREP_BYTES).min(MAX_GREP_BYTES));
-        // A bad pattern is an error before any stream, as from the agent.
-        crate::search::grep::build_matcher(&opts)?;
+        // Matches are collected under the lock (no `.await` in between): the agent's caps
+        // bound them, and a test's tree is small. A path that cannot be searched says why
+        // first, as the agent's does.
         let s = self.lock();
-        let root = s.query_root(path)?;
-        // Matches are collected under the lock (no `.await` in between): the caps above bound
-        // them, and a test's tree is small.
-        let mut events = Vec::new();
-        let result = crate::search::grep::grep_source_items(&*s, &root, &opts, &mut |item| {
-            events.push(Ok(GrepEvent::from(item)));
-            true
-        });
-        events.push(match result {
-            Ok(summary) => Ok(GrepEvent::Summary {
-                truncated: summary.truncated,
-                summary,
-            }),
-            Err(e) => Err(e.into()),
-        });
-        Ok(stream::iter(events).boxed())
+        s.query_root(path)?;
+        super::source_query::grep(&*s, path, opts)
     }
 
     async fn glob(&self, path: &RemotePath, pattern: &str) -> Result<Vec<String>> {
         let s = self.lock();
-        let root = s.query_root(path)?;
-        let mut paths = crate::search::glob::glob_source(&*s, &root, pattern)?;
-        paths.truncate(MAX_GLOB_RESULTS);
-        Ok(paths)
+        s.query_root(path)?;
+        super::source_query::glob(&*s, path, pattern)
     }
 
     async fn fuzzy(&self, path: &RemotePath, req: FuzzyRequest) -> Result<Vec<FuzzyMatch>> {
-        let query = crate::search::fuzzy::Query::new(&req.query)?;
-        let walk = req.walk;
         let s = self.lock();
-        let root = s.query_root(path)?;
-        let mut candidates = Vec::new();
-        walk_source(&*s, &root, &walk, |f| {
-            candidates.push(f.relative);
-            true
-        })?;
-        let limit = req
-            .limit
-            .unwrap_or(MAX_FUZZY_RESULTS)
-            .min(MAX_FUZZY_RESULTS);
-        Ok(crate::search::fuzzy::rank(&query, &candidates, Some(limit)))
+        s.query_root(path)?;
+        super::source_query::fuzzy(&*s, path, req)
     }
 
     async fn edit(

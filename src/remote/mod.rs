@@ -20,9 +20,11 @@ pub mod faulty;
 pub mod httpsetup;
 pub mod layer;
 pub mod listings;
+#[cfg(any(test, feature = "test-support"))]
 pub mod memory;
 pub mod reach;
 pub mod retry;
+pub mod source_query;
 pub mod ssh;
 pub mod stdio;
 pub mod tied;

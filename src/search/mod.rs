@@ -13,6 +13,7 @@ pub mod glob;
 pub mod grep;
 pub mod print;
 pub mod scan;
+pub mod snapshot;
 pub mod walk;
 
 use std::io;

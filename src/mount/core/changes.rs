@@ -177,6 +177,14 @@ impl FsCore {
             Ok(a) => RemoteId::of(a) != n.remote,
             Err(_) => true,
         };
+        if let Ok(a) = &answer {
+            if a.kind == FileKind::File && !name_went && a.version == n.attr.version {
+                // Only the ctime moved: a chmod or a rename, or new bytes under the old size
+                // and mtime (`cp -p`, `rsync -t --inplace`), which the version cannot tell.
+                // Its pages are read again.
+                self.forget_pages_of(node, &a.version);
+            }
+        }
         match answer {
             Ok(a) if !raced && !name_went => {
                 if a.kind == FileKind::Dir

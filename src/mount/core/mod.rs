@@ -2244,10 +2244,21 @@ impl FsCore {
         }
     }
 
+    /// Drop the pages cached for `node` at `version`, here and in the kernel.
+    pub(super) fn forget_pages_of(&self, node: NodeId, version: &crate::remote::Version) {
+        self.pages.forget_version(version);
+        self.inodes.kernel_pages_dropped(node);
+    }
+
     pub fn invalidate_path(&self, path: &RemotePath) {
         self.bump();
         self.prefetched.forget_under(path);
         for id in self.inodes.nodes_at(path) {
+            // Its bytes too, not only what the version names (`ctl invalidate` is the remedy
+            // for a change the sandbox hid from the version and the feed).
+            if let Some(n) = self.inodes.get(id) {
+                self.forget_pages_of(id, &n.attr.version);
+            }
             self.meta.invalidate(id);
             self.inodes.mark_stale(id);
             if let Some(k) = self.kernel() {

@@ -2,15 +2,15 @@
 //! grep runs in the sandbox too where ripgrep is there and the options have an exact rg form
 //! ([`grep_in_sandbox`], [`super::rgjson`]: only the file list and the matching lines
 //! cross). Otherwise grep, and glob and fuzzy always, run here, over a snapshot of the
-//! searched subtree that the scripts list into a [`MemoryRemote`], so the matching rules are
-//! exactly the agent's (the same pure functions). glob and fuzzy need only the paths and the
+//! searched subtree that the scripts list into a [`Snapshot`], so the matching rules are
+//! exactly the agent's (the same pure functions, [`crate::remote::source_query`]). glob and fuzzy need only the paths and the
 //! ignore files; grep needs the files' bytes too, so they cross (capped at
 //! [`MAX_SNAPSHOT_BYTES`]): all of them, or for a pattern that needs a literal only those
 //! that `grep -F` in the sandbox finds it in ([`grep_snapshot`]).
 
-use crate::remote::memory::MemoryRemote;
 use crate::remote::*;
 use crate::search::scan::ScanResult;
+use crate::search::snapshot::{Snapshot, SnapshotError};
 use crate::search::SearchError;
 
 use super::program::{build, malformed, parse};
@@ -89,7 +89,7 @@ pub async fn grep_snapshot(
     probe: &Probe,
     path: &RemotePath,
     opts: &GrepOptions,
-) -> Result<MemoryRemote> {
+) -> Result<Snapshot> {
     let pre = required_literal(opts).map(|literal| Prefilter {
         runner,
         probe,
@@ -149,7 +149,7 @@ pub async fn snapshot(
     remote: &ScriptRemote,
     path: &RemotePath,
     contents: bool,
-) -> Result<MemoryRemote> {
+) -> Result<Snapshot> {
     snapshot_with(remote, path, contents, None).await
 }
 
@@ -158,15 +158,14 @@ async fn snapshot_with(
     path: &RemotePath,
     contents: bool,
     pre: Option<&Prefilter<'_>>,
-) -> Result<MemoryRemote> {
+) -> Result<Snapshot> {
     // A path out of the workspace is refused before anything is listed.
     remote.resolve(path).await.map_err(|e| match e {
         RemoteError::NotFound(p) => SearchError::NotFound(p).into(),
         e => e,
     })?;
-    let m = MemoryRemote::new();
-    let sb = m.sandbox();
-    let fail = |e: RemoteError| RemoteError::Io(path.display(), e.to_string());
+    let mut sb = Snapshot::new();
+    let fail = |e: SnapshotError| RemoteError::Io(path.display(), e.to_string());
     // Ignore files of the directories above (the walk reads them as the agent's does).
     let dirs = parent_dirs(path);
     let mut probes = Vec::new();
@@ -254,7 +253,7 @@ async fn snapshot_with(
             _ => {}
         }
     }
-    Ok(m)
+    Ok(sb)
 }
 
 /// grep with ripgrep in the sandbox: the agent's events (already complete: rg's output is
@@ -363,7 +362,7 @@ pub async fn grep_in_sandbox(
 }
 
 /// A summary kind of printed output from rg's matching lines: each searched file stands in a
-/// [`MemoryRemote`] holding only its matching lines, and the core searches and prints that
+/// [`Snapshot`] holding only its matching lines, and the core searches and prints that
 /// as the agent prints the real file. Which lines match, their count and which files have
 /// any are the real file's, and that is all `-l`, `-c` and `--files` print. The walk there takes every stand-in (rg's listing already applied
 /// hidden, ignore files, globs and sizes). `None` (search here) when rg's output was cut
@@ -377,9 +376,8 @@ async fn printed_from(
         tracing::debug!("grep searches here: rg's output was cut");
         return Ok(None);
     }
-    let m = MemoryRemote::new();
-    let sb = m.sandbox();
-    let fail = |e: RemoteError| RemoteError::Io(path.display(), e.to_string());
+    let mut sb = Snapshot::new();
+    let fail = |e: SnapshotError| RemoteError::Io(path.display(), e.to_string());
     if !path.is_root() {
         sb.mkdir_all(path.as_bytes()).map_err(fail)?;
     }
@@ -418,7 +416,9 @@ async fn printed_from(
     w.globs.clear();
     w.max_filesize = None;
     use futures_util::StreamExt;
-    let events: Vec<Result<GrepEvent>> = m.grep(path, opts).await?.collect().await;
+    let events: Vec<Result<GrepEvent>> = crate::remote::source_query::grep(&sb, path, opts)?
+        .collect()
+        .await;
     let events = events.into_iter().collect::<Result<Vec<_>>>()?;
     // A search stopped by its caps: where it stops and what it counts by then follow the
     // agent's walk over the real files, not the stand-ins.

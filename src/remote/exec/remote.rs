@@ -1279,18 +1279,18 @@ impl Remote for ScriptRemote {
             return Ok(stream::iter(events.into_iter().map(Ok)).boxed());
         }
         let snap = super::query::grep_snapshot(self, &*self.runner, probe, path, &opts).await?;
-        snap.grep(path, opts).await
+        crate::remote::source_query::grep(&snap, path, opts)
     }
 
     async fn glob(&self, path: &RemotePath, pattern: &str) -> Result<Vec<String>> {
         let snap = super::query::snapshot(self, path, false).await?;
-        snap.glob(path, pattern).await
+        crate::remote::source_query::glob(&snap, path, pattern)
     }
 
     async fn fuzzy(&self, path: &RemotePath, req: FuzzyRequest) -> Result<Vec<FuzzyMatch>> {
         crate::search::fuzzy::Query::new(&req.query)?;
         let snap = super::query::snapshot(self, path, false).await?;
-        snap.fuzzy(path, req).await
+        crate::remote::source_query::fuzzy(&snap, path, req)
     }
 
     async fn edit(
