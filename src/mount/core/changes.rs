@@ -178,10 +178,11 @@ impl FsCore {
             Err(_) => true,
         };
         if let Ok(a) = &answer {
-            if a.kind == FileKind::File && !name_went && a.version == n.attr.version {
-                // Only the ctime moved: a chmod or a rename, or new bytes under the old size
-                // and mtime (`cp -p`, `rsync -t --inplace`), which the version cannot tell.
-                // Its pages are read again.
+            if a.kind == FileKind::File && !name_went {
+                // Pages cached under the version the file has now may be of an earlier
+                // content that had it: new bytes under the old size and mtime (`cp -p`,
+                // `rsync -t --inplace`), or a file whose mtime was put back after a write
+                // the mount saw. Read again.
                 self.forget_pages_of(node, &a.version);
             }
         }
