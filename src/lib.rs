@@ -13,8 +13,11 @@
 //!   not, time bound) and one forwarder ([`remote::layer::Layered`]) for retry, deadlines,
 //!   injected faults, the ssh relink and the calls counted by operation ([`remote::counted`],
 //!   which the mount's `ctl stats` shows).
-//!   [`remote::memory`]: a whole sandbox in memory, the reference backend for tests (with a
-//!   sandbox-side API to change files behind the mount's back).
+//!   `remote::memory`: a whole sandbox in memory, the reference backend for tests (with a
+//!   sandbox-side API to change files behind the mount's back); built only for tests (the
+//!   `test-support` feature, which the tests turn on), never into a release binary.
+//!   [`remote::source_query`]: grep, glob and fuzzy over a tree held in memory
+//!   ([`search::snapshot`], what a transport without an agent lists), as the agent answers.
 //!   [`remote::faulty`]: a wrapper around any `Remote` injecting latency, errors, hangs, cut streams.
 //!   [`remote::listings`]: a subtree's listings breadth first under a cap (what every backend
 //!   answers for `tree_listings`); [`remote::treepack`]: the agent's packed, compressed
