@@ -178,11 +178,13 @@ impl FsCore {
             Err(_) => true,
         };
         if let Ok(a) = &answer {
-            if a.kind == FileKind::File && !name_went {
-                // Pages cached under the version the file has now may be of an earlier
-                // content that had it: new bytes under the old size and mtime (`cp -p`,
-                // `rsync -t --inplace`), or a file whose mtime was put back after a write
-                // the mount saw. Read again.
+            // Pages cached under the version the file has now may be of an earlier content
+            // that had it: new bytes under the old size and mtime (`cp -p`, `rsync -t
+            // --inplace`), or a file whose mtime was put back after a write the mount saw.
+            // Read again. Only then: a forward mtime names a version never cached, and the
+            // page cache is searched whole (a burst of changes must not pay that each).
+            let may_be_cached = a.version == n.attr.version || a.mtime_ns < n.attr.mtime_ns;
+            if a.kind == FileKind::File && !name_went && may_be_cached {
                 self.forget_pages_of(node, &a.version);
             }
         }
