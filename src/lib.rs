@@ -146,7 +146,9 @@
 //! `open` does not revalidate), and each event drops what it touches once a batched stat
 //! ([`remote::Remote::stat_many`]) shows its version changed; the mount's own commits and
 //! the names it made, removed or renamed come back marked as its own
-//! ([`remote::wire::CLIENT_HEADER`]) and are not checked. When the feed drops or loses
+//! ([`remote::wire::CLIENT_HEADER`]) and are not checked. What inotify does not report (a
+//! write through a shared mmap or an outside hard link) is found by re-checking every known
+//! file in batched rounds, all within `-o recheck_s`. When the feed drops or loses
 //! events, the TTL applies again at once and every cached path is revalidated before the feed
 //! is trusted again; a remote without a feed keeps the TTL.
 

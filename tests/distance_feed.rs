@@ -347,7 +347,11 @@ fn core_over_memory(
         },
         root,
     );
-    rt.spawn(sbxfs::mount::feed::follow(core.clone(), None));
+    rt.spawn(sbxfs::mount::feed::follow(
+        core.clone(),
+        None,
+        sbxfs::mount::feed::DEFAULT_RECHECK,
+    ));
     Core {
         core,
         memory,
@@ -908,4 +912,47 @@ fn a_rewrite_that_keeps_size_and_mtime_shows_shell() {
     let m = MountProcess::start_url(&format!("shell:{}", ws.path().display()), "unused", &[]);
     feed_connected(&m);
     a_rewrite_that_keeps_size_and_mtime_shows(&m, ws.path());
+}
+
+/// A write inotify does not report: through a hard link from outside the workspace (the
+/// workspace's watches see nothing). It shows within the re-check period (`-o recheck_s`),
+/// the feed connected all along.
+fn a_change_inotify_misses_shows_within_the_recheck(m: &MountProcess, root: &Path) {
+    let outside = tempfile::tempdir_in(root.parent().unwrap()).unwrap();
+    let path = root.join("linked");
+    fs::write(&path, "before: 1\n").unwrap();
+    let other = outside.path().join("linked");
+    fs::hard_link(&path, &other).unwrap();
+    eventually("the first bytes show", || {
+        read(&m.dir.join("linked")).as_deref() == Some("before: 1\n")
+    });
+    for text in ["after: 22\n", "again: 333\n"] {
+        fs::write(&other, text).unwrap();
+        eventually(&format!("{text:?} shows"), || {
+            read(&m.dir.join("linked")).as_deref() == Some(text)
+        });
+    }
+    assert_eq!(status(m)["feed"]["state"], "connected");
+    assert!(status(m)["feed"]["recheck"]["changed"].as_u64().unwrap() >= 2);
+}
+
+#[test]
+fn a_change_inotify_misses_shows_within_the_recheck_agent() {
+    let ws = tempfile::tempdir().unwrap();
+    let agent = AgentProcess::start(ws.path());
+    let m = MountProcess::start(&agent, &["-o", "recheck_s=2"]);
+    feed_connected(&m);
+    a_change_inotify_misses_shows_within_the_recheck(&m, ws.path());
+}
+
+#[test]
+fn a_change_inotify_misses_shows_within_the_recheck_shell() {
+    let ws = tempfile::tempdir().unwrap();
+    let m = MountProcess::start_url(
+        &format!("shell:{}", ws.path().display()),
+        "unused",
+        &["-o", "recheck_s=2"],
+    );
+    feed_connected(&m);
+    a_change_inotify_misses_shows_within_the_recheck(&m, ws.path());
 }

@@ -195,7 +195,12 @@ impl Real {
             _staging: staging,
         };
         if trust == Trust::Feed {
-            tokio::spawn(sbxfs::mount::feed::follow(real.core.clone(), None));
+            // Re-check rounds every 100 ms: they interleave with the steps as the events do.
+            tokio::spawn(sbxfs::mount::feed::follow(
+                real.core.clone(),
+                None,
+                Duration::from_millis(600),
+            ));
             real.settle().await;
         }
         real

@@ -342,6 +342,9 @@ pub(super) fn run_mount(a: MountArgs) -> i32 {
         if let Some(n) = o.tree_max {
             cfg.tree_max = n;
         }
+        if let Some(s) = o.recheck_s {
+            cfg.recheck = std::time::Duration::from_secs(s);
+        }
         if let Some(ms) = o.timeout_ms {
             cfg.call_timeout = std::time::Duration::from_millis(ms);
         }

@@ -17,7 +17,12 @@
 //! When the feed drops, cannot be reached, or says events were lost, trust ends at once (the
 //! configured TTL applies again, and the kernel forgets what it was told to keep long); once
 //! it is back, every cached path is revalidated in batched stats before trust returns. A
-//! remote without a feed keeps the TTL. Each change of state is one log line and shows in
+//! remote without a feed keeps the TTL.
+//!
+//! inotify, which the feed is made of, does not see every change: a write through a shared
+//! `mmap`, or through a hard link from outside the workspace, raises no event. So while the
+//! feed vouches for the caches, every file the mount knows is also re-checked in batched stats,
+//! a share of them at a time, all of them once per `-o recheck_s` ([`Recheck`]). Each change of state is one log line and shows in
 //! `sbxfs ctl status` ([`FeedState::snapshot`]).
 
 use std::collections::BTreeSet;
@@ -49,6 +54,13 @@ const MAX_BATCH: usize = 4096;
 /// How often a connected feed looks whether the sandbox still answers the health probe: a
 /// link that went silent leaves the stream open but says nothing.
 const HEALTH_TICK: Duration = Duration::from_secs(1);
+/// Default `-o recheck_s`: how long a change inotify does not report may stay unseen, for a
+/// mount that knows up to [`RECHECK_ROUNDS`] × [`RECHECK_MOST`] files (beyond, longer).
+pub const DEFAULT_RECHECK: Duration = Duration::from_secs(60);
+/// A re-check period is this many rounds, each asking about a share of the known files.
+const RECHECK_ROUNDS: u32 = 6;
+/// Most paths one round asks about (one to a few batched stats).
+const RECHECK_MOST: usize = 4096;
 
 /// Where the feed stands, for `ctl status` and the log.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -81,6 +93,10 @@ struct Status {
     lost_events: u64,
     revalidations: u64,
     last_revalidation: Option<Revalidation>,
+    /// `-o recheck_s` (zero: off), and what its rounds asked and found changed.
+    recheck_every: Duration,
+    rechecked: u64,
+    recheck_changed: u64,
 }
 
 /// Whether the feed vouches for the caches, and what status says about it.
@@ -103,6 +119,9 @@ impl Default for FeedState {
                 lost_events: 0,
                 revalidations: 0,
                 last_revalidation: None,
+                recheck_every: Duration::ZERO,
+                rechecked: 0,
+                recheck_changed: 0,
             }),
         }
     }
@@ -194,6 +213,11 @@ impl FeedState {
                 "checked": r.checked,
                 "changed": r.changed,
             })),
+            "recheck": json!({
+                "every_s": s.recheck_every.as_secs_f64(),
+                "checked": s.rechecked,
+                "changed": s.recheck_changed,
+            }),
         })
     }
 }
@@ -214,7 +238,11 @@ pub fn without_feed(core: &FsCore) {
     core.feed().set_link(Link::Unsupported);
 }
 
-pub async fn follow(core: Arc<FsCore>, health: Option<Arc<Health>>) {
+/// `recheck`: how often every known file is re-checked while the feed is connected
+/// ([`Recheck`]; zero: never).
+pub async fn follow(core: Arc<FsCore>, health: Option<Arc<Health>>, recheck: Duration) {
+    core.feed().lock().recheck_every = recheck;
+    let mut recheck = Recheck::every(recheck);
     let mut since: Option<u64> = None;
     let mut connected_before = false;
     let mut backoff = MIN_BACKOFF;
@@ -247,7 +275,7 @@ pub async fn follow(core: Arc<FsCore>, health: Option<Arc<Health>>) {
                 core.feed().trusted.store(true, Ordering::SeqCst);
                 core.feed().set_link(Link::Connected);
                 let connected = Instant::now();
-                let broke = run(&core, stream, health.as_deref(), &mut since).await;
+                let broke = run(&core, stream, health.as_deref(), &mut since, &mut recheck).await;
                 // A feed that breaks as soon as it connects does not reconnect at once again.
                 if connected.elapsed() > MAX_BACKOFF * 2 {
                     backoff = MIN_BACKOFF;
@@ -273,8 +301,10 @@ async fn run(
     mut stream: futures_util::stream::BoxStream<'static, crate::remote::Result<ChangeEvent>>,
     health: Option<&Health>,
     since: &mut Option<u64>,
+    recheck: &mut Recheck,
 ) -> Break {
     let mut tick = tokio::time::interval(HEALTH_TICK);
+    let mut recheck_tick = recheck.interval();
     // Only a failure seen after a success counts: the probe may not have noticed yet that the
     // sandbox is back when the feed already is.
     let mut answered = false;
@@ -289,6 +319,15 @@ async fn run(
                     }
                     _ => {}
                 }
+                continue;
+            }
+            _ = async {
+                match recheck_tick.as_mut() {
+                    Some(t) => t.tick().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                recheck.round(core).await;
                 continue;
             }
         };
@@ -554,5 +593,142 @@ async fn check_nodes(
     match unanswered {
         Some(e) => Err(e),
         None => Ok(changed),
+    }
+}
+
+/// The re-check of what inotify does not report: in rounds, each asking the sandbox about the
+/// next share of the files and links the mount knows (in path order, wrapping around), so
+/// that all of them are asked about once per period. What changed is dropped as an event's
+/// check would drop it, and echoed to the laptop's watchers.
+struct Recheck {
+    every: Duration,
+    /// The last path the previous round asked about.
+    after: Option<RemotePath>,
+}
+
+impl Recheck {
+    fn every(every: Duration) -> Recheck {
+        Recheck { every, after: None }
+    }
+
+    /// The rounds' clock: none when re-checking is off. The first round comes one round's
+    /// time after the feed connects (its revalidation just asked about everything).
+    fn interval(&self) -> Option<tokio::time::Interval> {
+        if self.every.is_zero() {
+            return None;
+        }
+        let round = (self.every / RECHECK_ROUNDS).max(Duration::from_millis(100));
+        let mut t = tokio::time::interval_at(tokio::time::Instant::now() + round, round);
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Some(t)
+    }
+
+    /// The next share of `known` (sorted by path) after the last one asked about.
+    fn next_share(&mut self, known: Vec<(NodeId, RemotePath)>) -> Vec<(NodeId, RemotePath)> {
+        let share = known
+            .len()
+            .div_ceil(RECHECK_ROUNDS as usize)
+            .clamp(1, RECHECK_MOST);
+        let mut start = match &self.after {
+            Some(after) => known.partition_point(|(_, p)| p <= after),
+            None => 0,
+        };
+        if start >= known.len() {
+            start = 0;
+        }
+        let taken: Vec<(NodeId, RemotePath)> = known.into_iter().skip(start).take(share).collect();
+        self.after = taken.last().map(|(_, p)| p.clone());
+        taken
+    }
+
+    async fn round(&mut self, core: &FsCore) {
+        let share = self.next_share(core.known_non_directories());
+        if share.is_empty() {
+            return;
+        }
+        let checked = share.len() as u64;
+        let changed = match check_nodes(core, share.clone()).await {
+            Ok(changed) => changed,
+            // The health probe and the feed itself say when the sandbox is gone; a round
+            // that did not get through is asked again next period.
+            Err(e) => {
+                tracing::debug!("a re-check round was not answered: {e}");
+                return;
+            }
+        };
+        {
+            let mut s = core.feed().lock();
+            s.rechecked += checked;
+            s.recheck_changed += changed.len() as u64;
+        }
+        if changed.is_empty() {
+            return;
+        }
+        tracing::info!(
+            changed = changed.len(),
+            "the re-check found files changed in the sandbox that its change feed did not report"
+        );
+        for (_, path) in share.into_iter().filter(|(n, _)| changed.contains(n)) {
+            core.echoes().sandbox_changed(Job::Modified(path));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn known(names: &[&str]) -> Vec<(NodeId, RemotePath)> {
+        names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                (
+                    NodeId(i as u64 + 2),
+                    RemotePath::new(n.as_bytes().to_vec()).unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    fn names(share: &[(NodeId, RemotePath)]) -> Vec<String> {
+        share
+            .iter()
+            .map(|(_, p)| String::from_utf8_lossy(p.as_bytes()).into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn rounds_take_a_share_each_and_wrap_around() {
+        let mut r = Recheck::every(Duration::from_secs(60));
+        let all: Vec<String> = (0..13).map(|i| format!("f{i:02}")).collect();
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        let mut seen = Vec::new();
+        // 13 files in 6 rounds: 3 a round, all of them within one period.
+        for want in [3, 3, 3, 3, 1] {
+            let share = names(&r.next_share(known(&all)));
+            assert_eq!(share.len(), want);
+            seen.extend(share);
+        }
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), 13, "every file asked about once a period");
+        // Then from the start again.
+        assert_eq!(names(&r.next_share(known(&all)))[0], "f00");
+    }
+
+    #[test]
+    fn a_path_gone_since_the_last_round_does_not_lose_the_place() {
+        let mut r = Recheck::every(Duration::from_secs(60));
+        assert_eq!(names(&r.next_share(known(&["a", "b"]))), ["a"]);
+        // "a" went, "aa" came: the round goes on after "a".
+        assert_eq!(names(&r.next_share(known(&["aa", "b", "c"]))), ["aa"]);
+        assert_eq!(names(&r.next_share(known(&["aa", "b", "c"]))), ["b"]);
+        assert!(r.next_share(Vec::new()).is_empty());
+    }
+
+    #[test]
+    fn off_has_no_clock() {
+        assert!(Recheck::every(Duration::ZERO).interval().is_none());
     }
 }

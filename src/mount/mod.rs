@@ -105,6 +105,9 @@ pub struct MountConfig {
     pub cache_bytes: u64,
     /// Entries a directory's first look fetches with its subtree (`-o tree_max=N`; 0: off).
     pub tree_max: usize,
+    /// While the change feed is connected, every known file is re-checked within this time
+    /// (`-o recheck_s=N`; zero: never): inotify does not see every change.
+    pub recheck: Duration,
     pub staging_dir: Option<PathBuf>,
     /// Other users (and root) may use the mount (`-o allow_other`).
     pub allow_other: bool,
@@ -140,6 +143,7 @@ impl MountConfig {
             call_timeout: crate::remote::deadline::CALL,
             cache_bytes: DEFAULT_CACHE_BYTES,
             tree_max: subtree::DEFAULT_TREE_MAX,
+            recheck: feed::DEFAULT_RECHECK,
             staging_dir: None,
             allow_other: false,
             default_permissions: false,
@@ -507,7 +511,11 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     kernel_notes::start(notes.clone(), notes_rx, kernel_cache.clone());
     core.set_kernel_cache(Arc::new(kernel_notes::Notifier(notes)));
     if info.capabilities.feed {
-        rt.spawn(feed::follow(core.clone(), Some(health.clone())));
+        rt.spawn(feed::follow(
+            core.clone(),
+            Some(health.clone()),
+            cfg.recheck,
+        ));
     } else {
         feed::without_feed(&core);
     }

@@ -45,6 +45,9 @@ pub struct MountOptions {
     pub cache_size: Option<u64>,
     /// Entries a directory's first look fetches with its subtree (`tree_max=N`; 0: off).
     pub tree_max: Option<usize>,
+    /// Seconds within which every known file is re-checked while the change feed is connected
+    /// (`recheck_s=N`; 0: off).
+    pub recheck_s: Option<u64>,
     pub staging_dir: Option<PathBuf>,
     pub token_file: Option<PathBuf>,
     /// https: extra trusted CAs (`ca_file=`), extra request headers (`header_file=`).
@@ -183,6 +186,13 @@ impl MountOptions {
                             .map_err(|_| bad("not a number of entries (0 turns it off)".into()))?,
                     )
                 }
+                "recheck_s" => {
+                    self.recheck_s = Some(
+                        needed()?
+                            .parse()
+                            .map_err(|_| bad("not a number of seconds (0 turns it off)".into()))?,
+                    )
+                }
                 "cache_size" => self.cache_size = Some(parse_size(&needed()?).map_err(bad)?),
                 "staging_dir" => self.staging_dir = Some(non_empty_path(needed()?).map_err(bad)?),
                 "token_file" => self.token_file = Some(non_empty_path(needed()?).map_err(bad)?),
@@ -277,7 +287,7 @@ mod tests {
         let o = parse(
             "allow_other,default_permissions,nonempty,ro,idmap=none,attr_ttl_ms=250,cache_size=512M,\
              staging_dir=/var/tmp/s,token_file=/etc/sbxfs/token,noexec,timeout_ms=1500,sync_close,allow_setid,tree_max=0,\
-             ca_file=/c.pem,header_file=/h,ssh_command=\"ssh -p 2222\"",
+             recheck_s=5,ca_file=/c.pem,header_file=/h,ssh_command=\"ssh -p 2222\"",
         )
         .unwrap();
         assert_eq!(
@@ -292,6 +302,7 @@ mod tests {
                 timeout_ms: Some(1500),
                 cache_size: Some(512 << 20),
                 tree_max: Some(0),
+                recheck_s: Some(5),
                 staging_dir: Some("/var/tmp/s".into()),
                 token_file: Some("/etc/sbxfs/token".into()),
                 ca_file: Some("/c.pem".into()),

@@ -91,6 +91,16 @@ impl FsCore {
         self.inodes.known_paths()
     }
 
+    /// Every file and symbolic link with a path, in path order, for the feed's re-check of
+    /// what inotify does not report ([`crate::mount::feed`]).
+    pub(in crate::mount) fn known_non_directories(&self) -> Vec<(NodeId, RemotePath)> {
+        let mut known = self
+            .inodes
+            .known_paths_where(|n| n.attr.kind != FileKind::Dir);
+        known.sort_by(|a, b| a.1.cmp(&b.1));
+        known
+    }
+
     /// Whether a reported node is left to its staged image (which answers for it; its push
     /// and conflict check deal with the sandbox's version). Marked first, so that an image
     /// dropped at any moment after has the sandbox asked again
