@@ -41,7 +41,14 @@ pub struct AgentScopeRunner {
     token: String,
     /// The workspace root in the sandbox (absolute, no trailing slash unless `/`).
     root: Vec<u8>,
+    /// Commands in flight ([`COMMANDS_AT_ONCE`]).
+    turns: tokio::sync::Semaphore,
 }
+
+/// Most commands the runner has the box server run at once. Each is a process the server
+/// starts: a mount's 64 reads ahead at once would make 64, every one of them slower than the
+/// whole batch queued here (exec APIs of hosted sandboxes also limit their rate).
+const COMMANDS_AT_ONCE: usize = 8;
 
 fn b64(data: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(data)
@@ -102,6 +109,7 @@ impl AgentScopeRunner {
             base: base.trim_end_matches('/').to_string(),
             token,
             root,
+            turns: tokio::sync::Semaphore::new(COMMANDS_AT_ONCE),
         }
     }
 
@@ -151,6 +159,7 @@ impl AgentScopeRunner {
             req = req.timeout(t);
         }
         let send = async {
+            let _turn = self.turns.acquire().await.expect("never closed");
             let resp = req.send().await.map_err(|e| self.transport(e))?;
             let resp = self.status_ok(resp, "run a command").await?;
             resp.json::<serde_json::Value>()
