@@ -38,7 +38,7 @@ impl FsCore {
         self.inodes.mark_removed_locally(node);
         drop(g);
         self.removed(node);
-        self.dir_changed(parent);
+        self.entry_removed(parent, name);
         if let Some(k) = self.kernel() {
             k.invalidate_attr(node);
         }
@@ -105,8 +105,7 @@ impl FsCore {
             self.removed(r);
         }
         self.inodes.touched(node, now_ns());
-        self.dir_changed(parent);
-        self.dir_changed(new_parent);
+        self.entries_renamed((parent, name), (new_parent, new_name));
         tracing::debug!(to = ?self.inodes.path_of(node).map(|p| p.display()), "a new file renamed here, not pushed yet");
         Ok(true)
     }

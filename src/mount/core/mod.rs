@@ -422,6 +422,24 @@ impl FsCore {
         self.dir_attrs_stale(dir);
     }
 
+    /// A rename through the mount: the listings take it in place (as [`Self::entry_made`] and
+    /// [`Self::entry_removed`] do) instead of being fetched again, so names looked up next
+    /// there stay local: with the change feed vouching, a directory with no listing answers an
+    /// absent name only by a stat, and a save's next temporary name, `pip`'s next `.pyc` or
+    /// `tar -x`'s next file is exactly that. Each name's entry is the node now under it.
+    pub(super) fn entries_renamed(&self, from: (NodeId, &[u8]), to: (NodeId, &[u8])) {
+        for (dir, name) in [from, to] {
+            match self
+                .inodes
+                .child(dir, name)
+                .and_then(|n| self.inodes.get(n))
+            {
+                Some(n) => self.entry_made(dir, name, n.attr),
+                None => self.entry_removed(dir, name),
+            }
+        }
+    }
+
     /// A name made or removed in `dir` through the mount: what was fetched ahead for it, and
     /// its own attributes (mtime, nlink), are stale, here and in the kernel.
     fn dir_attrs_stale(&self, dir: NodeId) {
@@ -1922,8 +1940,15 @@ impl FsCore {
             }
             r => r,
         };
-        self.dir_changed(parent);
-        self.dir_changed(new_parent);
+        // A replaced file with other names: their entries' link counts change too (and a
+        // rename between two names of one file changes nothing): listed again.
+        let replaced_linked = replaced.is_some_and(|r| {
+            Some(r) == source || self.inodes.get(r).is_some_and(|n| n.attr.nlink != 1)
+        });
+        if r.is_err() || replaced_linked {
+            self.dir_changed(parent);
+            self.dir_changed(new_parent);
+        }
         r?;
         self.made_links.renamed(
             &self.sandbox_id(),
@@ -1960,6 +1985,9 @@ impl FsCore {
                     .collect()
             }
         };
+        if !replaced_linked {
+            self.entries_renamed((parent, name), (new_parent, new_name));
+        }
         // Staged files record where they live now.
         for n in moved {
             if let (Some(s), Some(p)) = (self.staged_of(n), self.inodes.path_of(n)) {
