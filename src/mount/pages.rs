@@ -5,7 +5,7 @@
 //! Concurrent readers of one missing page share one fetch (the kernel's read-ahead and a
 //! reader racing it would otherwise each make a remote call).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
@@ -38,7 +38,21 @@ type Fetch = tokio::sync::OnceCell<Result<(Bytes, Version), RemoteError>>;
 pub struct PageCache {
     lru: Mutex<Lru>,
     inflight: Mutex<HashMap<Key, Arc<Fetch>>>,
+    forgotten: Mutex<Forgotten>,
 }
+
+/// Versions whose pages were dropped lately ([`PageCache::forget_version`]), numbered: a
+/// fetch that started before a version was forgotten does not file its bytes under it (they
+/// may be the bytes the file held before it was rewritten under the same version, and would
+/// then be served for good).
+#[derive(Default)]
+struct Forgotten {
+    count: u64,
+    recent: VecDeque<(Version, u64)>,
+}
+
+/// Forgotten versions remembered: far more than fetches in flight can span.
+const FORGOTTEN_KEPT: usize = 1024;
 
 struct Lru {
     map: LruCache<Key, Bytes>,
@@ -55,6 +69,27 @@ impl PageCache {
                 cap: cap_bytes.max(PAGE),
             }),
             inflight: Mutex::new(HashMap::new()),
+            forgotten: Mutex::new(Forgotten::default()),
+        }
+    }
+
+    /// Where the count of forgotten versions stands (taken before a fetch).
+    fn mark(&self) -> u64 {
+        self.forgotten.lock().expect("forgotten lock").count
+    }
+
+    /// File fetched bytes, unless their version was forgotten since `mark`.
+    fn put_fetched(&self, mark: u64, version: Version, page: PageIndex, data: Bytes) {
+        let forgotten = {
+            let f = self.forgotten.lock().expect("forgotten lock");
+            f.recent
+                .iter()
+                .rev()
+                .take_while(|(_, at)| *at > mark)
+                .any(|(v, _)| *v == version)
+        };
+        if !forgotten {
+            self.put(version, page, data);
         }
     }
 
@@ -80,6 +115,15 @@ impl PageCache {
     /// Drop every page of `version`: the file may hold other bytes under it (rewritten in
     /// place with its size and mtime put back, as `cp -p` and `rsync -t --inplace` do).
     pub fn forget_version(&self, version: &Version) {
+        {
+            let mut f = self.forgotten.lock().expect("forgotten lock");
+            f.count += 1;
+            let at = f.count;
+            f.recent.push_back((version.clone(), at));
+            if f.recent.len() > FORGOTTEN_KEPT {
+                f.recent.pop_front();
+            }
+        }
         let mut l = self.lru.lock().expect("page cache lock");
         let keys: Vec<Key> = l
             .map
@@ -123,10 +167,11 @@ impl PageCache {
             .entry(key.clone())
             .or_default()
             .clone();
+        let mark = self.mark();
         let result = cell
             .get_or_init(|| async {
                 let (data, from) = fetch().await?;
-                self.put(from.clone(), page, data.clone());
+                self.put_fetched(mark, from.clone(), page, data.clone());
                 Ok((data, from))
             })
             .await
@@ -160,6 +205,7 @@ impl PageCache {
             return;
         };
         let start = *start;
+        let mark = self.mark();
         let run = fetch(start, claim.cells.len() as u64).shared();
         let fills = claim.cells.iter().map(|(page, cell)| {
             let run = run.clone();
@@ -168,7 +214,7 @@ impl PageCache {
                 let (data, from) = run.await?;
                 let at = ((page.0 - start.0) * PAGE) as usize;
                 let slice = data.slice(at.min(data.len())..(at + PAGE as usize).min(data.len()));
-                self.put(from.clone(), page, slice.clone());
+                self.put_fetched(mark, from.clone(), page, slice.clone());
                 Ok((slice, from))
             })
         });
@@ -225,6 +271,43 @@ impl Drop for Claim<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn bytes_fetched_across_a_forget_of_their_version_are_not_kept() {
+        let cache = PageCache::new(1 << 20);
+        let v = Version("same size and mtime".into());
+        // The file is rewritten (its version unchanged) while the old bytes are on their
+        // way: the feed forgets the version before they land.
+        let (data, _, hit) = cache
+            .get_or_fetch(&v, PageIndex(0), || async {
+                cache.forget_version(&v);
+                Ok((Bytes::from_static(b"old"), v.clone()))
+            })
+            .await
+            .unwrap();
+        assert_eq!((&data[..], hit), (&b"old"[..], false));
+        assert!(
+            cache.get(&v, PageIndex(0)).is_none(),
+            "old bytes kept for good"
+        );
+        // A fetch that starts after the forget is kept.
+        cache
+            .get_or_fetch(&v, PageIndex(0), || async {
+                Ok((Bytes::from_static(b"new"), v.clone()))
+            })
+            .await
+            .unwrap();
+        assert_eq!(&cache.get(&v, PageIndex(0)).unwrap()[..], b"new");
+        // So does a run of read-ahead.
+        cache
+            .fetch_run(&v, PageIndex(1), 2, |_, _| async {
+                cache.forget_version(&v);
+                Ok((Bytes::from(vec![7u8; 2 * PAGE as usize]), v.clone()))
+            })
+            .await;
+        assert!(cache.get(&v, PageIndex(1)).is_none());
+        assert!(cache.get(&v, PageIndex(2)).is_none());
+    }
 
     #[tokio::test]
     async fn concurrent_readers_share_one_fetch() {
