@@ -682,6 +682,8 @@ fn a_warm_ls_lr_past_the_ttl_costs_no_lookup_and_sandbox_changes_still_show() {
     std::thread::sleep(Duration::from_millis(1200));
     let asked = kernel_requests_during(&m, || assert_eq!(ls(), first));
     assert_eq!(asked.get("lookup"), None, "{asked:?}");
+    // Nor a listing: the kernel keeps each directory's entries (FOPEN_CACHE_DIR).
+    assert_eq!(asked.get("readdir"), None, "{asked:?}");
     // Only the mount's root asks (its label and two ACLs): the walk does not list it.
     assert!(asked.get("getxattr").is_none_or(|n| *n <= 3), "{asked:?}");
     assert!(
@@ -695,11 +697,28 @@ fn a_warm_ls_lr_past_the_ttl_costs_no_lookup_and_sandbox_changes_still_show() {
     fs::rename(root.join("d1/f1.txt"), root.join("d1/renamed.txt")).unwrap();
     fs::create_dir(root.join("d2/new")).unwrap();
     fs::write(root.join("d2/new/h.txt"), "z\n").unwrap();
-    let gone = |p: &str| fs::symlink_metadata(m.dir.join(p)).is_err();
-    let there = |p: &str| fs::symlink_metadata(m.dir.join(p)).is_ok();
-    eventually("the sandbox's changes show through the kept names", || {
-        gone("d0/f0.txt") && gone("d1/f1.txt") && there("d1/renamed.txt") && there("d2/new/h.txt")
-    });
+    let listed = |p: &str, name: &str| {
+        fs::read_dir(m.dir.join(p))
+            .map(|d| d.flatten().any(|e| e.file_name() == name))
+            .unwrap_or(false)
+    };
+    let gone = |p: &str| {
+        let (dir, name) = p.rsplit_once('/').unwrap();
+        fs::symlink_metadata(m.dir.join(p)).is_err() && !listed(dir, name)
+    };
+    let there = |p: &str| {
+        let (dir, name) = p.rsplit_once('/').unwrap();
+        fs::symlink_metadata(m.dir.join(p)).is_ok() && listed(dir, name)
+    };
+    eventually(
+        "the sandbox's changes show through the kept names and listings",
+        || {
+            gone("d0/f0.txt")
+                && gone("d1/f1.txt")
+                && there("d1/renamed.txt")
+                && there("d2/new/h.txt")
+        },
+    );
 
     // No feed while the agent is down: nothing vouches, and a change made meanwhile shows
     // once it is back (the revalidation that follows drops the names that went).

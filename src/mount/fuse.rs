@@ -552,7 +552,14 @@ impl Filesystem for SbxFs {
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let caller = self.caller(req);
         self.spawn("opendir", ino.0, move |fs| async move {
-            reply_opened(reply, "opendir", fs.opendir(&caller, node(ino)).await)
+            match fs.opendir(&caller, node(ino)).await {
+                // The listing the kernel keeps (its entries) stays until dropped.
+                Ok(o) if o.pages == KernelPages::Keep => reply.opened(
+                    FileHandle(o.fh),
+                    FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR,
+                ),
+                r => reply_opened(reply, "opendir", r),
+            }
         });
     }
 

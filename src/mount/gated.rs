@@ -464,11 +464,8 @@ impl GatedFs {
 
     pub async fn opendir(&self, caller: &Caller, node: NodeId) -> Result<Opened> {
         self.gate(caller).may(node, access::READ).await?;
-        let fh = self.core.opendir(node)?;
-        Ok(Opened {
-            fh,
-            pages: KernelPages::Drop,
-        })
+        let (fh, pages) = self.core.opendir(node)?;
+        Ok(Opened { fh, pages })
     }
 
     pub fn releasedir(&self, fh: u64) {

@@ -152,7 +152,6 @@ impl PushQueue {
         }
     }
 
-
     /// The push of a ticket ended (pushed or failed).
     pub fn done(&self, t: Ticket) {
         let mut st = self.state.lock().expect("push queue lock");

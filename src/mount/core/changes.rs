@@ -62,7 +62,12 @@ impl FsCore {
             Change::Distrusted => {
                 if let Some(k) = self.kernel() {
                     for (node, _) in self.inodes.known_paths() {
-                        k.invalidate_attr(node);
+                        match self.inodes.get(node) {
+                            Some(n) if n.attr.kind == FileKind::Dir => {
+                                self.kernel_listing_stale(node)
+                            }
+                            _ => k.invalidate_attr(node),
+                        }
                     }
                 }
                 Applied::Nothing
@@ -237,11 +242,8 @@ impl FsCore {
         let Some(k) = self.kernel() else {
             return Applied::Changed;
         };
-        if n.attr.kind == FileKind::Dir {
-            k.invalidate_attr(node);
-        } else {
-            k.invalidate_data(node);
-        }
+        // A directory's data is its listing the kernel keeps ([`FsCore::opendir`]).
+        k.invalidate_data(node);
         if name_went && !raced {
             // Also when the name already leads elsewhere here (a listing fetched meanwhile
             // took the new file): the kernel may still hold it for the old node, as long as

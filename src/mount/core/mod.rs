@@ -393,8 +393,14 @@ impl FsCore {
             self.prefetched.forget_under(&p);
         }
         self.inodes.mark_stale(dir);
+        self.kernel_listing_stale(dir);
+    }
+
+    /// The kernel drops the directory's attributes and the listing it keeps across opens
+    /// ([`Self::opendir`]; a directory's "pages" are its cached entries).
+    pub(super) fn kernel_listing_stale(&self, dir: NodeId) {
         if let Some(k) = self.kernel() {
-            k.invalidate_attr(dir);
+            k.invalidate_data(dir);
         }
     }
 
@@ -445,9 +451,9 @@ impl FsCore {
     fn dir_attrs_stale(&self, dir: NodeId) {
         self.forget_prefetched(dir);
         self.inodes.mark_stale(dir);
-        if let Some(k) = self.kernel() {
-            k.invalidate_attr(dir);
-        }
+        // Its listing too: not every name the mount makes passes through the kernel (a
+        // conflict copy, a name made by a query).
+        self.kernel_listing_stale(dir);
     }
 
     /// The sandbox's attributes of a node, applied to it unless the mount changed the node
@@ -1013,9 +1019,19 @@ impl FsCore {
         }
     }
 
-    pub fn opendir(&self, node: NodeId) -> Result<u64> {
+    /// Open a directory, and say whether the kernel may keep its listing across opens
+    /// (`FOPEN_CACHE_DIR`): while the change feed vouches for the caches, as for a file's
+    /// pages. Every change to the listing from the sandbox drops the kernel's copy
+    /// ([`Self::kernel_listing_stale`]); the kernel drops it itself on changes made through
+    /// it.
+    pub fn opendir(&self, node: NodeId) -> Result<(u64, KernelPages)> {
         self.node(node)?;
-        Ok(self.handles.open_dir(node))
+        let pages = if self.feed.trusted() {
+            KernelPages::Keep
+        } else {
+            KernelPages::Drop
+        };
+        Ok((self.handles.open_dir(node), pages))
     }
 
     pub fn releasedir(&self, fh: u64) {

@@ -304,7 +304,7 @@ mod tests {
     }
 
     async fn names(core: &FsCore, dir: NodeId) -> Vec<Vec<u8>> {
-        let fh = core.opendir(dir).unwrap();
+        let (fh, _) = core.opendir(dir).unwrap();
         let out = core.readdir(fh, 0).await.unwrap();
         core.releasedir(fh);
         out.iter().skip(2).map(|e| e.name.clone()).collect()
