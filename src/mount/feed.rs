@@ -20,9 +20,10 @@
 //! remote without a feed keeps the TTL.
 //!
 //! inotify, which the feed is made of, does not see every change: a write through a shared
-//! `mmap`, or through a hard link from outside the workspace, raises no event. So while the
-//! feed vouches for the caches, every file the mount knows is also re-checked in batched stats,
-//! a share of them at a time, all of them once per `-o recheck_s` ([`Recheck`]). Each change of state is one log line and shows in
+//! `mmap`, or through a hard link from outside the workspace, raises no event, and a watcher's
+//! paths can go stale under quick directory renames. So while the feed vouches for the caches,
+//! every file and directory the mount knows is also re-checked in batched stats, a share of
+//! them at a time, all of them once per `-o recheck_s` ([`Recheck`]). Each change of state is one log line and shows in
 //! `sbxfs ctl status` ([`FeedState::snapshot`]).
 
 use std::collections::BTreeSet;
@@ -518,6 +519,15 @@ fn touched(
     if let Applied::Check(node) = core.apply(Change::Reported { path, namespace }) {
         check.insert((node, path.clone()));
     }
+    // A name made, removed or moved changes its directory's own attributes (times, link
+    // count), which the directory's parent's listing holds too: asked in the same batch.
+    if namespace {
+        if let Some((dir, _)) = path.split_last() {
+            if let Some(node) = core.node_at(&dir) {
+                check.insert((node, dir));
+            }
+        }
+    }
 }
 
 /// Everything cached may be stale: no listing is trusted (each is kept for a sandbox that
@@ -604,11 +614,18 @@ struct Recheck {
     every: Duration,
     /// The last path the previous round asked about.
     after: Option<RemotePath>,
+    /// Nodes whose last check found them changed: one found so again (a name gone that the
+    /// kernel still holds, asked about every period) is not logged again.
+    changed_before: BTreeSet<NodeId>,
 }
 
 impl Recheck {
     fn every(every: Duration) -> Recheck {
-        Recheck { every, after: None }
+        Recheck {
+            every,
+            after: None,
+            changed_before: BTreeSet::new(),
+        }
     }
 
     /// The rounds' clock: none when re-checking is off. The first round comes one round's
@@ -642,7 +659,7 @@ impl Recheck {
     }
 
     async fn round(&mut self, core: &FsCore) {
-        let share = self.next_share(core.known_non_directories());
+        let share = self.next_share(core.known_paths_in_order());
         if share.is_empty() {
             return;
         }
@@ -656,19 +673,38 @@ impl Recheck {
                 return;
             }
         };
+        let mut found = Vec::new();
+        let mut new = 0;
+        for (node, path) in share {
+            if !changed.contains(&node) {
+                self.changed_before.remove(&node);
+                continue;
+            }
+            if self.changed_before.insert(node) {
+                new += 1;
+            }
+            found.push(path);
+        }
         {
             let mut s = core.feed().lock();
             s.rechecked += checked;
-            s.recheck_changed += changed.len() as u64;
+            s.recheck_changed += found.len() as u64;
         }
-        if changed.is_empty() {
+        let Some(first) = found.first() else {
             return;
+        };
+        if new > 0 {
+            tracing::info!(
+                changed = found.len(),
+                first = %first.display(),
+                "the re-check found changes in the sandbox that its change feed did not report"
+            );
+        } else {
+            tracing::debug!(changed = found.len(), first = %first.display(), "re-check: changed again");
         }
-        tracing::info!(
-            changed = changed.len(),
-            "the re-check found files changed in the sandbox that its change feed did not report"
-        );
-        for (_, path) in share.into_iter().filter(|(n, _)| changed.contains(n)) {
+        // A directory's missed change is a name moved in or out: its listing is read again,
+        // but there is no one event to repeat for it.
+        for path in found.into_iter().filter(|p| !core.is_directory_at(p)) {
             core.echoes().sandbox_changed(Job::Modified(path));
         }
     }

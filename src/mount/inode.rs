@@ -635,16 +635,10 @@ impl InodeTable {
 
     /// Every node that has a name, with its path (what a revalidation checks).
     pub fn known_paths(&self) -> Vec<(NodeId, RemotePath)> {
-        self.known_paths_where(|_| true)
-    }
-
-    /// Every node with a path whose node passes `keep`.
-    pub fn known_paths_where(&self, keep: impl Fn(&Node) -> bool) -> Vec<(NodeId, RemotePath)> {
         let t = self.lock();
         t.nodes
-            .iter()
-            .filter(|(_, n)| keep(n))
-            .filter_map(|(id, _)| t.path_of(*id).map(|p| (*id, p)))
+            .keys()
+            .filter_map(|id| t.path_of(*id).map(|p| (*id, p)))
             .collect()
     }
 

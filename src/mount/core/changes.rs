@@ -96,14 +96,26 @@ impl FsCore {
         self.inodes.known_paths()
     }
 
-    /// Every file and symbolic link with a path, in path order, for the feed's re-check of
-    /// what inotify does not report ([`crate::mount::feed`]).
-    pub(in crate::mount) fn known_non_directories(&self) -> Vec<(NodeId, RemotePath)> {
-        let mut known = self
-            .inodes
-            .known_paths_where(|n| n.attr.kind != FileKind::Dir);
+    /// Every node with a path, in path order, for the feed's re-check of what inotify does
+    /// not report ([`crate::mount::feed`]): directories too (a name moved in or out, a link
+    /// count), as the feed's paths can go stale under directory renames.
+    pub(in crate::mount) fn known_paths_in_order(&self) -> Vec<(NodeId, RemotePath)> {
+        let mut known = self.inodes.known_paths();
         known.sort_by(|a, b| a.1.cmp(&b.1));
         known
+    }
+
+    /// Whether the mount has a directory at `path`.
+    pub(in crate::mount) fn is_directory_at(&self, path: &RemotePath) -> bool {
+        self.inodes
+            .resolve(path)
+            .and_then(|n| self.inodes.get(n))
+            .is_some_and(|n| n.attr.kind == FileKind::Dir)
+    }
+
+    /// The node the mount has at `path`, if any.
+    pub(in crate::mount) fn node_at(&self, path: &RemotePath) -> Option<NodeId> {
+        self.inodes.resolve(path)
     }
 
     /// Whether a reported node is left to its staged image (which answers for it; its push
