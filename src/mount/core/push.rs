@@ -851,21 +851,14 @@ impl FsCore {
         let Some(core) = self.arc() else {
             return;
         };
-        let Some(mut ticket) = self.pushq.enqueue(node) else {
+        let Some(ticket) = self.pushq.enqueue(node) else {
             return;
         };
         if let Some(e) = self.staged_of(node) {
             e.step(Step::Queued);
         }
-        let new = self.newfiles.unsent(node);
         tokio::spawn(async move {
-            if new {
-                ticket.settle().await;
-            }
-            let Some(permit) = core.pushq.start(&ticket).await else {
-                core.pushq.done(ticket);
-                return;
-            };
+            let permit = core.pushq.start(&ticket).await;
             let pushed = core.push(node).await.is_ok();
             drop(permit);
             if pushed && core.inodes.get(node).is_none_or(|n| n.open == 0) {
