@@ -433,16 +433,24 @@ impl FsCore {
     /// there stay local: with the change feed vouching, a directory with no listing answers an
     /// absent name only by a stat, and a save's next temporary name, `pip`'s next `.pyc` or
     /// `tar -x`'s next file is exactly that. Each name's entry is the node now under it.
+    /// (A rename of a name the mount has no node for, which the kernel never asks, leaves
+    /// the listings to be fetched again.)
     pub(super) fn entries_renamed(&self, from: (NodeId, &[u8]), to: (NodeId, &[u8])) {
-        for (dir, name) in [from, to] {
-            match self
-                .inodes
+        let entry = |(dir, name): (NodeId, &[u8])| {
+            self.inodes
                 .child(dir, name)
                 .and_then(|n| self.inodes.get(n))
-            {
-                Some(n) => self.entry_made(dir, name, n.attr),
-                None => self.entry_removed(dir, name),
-            }
+                .map(|n| n.attr)
+        };
+        let Some(moved) = entry(to) else {
+            self.dir_changed(from.0);
+            self.dir_changed(to.0);
+            return;
+        };
+        self.entry_made(to.0, to.1, moved);
+        match entry(from) {
+            Some(a) => self.entry_made(from.0, from.1, a),
+            None => self.entry_removed(from.0, from.1),
         }
     }
 
