@@ -224,15 +224,30 @@ impl RouteArgs {
     }
 }
 
-/// A command-line path as a workspace path: `./` and a lone `.` dropped.
+/// A command-line path as a workspace path, relative to the mount's root: leading `/` (`/` is
+/// the root, as in `ctl --mount M invalidate /`), `./`, a lone `.` and trailing `/` dropped.
 fn workspace_rel(p: &std::path::Path) -> Vec<u8> {
     use std::os::unix::ffi::OsStrExt;
-    let b = p.as_os_str().as_bytes();
-    let b = b.strip_prefix(b"./").unwrap_or(b);
+    let mut b = p.as_os_str().as_bytes().trim_ascii_end();
+    loop {
+        let before = b.len();
+        while let Some(rest) = b.strip_prefix(b"/") {
+            b = rest;
+        }
+        while let Some(rest) = b.strip_prefix(b"./") {
+            b = rest;
+        }
+        while let Some(rest) = b.strip_suffix(b"/") {
+            b = rest;
+        }
+        if b.len() == before {
+            break;
+        }
+    }
     if b == b"." {
         Vec::new()
     } else {
-        b.trim_ascii_end().to_vec()
+        b.to_vec()
     }
 }
 
@@ -450,6 +465,18 @@ mod tests {
         let control = format!("control protocol {}", crate::control::PROTOCOL_VERSION);
         assert!(super::VERSION.contains(&agent), "{}", super::VERSION);
         assert!(super::VERSION.contains(&control), "{}", super::VERSION);
+    }
+
+    #[test]
+    fn paths_given_with_mount_are_relative_to_its_root() {
+        let rel = |p: &str| String::from_utf8(super::workspace_rel(p.as_ref())).unwrap();
+        for root in ["/", ".", "./", "//", "/./", ""] {
+            assert_eq!(rel(root), "", "{root:?}");
+        }
+        assert_eq!(rel("/src/main.rs"), "src/main.rs");
+        assert_eq!(rel("./src/"), "src");
+        assert_eq!(rel("src/a b"), "src/a b");
+        assert_eq!(rel(".hidden"), ".hidden");
     }
 
     fn argv(words: &[&str]) -> Vec<std::ffi::OsString> {
