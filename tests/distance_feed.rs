@@ -737,6 +737,38 @@ fn a_warm_ls_lr_past_the_ttl_costs_no_lookup_and_sandbox_changes_still_show() {
     });
 }
 
+#[test]
+fn writes_to_a_file_ask_the_daemon_nothing_but_the_writes() {
+    // The kernel asked for `security.capability` before every write (to drop file
+    // capabilities): a daemon request each, eleven per SQLite transaction. With
+    // FUSE_HANDLE_KILLPRIV_V2 it asks once per file, then marks it S_NOSEC.
+    let ws = tempfile::tempdir().unwrap();
+    let agent = AgentProcess::start(ws.path());
+    let m = MountProcess::start(&agent, &[]);
+    feed_connected(&m);
+    let path = m.dir.join("many-writes.bin");
+    let mut f = fs::File::create(&path).unwrap();
+    f.write_all(b"first").unwrap();
+    let asked = kernel_requests_during(&m, || {
+        for i in 0..100u64 {
+            f.write_all_at(&[b'a' + (i % 26) as u8; 10], i * 10)
+                .unwrap();
+        }
+    });
+    drop(f);
+    assert!(asked.get("write").is_some_and(|n| *n >= 100), "{asked:?}");
+    assert!(
+        asked.get("getxattr_at_once").is_none_or(|n| *n <= 1),
+        "{asked:?}"
+    );
+    let mut m = m;
+    assert_eq!(m.stop(), Some(0), "the unmount pushed everything");
+    let on_sandbox = fs::read(ws.path().join("many-writes.bin")).unwrap();
+    assert_eq!(on_sandbox.len(), 1000);
+    assert_eq!(&on_sandbox[990..], &[b'a' + (99 % 26) as u8; 10]);
+    drop(agent);
+}
+
 /// What git does for every object it writes: a temp file, a hard link to its name, the temp
 /// removed. The feed's check of the removed temp name found the file gone, and the mount
 /// kept asking for it by that name: `cat` of the object said ENOENT and git's mmap of it

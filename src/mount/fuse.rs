@@ -166,6 +166,11 @@ impl Filesystem for SbxFs {
         let _ = config.add_capabilities(
             fuser::InitFlags::FUSE_HAS_IOCTL_DIR | fuser::InitFlags::FUSE_ATOMIC_O_TRUNC,
         );
+        // The sandbox drops setuid/setgid bits itself (new content, truncate, chown there),
+        // and the mount is nosuid: the kernel then marks a file it found without them
+        // `S_NOSEC` and stops asking for `security.capability` before every write (a request
+        // to the daemon each, eleven per SQLite transaction).
+        let _ = config.add_capabilities(fuser::InitFlags::FUSE_HANDLE_KILLPRIV_V2);
         Ok(())
     }
 
