@@ -325,6 +325,46 @@ pub fn may_xattr(who: &Identity, f: &Subject, name: &[u8], what: XattrUse) -> Re
     Ok(true)
 }
 
+/// The access ACL a file has when it has none: the owner's, group's and others' bits.
+pub const ACL_ACCESS: &[u8] = b"system.posix_acl_access";
+/// A directory's default ACL (what new names in it inherit).
+pub const ACL_DEFAULT: &[u8] = b"system.posix_acl_default";
+
+/// The permission bits a POSIX access ACL stands for when it is *minimal* (the owner, group
+/// and other entries only, in the kernel's xattr format: version 2, then 8-byte entries of
+/// tag, permissions, id): setting it is a chmod, and a file holds no ACL after it, as
+/// `posix_acl_equiv_mode` decides. `None`: an extended ACL, or not an ACL at all.
+pub fn minimal_acl_mode(value: &[u8]) -> Option<u32> {
+    const USER_OBJ: u16 = 0x01;
+    const GROUP_OBJ: u16 = 0x04;
+    const OTHER: u16 = 0x20;
+    let (version, entries) = value.split_first_chunk::<4>()?;
+    if u32::from_le_bytes(*version) != 2 || entries.len() != 3 * 8 {
+        return None;
+    }
+    let mut bits = [None; 3];
+    for e in entries.chunks_exact(8) {
+        let tag = u16::from_le_bytes([e[0], e[1]]);
+        let perm = u16::from_le_bytes([e[2], e[3]]);
+        if perm & !7 != 0 {
+            return None;
+        }
+        let slot = match tag {
+            USER_OBJ => 0,
+            GROUP_OBJ => 1,
+            OTHER => 2,
+            _ => return None,
+        };
+        if bits[slot].replace(u32::from(perm)).is_some() {
+            return None;
+        }
+    }
+    let [Some(u), Some(g), Some(o)] = bits else {
+        return None;
+    };
+    Some(u << 6 | g << 3 | o)
+}
+
 /// Whether `listxattr` shows `name` to this caller (`trusted.*` only to root).
 pub fn lists_xattr(who: &Identity, name: &[u8]) -> bool {
     is_root(who) || !name.starts_with(b"trusted.")
@@ -333,6 +373,49 @@ pub fn lists_xattr(who: &Identity, name: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_minimal_acl_is_a_mode_and_an_extended_one_is_not() {
+        let acl = |entries: &[(u16, u16, u32)]| {
+            let mut v = 2u32.to_le_bytes().to_vec();
+            for (tag, perm, id) in entries {
+                v.extend_from_slice(&tag.to_le_bytes());
+                v.extend_from_slice(&perm.to_le_bytes());
+                v.extend_from_slice(&id.to_le_bytes());
+            }
+            v
+        };
+        let any = u32::MAX;
+        // What `cp -a` sets on a 0644 file (and 0755 on a directory).
+        assert_eq!(
+            minimal_acl_mode(&acl(&[(0x01, 6, any), (0x04, 4, any), (0x20, 4, any)])),
+            Some(0o644)
+        );
+        assert_eq!(
+            minimal_acl_mode(&acl(&[(0x01, 7, any), (0x04, 5, any), (0x20, 5, any)])),
+            Some(0o755)
+        );
+        // A named user, a mask, a repeated entry, a missing one, bad bits, another version.
+        let extended = [
+            acl(&[
+                (0x01, 6, any),
+                (0x02, 6, 1000),
+                (0x04, 4, any),
+                (0x20, 4, any),
+            ]),
+            acl(&[(0x01, 6, any), (0x04, 4, any), (0x10, 4, any)]),
+            acl(&[(0x01, 6, any), (0x01, 4, any), (0x20, 4, any)]),
+            acl(&[(0x01, 6, any), (0x04, 4, any)]),
+            acl(&[(0x01, 8, any), (0x04, 4, any), (0x20, 4, any)]),
+        ];
+        for v in extended {
+            assert_eq!(minimal_acl_mode(&v), None, "{v:?}");
+        }
+        let mut v1 = acl(&[(0x01, 6, any), (0x04, 4, any), (0x20, 4, any)]);
+        v1[0] = 1;
+        assert_eq!(minimal_acl_mode(&v1), None);
+        assert_eq!(minimal_acl_mode(b""), None);
+    }
 
     fn user(uid: u32, gid: u32, groups: &[u32]) -> Identity {
         Identity {
