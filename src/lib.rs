@@ -107,7 +107,9 @@
 //! # The path of a write
 //! `write(2)` goes to the node's staged image ([`mount::staging`]; a journal line records it),
 //! fetching nothing. `close` (of a descriptor that wrote) and the last close queue a push
-//! ([`mount::pushq`]: up to 16 in flight, in order per file; `-o sync_close` waits), `fsync`
+//! ([`mount::pushq`]: up to 16 in flight, in order per file; a new file's first push settles
+//! 25 ms, so a rename or unlink right after its close withdraws it and stays local, the push
+//! going to the final name; `-o sync_close` waits), `fsync`
 //! pushes and waits ([`mount::writeback`]): [`remote::Remote::commit`] streams a patch — where the file was cut,
 //! its final length, the dirty ranges — or the whole file, naming the base version (a new
 //! sparse file is a patch cut to nothing where the transport says `patch_new`); the agent

@@ -162,7 +162,12 @@ impl FsCore {
                 // The file now at the new name is not the one the old name leads to here: not
                 // a move of it (an exchange made here is reported as two renames, nobody's;
                 // the table already shows it). Nothing to raise.
-                (Some(_), Some(_), Some(na)) if !self.moved_there(na.node, &to, rt) => {
+                (Some(h1), Some(h2), Some(na)) if !self.moved_there(na.node, &to, rt) => {
+                    // Both names lead elsewhere now: the kernel asks for each again (it kept
+                    // `x` as the file the sandbox swapped away, and an open of `x` reached
+                    // that file, wherever it went).
+                    forget_name(&h1);
+                    forget_name(&h2);
                     self.give_back(node);
                     None
                 }

@@ -19,7 +19,7 @@ impl FsCore {
         node: NodeId,
     ) -> bool {
         // (A name it was renamed over is unlinked in the sandbox too: that file was replaced.)
-        let Some(s) = self.claim_new(node).await else {
+        let Some((s, _requeue)) = self.claim_new(node).await else {
             return false;
         };
         let g = s.lock().await;
@@ -58,7 +58,7 @@ impl FsCore {
         if mode == RenameMode::Exchange {
             return Ok(false);
         }
-        let Some(s) = self.claim_new(node).await else {
+        let Some((s, _requeue)) = self.claim_new(node).await else {
             return Ok(false);
         };
         let mut g = s.lock().await;
@@ -145,13 +145,39 @@ impl FsCore {
         )
     }
 
-    /// The staged image of a new file once its queued pushes ended (`None`: not new).
-    async fn claim_new(&self, node: NodeId) -> Option<Arc<StagedEntry>> {
+    /// The staged image of a new file, its queued push withdrawn if it had not started (a
+    /// guard queues it again when the caller is done: to the name the file then has, or to
+    /// nothing if it was removed), else once its queued pushes ended (`None`: not new).
+    async fn claim_new(&self, node: NodeId) -> Option<(Arc<StagedEntry>, Option<Requeue<'_>>)> {
         if !self.newfiles.unsent(node) {
             return None;
         }
+        if self.pushq.withdraw(node) {
+            // A push of it already running holds the image's lock, which the caller takes.
+            let requeue = Requeue { core: self, node };
+            return self.staged_of(node).map(|s| (s, Some(requeue)));
+        }
         self.pushq.wait_for(&[node]).await;
-        self.staged_of(node)
+        self.staged_of(node).map(|s| (s, None))
+    }
+}
+
+/// A withdrawn push queued again when the operation that withdrew it ends, however it ends.
+struct Requeue<'a> {
+    core: &'a FsCore,
+    node: NodeId,
+}
+
+impl Drop for Requeue<'_> {
+    fn drop(&mut self) {
+        let removed = self
+            .core
+            .inodes
+            .get(self.node)
+            .is_none_or(|n| n.removed_locally);
+        if !removed {
+            self.core.queue_push(self.node);
+        }
     }
 }
 

@@ -1113,6 +1113,11 @@ impl FsCore {
                 // pages can be read, and an edit can be staged now and pushed (against that
                 // version) when the sandbox is back.
                 Err(e) if unreachable(&e) => self.node(node)?.attr,
+                // The kernel reached this node by a name the sandbox has since given to
+                // another file, or removed (`mv new x` there while `open("x")` here): ESTALE
+                // has the VFS look the name up again once and open what it names now (or
+                // make it, with O_CREAT), as an open by name on a local disk would.
+                Err(RemoteError::NotFound(p)) => return Err(RemoteError::Stale(p)),
                 Err(e) => return Err(e),
             }
         };
@@ -1931,6 +1936,11 @@ impl FsCore {
         if let Some(n) = self.inodes.child(parent, name) {
             let (from, to) = ((parent, name), (new_parent, new_name));
             if self.rename_new(from, to, mode, n).await? {
+                // Its push, withdrawn for the rename, was queued again to the new name: the
+                // rename returns once the sandbox has the file there (or the push failed and
+                // is kept), as a rename in the sandbox would; a sandbox-side change of the
+                // name right after then finds the new file.
+                self.pushq.wait_for(&[n]).await;
                 return Ok(());
             }
         }

@@ -552,6 +552,12 @@ impl FsCore {
         })?;
         self.inodes.rename(parent, &old_name, parent, &e.name.0);
         self.dir_changed(parent);
+        // The kernel still leads both names where they led: an open of the old name would
+        // reach this file at its new one.
+        if let Some(k) = self.kernel() {
+            k.invalidate_entry(parent, &old_name);
+            k.invalidate_entry(parent, &e.name.0);
+        }
         dir.join(&e.name.0).ok()
     }
 
@@ -851,14 +857,21 @@ impl FsCore {
         let Some(core) = self.arc() else {
             return;
         };
-        let Some(ticket) = self.pushq.enqueue(node) else {
+        let Some(mut ticket) = self.pushq.enqueue(node) else {
             return;
         };
         if let Some(e) = self.staged_of(node) {
             e.step(Step::Queued);
         }
+        let new = self.newfiles.unsent(node);
         tokio::spawn(async move {
-            let permit = core.pushq.start(&ticket).await;
+            if new {
+                ticket.settle().await;
+            }
+            let Some(permit) = core.pushq.start(&ticket).await else {
+                core.pushq.done(ticket);
+                return;
+            };
             let pushed = core.push(node).await.is_ok();
             drop(permit);
             if pushed && core.inodes.get(node).is_none_or(|n| n.open == 0) {
