@@ -486,6 +486,9 @@ fn a_save_while_the_agent_is_down_reports_eio_keeps_the_data_and_pushes_later() 
 fn a_conflicting_save_keeps_both_versions() {
     let s = setup();
     fs::write(s.root.join("notes.txt"), "base\n").unwrap();
+    // A runnable file: its conflict copy stays runnable (not the private 0600 it once got).
+    let runnable = fs::Permissions::from_mode(0o750);
+    fs::set_permissions(s.root.join("notes.txt"), runnable).unwrap();
     let mut f = fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -514,6 +517,8 @@ fn a_conflicting_save_keeps_both_versions() {
         fs::read_to_string(s.root.join(&copies[0])).unwrap(),
         "mine\n"
     );
+    let mode = fs::metadata(s.root.join(&copies[0])).unwrap().mode() & 0o7777;
+    assert_eq!(mode, 0o750, "the conflict copy's mode");
     assert!(s.mount.log_text().contains("conflict"));
     // The sandbox may delete its copy (`git clean`, or a sandbox that forced the conflict):
     // the user's version is kept on the laptop too, under the staging directory's conflicts/.

@@ -578,7 +578,14 @@ impl FsCore {
         // Base pages still in the page cache are the user's version exactly; the rest can only
         // come from what the sandbox has now.
         let known = s.base.clone();
-        let copy = self.write_conflict_copy(path, s, known).await?;
+        // The copy gets the file's permission bits (a script stays runnable), never its
+        // set-ID bits.
+        let mode = s
+            .pending_attr
+            .mode
+            .or(self.inodes.get(node).map(|n| n.attr.mode))
+            .map_or(0o600, |m| m & 0o777);
+        let copy = self.write_conflict_copy(path, s, known, mode).await?;
         if let Some((parent, _)) = self.inodes.get(node).and_then(|n| n.links.first().cloned()) {
             self.dir_changed(parent);
         }
@@ -646,9 +653,10 @@ impl FsCore {
         path: &RemotePath,
         s: &mut Staged,
         known: Option<crate::remote::Version>,
+        mode: u32,
     ) -> Result<(RemotePath, Attr)> {
         if !s.complete() && s.base_size > MAX_CAPTURE_BYTES && self.sandbox.patch_commits() {
-            return self.write_large_conflict_copy(path, s).await;
+            return self.write_large_conflict_copy(path, s, mode).await;
         }
         let mut from_current = 0u64;
         for page in s.missing_in(0, s.len) {
@@ -680,7 +688,7 @@ impl FsCore {
             tracing::warn!(file = %path.display(), pages = from_current,
                 "the conflict copy holds the sandbox's new bytes where you did not write: the old ones were replaced before they could be kept");
         }
-        let (copy, version) = self.create_conflict_name(path, 0o600).await?;
+        let (copy, version) = self.create_conflict_name(path, mode).await?;
         let reader = s.reader().map_err(|e| local_io(&e))?;
         let committed = self.note(
             self.remote()
@@ -744,8 +752,9 @@ impl FsCore {
         &self,
         path: &RemotePath,
         s: &mut Staged,
+        mode: u32,
     ) -> Result<(RemotePath, Attr)> {
-        let (copy, created) = self.create_conflict_name(path, 0o600).await?;
+        let (copy, created) = self.create_conflict_name(path, mode).await?;
         let committed = self.patch_large_copy(path, &copy, created, s).await;
         let attr = self.kept_or_discarded(path, &copy, committed).await?;
         self.keep_conflict_locally(
@@ -1101,7 +1110,9 @@ impl FsCore {
             Err(RemoteError::Conflict { .. }) | Err(RemoteError::NotFound(_)) => {
                 // The sandbox changed it meanwhile: the user's bytes go beside it.
                 self.stats.conflicts.fetch_add(1, Ordering::Relaxed);
-                let (copy, _) = self.write_conflict_copy(path, s, None).await?;
+                // A file of an earlier mount: its mode is known only if it set one.
+                let mode = mode.or(s.pending_attr.mode).map_or(0o600, |m| m & 0o777);
+                let (copy, _) = self.write_conflict_copy(path, s, None, mode).await?;
                 tracing::error!(file = %path.display(), saved_as = %copy.display(),
                     "an unpushed edit from an earlier mount conflicts with the sandbox; saved beside it");
                 self.failures.note_conflict(path, &copy);
