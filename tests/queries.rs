@@ -526,3 +526,33 @@ fn mount_and_socket_options_work_from_outside_the_mount() {
     );
     assert_eq!((code, out.as_str()), (0, "src/net/server.rs\n"));
 }
+
+/// A sandbox that stops answering (its agent frozen, as a paused container's is): a query is
+/// given up once the mount's probe goes unanswered, within seconds, with one line saying so
+/// (it waited out the query's one-minute deadline), and works again once the sandbox does.
+#[test]
+fn queries_against_a_hung_sandbox_give_up_within_seconds() {
+    let s = setup();
+    let m = s.mount.dir.clone();
+    let (code, out) = sbxfs_in(&m, &["grep", "-l", "TODO", "src"]);
+    assert_eq!(
+        (code, out.as_str()),
+        (0, "src/main.rs\nsrc/net/server.rs\n")
+    );
+    {
+        let _frozen = Frozen::stop(s.agent.child.id());
+        for query in [&["grep", "TODO", "src"][..], &["glob", "**/*.rs", "src"]] {
+            let start = std::time::Instant::now();
+            let (code, out) = sbxfs_in(&m, query);
+            let took = start.elapsed();
+            assert_ne!(code, 0, "{query:?}: {out}");
+            assert!(out.contains("stopped answering"), "{query:?}: {out}");
+            assert_eq!(out.lines().count(), 1, "{query:?}: {out}");
+            assert!(took < Duration::from_secs(30), "{query:?} took {took:?}");
+        }
+    }
+    eventually("grep answers again", Duration::from_secs(20), || {
+        sbxfs_in(&m, &["grep", "-l", "TODO", "src"])
+            == (0, "src/main.rs\nsrc/net/server.rs\n".into())
+    });
+}

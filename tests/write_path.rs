@@ -886,24 +886,6 @@ fn an_edit_in_a_big_file_pushes_only_its_bytes_shell() {
     an_edit_in_a_big_file_pushes_only_its_bytes(Transport::Shell);
 }
 
-/// Stops a process (SIGSTOP) and lets it go on (SIGCONT) when dropped, even if the test fails.
-struct Frozen(i32);
-
-impl Frozen {
-    fn stop(pid: u32) -> Frozen {
-        // SAFETY: a signal to the test's own child process, still running.
-        unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
-        Frozen(pid as i32)
-    }
-}
-
-impl Drop for Frozen {
-    fn drop(&mut self) {
-        // SAFETY: as above.
-        unsafe { libc::kill(self.0, libc::SIGCONT) };
-    }
-}
-
 fn is_mounted(at: &Path) -> bool {
     let at = fs::canonicalize(at.parent().unwrap())
         .unwrap()

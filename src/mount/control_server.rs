@@ -271,13 +271,23 @@ async fn handle(stream: UnixStream, control: &Control) {
             let _ = core.flush_all().await;
             let gone = client_gone(&mut reader);
             tokio::pin!(gone);
-            match remote.grep(&p, options).await {
+            let hung = control.health.hung();
+            tokio::pin!(hung);
+            let started = tokio::select! {
+                s = remote.grep(&p, options) => s,
+                e = &mut hung => Err(e),
+            };
+            match started {
                 Ok(mut stream) => loop {
                     // A client gone (a search with nothing to print for a while never learns
                     // it from a write): dropping the stream cancels the search in the sandbox.
                     let item = tokio::select! {
                         item = stream.next() => item,
                         _ = &mut gone => return,
+                        e = &mut hung => {
+                            let _ = write.write_all(&error_line(&e)).await;
+                            return;
+                        }
                     };
                     let Some(item) = item else { return };
                     {
@@ -420,8 +430,24 @@ pub async fn answer_one(
 }
 
 /// Answer a request that has one answer (everything but grep's stream): shared by the socket
-/// and the QUERY ioctl.
+/// and the QUERY ioctl. A query is given up once the sandbox stops answering the mount's
+/// probe ([`Health::hung`]); a request that changes something (edit, flush) is seen through.
 pub async fn answer(control: &Control, request: Request) -> Result<serde_json::Value, RemoteError> {
+    match request {
+        Request::Grep { .. }
+        | Request::Glob { .. }
+        | Request::Fuzzy { .. }
+        | Request::Scan { .. } => {
+            tokio::select! {
+                a = answer_now(control, request) => a,
+                e = control.health.hung() => Err(e),
+            }
+        }
+        _ => answer_now(control, request).await,
+    }
+}
+
+async fn answer_now(control: &Control, request: Request) -> Result<serde_json::Value, RemoteError> {
     let core = &control.core;
     let remote = core.remote().clone();
     let path = |w: crate::remote::WireBytes| RemotePath::new(w.0);

@@ -66,6 +66,29 @@ impl Health {
         self.seen.lock().expect("health lock").reachable
     }
 
+    /// Why the sandbox is taken for hung, if a probe that ended after `start` failed: a call
+    /// begun then is not going to be answered either.
+    pub fn failed_since(&self, start: Instant) -> Option<String> {
+        let s = self.seen.lock().expect("health lock");
+        (!s.reachable && s.last_check.is_some_and(|t| t > start))
+            .then(|| s.last_error.clone().unwrap_or_default())
+    }
+
+    /// Resolves once a probe ending after now fails (never while the sandbox answers): what
+    /// a long call (a query, given a minute) races, so a sandbox that stopped answering is
+    /// given up within a probe's interval and timeout (7 s), not the call's whole deadline.
+    pub async fn hung(&self) -> crate::remote::RemoteError {
+        let start = Instant::now();
+        loop {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            if let Some(why) = self.failed_since(start) {
+                return crate::remote::RemoteError::TimedOut(format!(
+                    "the sandbox stopped answering ({why}); the query was given up"
+                ));
+            }
+        }
+    }
+
     /// The round trip of the last answered probe, in milliseconds.
     pub fn round_trip_ms(&self) -> Option<f64> {
         let s = self.seen.lock().expect("health lock");
@@ -134,5 +157,21 @@ mod tests {
         assert_eq!(s["last_error"], "connection refused");
         assert!(s["last_answer_ms_ago"].as_u64().is_some());
         assert_eq!(h.round_trip_ms(), Some(3.0));
+    }
+
+    #[test]
+    fn only_a_probe_failed_after_a_call_began_gives_it_up() {
+        let h = Health::default();
+        h.failed("no answer within 5 s".into());
+        let start = Instant::now();
+        assert_eq!(h.failed_since(start), None, "failed before the call began");
+        std::thread::sleep(Duration::from_millis(2));
+        h.answered(Duration::from_millis(3));
+        assert_eq!(h.failed_since(start), None, "answering");
+        h.failed("no answer within 5 s".into());
+        assert_eq!(
+            h.failed_since(start).as_deref(),
+            Some("no answer within 5 s")
+        );
     }
 }
