@@ -700,6 +700,26 @@ async fn commits_keep_the_mtime_they_name(b: &Backend) {
     assert_eq!(a.mtime_ns, t + 2_000);
     assert_eq!(b.sb.lstat(b"m.txt").unwrap().mtime_ns, t + 2_000);
     assert_eq!(b.sb.read(b"m.txt"), b"Again");
+    // Where the transport says so, an access time goes with the commit too (`cp -p`,
+    // `rsync -a`: both times set before the first push).
+    if r.info().await.unwrap().capabilities.commit_atime {
+        let at = t - 5_000_000_000;
+        let a = r
+            .commit(
+                &rp("a.txt"),
+                whole(b"timed".to_vec()),
+                CommitOptions {
+                    mtime_ns: Some(t),
+                    atime_ns: Some(at),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!((a.atime_ns, a.mtime_ns), (at, t));
+        let seen = b.sb.lstat(b"a.txt").unwrap();
+        assert_eq!(seen.mtime_ns, t);
+    }
 }
 
 async fn namespace_operations_and_their_errors(b: &Backend) {

@@ -604,7 +604,11 @@ fn two_conflict_copies_in_one_second_never_overwrite_each_other() {
         .unwrap()
         .permissions()
         .mode();
-    assert_eq!(mode & 0o077, 0, "conflict copies are private: {mode:o}");
+    assert_eq!(
+        mode & 0o022,
+        0,
+        "nobody else may write a conflict copy: {mode:o}"
+    );
 }
 
 /// One counter of the mount's `ctl stats`.

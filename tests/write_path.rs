@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use common::*;
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Transport {
     Agent,
     Shell,
@@ -1150,6 +1150,70 @@ fn tar_sets_file_times_with_the_commit_agent() {
 #[test]
 fn tar_sets_file_times_with_the_commit_shell() {
     tar_sets_file_times_with_the_commit(Transport::Shell);
+}
+
+/// `rsync -a` writes each file as a temporary name, sets its mode and both times, renames it,
+/// and sets each directory's times after making it: one commit per file carries content,
+/// mode and times (no setattr of its own, the access time included), and the directories'
+/// own time changes reported back by the feed leave their listings, so the names rsync
+/// looks up next stay local (each directory's change once cost a stat per name).
+fn rsync_costs_a_commit_per_file(t: Transport) {
+    let _load = CpuHogs::start();
+    let src = tempfile::tempdir().unwrap();
+    let top = src.path().join("top");
+    let (dirs, per_dir) = (4, 15);
+    for d in 0..dirs {
+        fs::create_dir_all(top.join(format!("d{d}"))).unwrap();
+        for f in 0..per_dir {
+            fs::write(top.join(format!("d{d}/f{f}")), format!("{d}/{f}\n")).unwrap();
+        }
+    }
+    let (code, _, err) = bash(
+        src.path(),
+        "find top -exec touch -h -d '2020-01-02 03:04:05' {} +",
+    );
+    assert_eq!(code, 0, "{err}");
+    let s = Sandbox::new(t);
+    let calls = |op: &str| {
+        ctl_stats(s.mnt())["stats"]["remote_calls_by_op"][op]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let before = (calls("setattr"), calls("stat"));
+    let (code, _, err) = bash(s.mnt(), &format!("rsync -a {}/ copy/", top.display()));
+    assert_eq!(code, 0, "{err}");
+    assert!(s.flush(), "{}", s.mount.log_text());
+    let files = (dirs * per_dir) as u64;
+    let (setattrs, stats) = (calls("setattr") - before.0, calls("stat") - before.1);
+    let (code, out, err) = bash(
+        &s.root,
+        &format!("diff -r {} copy && echo same", top.display()),
+    );
+    assert_eq!((code, out.as_str()), (0, "same\n"), "{err}");
+    let want = fs::metadata(top.join("d0/f0")).unwrap().mtime();
+    assert_eq!(
+        fs::metadata(s.root.join("copy/d0/f0")).unwrap().mtime(),
+        want
+    );
+    if t == Transport::Agent {
+        // The scripts set the access time apart (`touch` sets one time per call), and have
+        // no feed to report directories' times.
+        assert!(
+            setattrs < files / 2,
+            "{setattrs} setattr calls for {files} files"
+        );
+        assert!(stats < files / 2, "{stats} stat calls for {files} files");
+    }
+}
+
+#[test]
+fn rsync_costs_a_commit_per_file_agent() {
+    rsync_costs_a_commit_per_file(Transport::Agent);
+}
+
+#[test]
+fn rsync_costs_a_commit_per_file_shell() {
+    rsync_costs_a_commit_per_file(Transport::Shell);
 }
 
 /// `cp -a` sets each copy's access ACL (a minimal one: the mode by other means) and removes

@@ -809,6 +809,7 @@ async fn commit(
     let base = a.text("base")?.map(crate::remote::Version);
     let create_mode: Option<u32> = a.number("mode")?;
     let mtime_ns: Option<i64> = a.number("mtime")?;
+    let atime_ns: Option<i64> = a.number("atime")?;
     let patch = a.flag("patch");
     let mut stream = body.into_data_stream();
     // A patch's header says how much of the base to copy (its cut): read it first.
@@ -841,7 +842,7 @@ async fn commit(
             return Err(e);
         }
     };
-    prepared.set_mtime(mtime_ns);
+    prepared.set_times(atime_ns, mtime_ns);
     prepared.set_author(client_of(&headers));
     let temp = prepared
         .temp

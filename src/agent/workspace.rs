@@ -238,6 +238,8 @@ pub struct PreparedCommit {
     owner: Option<(u32, u32)>,
     /// The modification time the content gets (else the commit's time).
     mtime_ns: Option<i64>,
+    /// The access time it gets (else the sandbox's).
+    atime_ns: Option<i64>,
     /// The client the commit is for ([`crate::remote::wire::CLIENT_HEADER`]).
     author: Option<u64>,
     done: bool,
@@ -249,25 +251,37 @@ impl PreparedCommit {
         self.author = client;
     }
 
-    /// Give the new content this modification time (ns since the epoch).
-    pub fn set_mtime(&mut self, ns: Option<i64>) {
-        self.mtime_ns = ns;
+    /// Give the new content these access and modification times (ns since the epoch).
+    pub fn set_times(&mut self, atime_ns: Option<i64>, mtime_ns: Option<i64>) {
+        self.atime_ns = atime_ns;
+        self.mtime_ns = mtime_ns;
     }
 }
 
-/// Set only the modification time of an open file.
-fn set_mtime(fd: &impl rustix::fd::AsFd, ns: i64) -> rustix::io::Result<()> {
+/// Set the times given of an open file (the others left as they are); nothing when none is.
+fn set_times(
+    fd: &impl rustix::fd::AsFd,
+    atime_ns: Option<i64>,
+    mtime_ns: Option<i64>,
+) -> rustix::io::Result<()> {
+    if atime_ns.is_none() && mtime_ns.is_none() {
+        return Ok(());
+    }
+    let at = |ns: Option<i64>| match ns {
+        Some(ns) => Timespec {
+            tv_sec: ns.div_euclid(1_000_000_000),
+            tv_nsec: ns.rem_euclid(1_000_000_000) as _,
+        },
+        None => Timespec {
+            tv_sec: 0,
+            tv_nsec: rfs::UTIME_OMIT as _,
+        },
+    };
     rfs::futimens(
         fd,
         &Timestamps {
-            last_access: Timespec {
-                tv_sec: 0,
-                tv_nsec: rfs::UTIME_OMIT as _,
-            },
-            last_modification: Timespec {
-                tv_sec: ns.div_euclid(1_000_000_000),
-                tv_nsec: ns.rem_euclid(1_000_000_000) as _,
-            },
+            last_access: at(atime_ns),
+            last_modification: at(mtime_ns),
         },
     )
 }
@@ -731,6 +745,7 @@ impl Workspace {
             mode,
             owner,
             mtime_ns: None,
+            atime_ns: None,
             author: None,
             done: false,
         };
@@ -835,9 +850,7 @@ impl Workspace {
             self.copy_xattrs(&c.dir, &c.name, &c.temp);
         }
         rfs::fchmod(&c.temp, Mode::from_raw_mode(c.mode)).map_err(io_err)?;
-        if let Some(ns) = c.mtime_ns {
-            set_mtime(&c.temp, ns).map_err(io_err)?;
-        }
+        set_times(&c.temp, c.atime_ns, c.mtime_ns).map_err(io_err)?;
         rfs::fsync(&c.temp).map_err(io_err)?;
         let current = match statx_at(&c.dir, &c.name) {
             Ok(st) => Some(st),
@@ -945,9 +958,7 @@ impl Workspace {
             // write by anyone but root).
             rfs::fchmod(&target, Mode::from_raw_mode(c.mode)).map_err(|e| errno(e, t))?;
         }
-        if let Some(ns) = c.mtime_ns {
-            set_mtime(&target, ns).map_err(|e| errno(e, t))?;
-        }
+        set_times(&target, c.atime_ns, c.mtime_ns).map_err(|e| errno(e, t))?;
         rfs::fsync(&target).map_err(|e| errno(e, t))?;
         self.stat_at(&c.dir, &c.name, t)
     }

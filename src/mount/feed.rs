@@ -445,7 +445,7 @@ async fn apply(core: &FsCore, batch: Vec<ChangeEvent>) -> crate::remote::Result<
         return Ok(());
     }
     let checked: Vec<(NodeId, RemotePath)> = check.into_iter().collect();
-    let changed = check_nodes(core, checked.clone()).await?;
+    let changed = check_nodes(core, checked.clone(), true).await?;
     applied();
     // A create or change of a name the mount had, whose check found it as the mount knew it,
     // is the mount's own (the second half of its commit's rename, an atime): no echo.
@@ -536,7 +536,7 @@ async fn revalidate_all(core: &FsCore, reason: &str) -> crate::remote::Result<()
     core.apply(Change::AllStale);
     let nodes = core.known_paths();
     let checked = nodes.len();
-    let changed = check_nodes(core, nodes).await?.len();
+    let changed = check_nodes(core, nodes, false).await?.len();
     tracing::info!(
         checked,
         changed,
@@ -554,10 +554,12 @@ async fn revalidate_all(core: &FsCore, reason: &str) -> crate::remote::Result<()
 }
 
 /// Ask the sandbox for the nodes' attributes in batched stats and drop what changed (here
-/// and in the kernel); what did not change is trusted afresh. Answers which changed.
+/// and in the kernel); what did not change is trusted afresh (`children_reported`: see
+/// [`Change::Answered`]). Answers which changed.
 async fn check_nodes(
     core: &FsCore,
     nodes: Vec<(NodeId, RemotePath)>,
+    children_reported: bool,
 ) -> crate::remote::Result<BTreeSet<NodeId>> {
     // Files with staged writes answer from their staged image: their own push (and its
     // conflict check) deals with the sandbox's version, or its end asks again.
@@ -592,6 +594,7 @@ async fn check_nodes(
                         answer,
                         raced,
                         asked: before,
+                        children_reported,
                     };
                     if core.apply(answered) == Applied::Changed {
                         changed.insert(*node);
@@ -664,7 +667,7 @@ impl Recheck {
             return;
         }
         let checked = share.len() as u64;
-        let changed = match check_nodes(core, share.clone()).await {
+        let changed = match check_nodes(core, share.clone(), false).await {
             Ok(changed) => changed,
             // The health probe and the feed itself say when the sandbox is gone; a round
             // that did not get through is asked again next period.

@@ -48,6 +48,8 @@ struct Told {
     patch_commits: bool,
     /// A new file's push may be a patch over nothing.
     patch_new: bool,
+    /// A commit sets the access time it is given.
+    commit_atime: bool,
 }
 
 impl Default for Told {
@@ -59,6 +61,7 @@ impl Default for Told {
             commit_absent: false,
             patch_commits: true,
             patch_new: false,
+            commit_atime: false,
         }
     }
 }
@@ -106,6 +109,7 @@ impl Sandbox {
         t.commit_absent = info.commit_absent;
         t.patch_commits = info.capabilities.patch_commits;
         t.patch_new = info.capabilities.patch_new;
+        t.commit_atime = info.capabilities.commit_atime;
     }
 
     fn told(&self) -> std::sync::RwLockReadGuard<'_, Told> {
@@ -130,6 +134,10 @@ impl Sandbox {
 
     pub fn patch_new(&self) -> bool {
         self.told().patch_new
+    }
+
+    pub fn commit_atime(&self) -> bool {
+        self.told().commit_atime
     }
 
     /// A transport taken as one without patch commits (tests of the whole-file path).

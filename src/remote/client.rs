@@ -897,6 +897,9 @@ impl Remote for AgentClient {
         if let Some(t) = opts.mtime_ns {
             q.push(("mtime", t.to_string().into_bytes()));
         }
+        if let Some(t) = opts.atime_ns {
+            q.push(("atime", t.to_string().into_bytes()));
+        }
         let body = match content {
             CommitContent::Whole(reader) => reqwest::Body::wrap_stream(
                 tokio_util::io::ReaderStream::with_capacity(reader, UPLOAD_CHUNK),

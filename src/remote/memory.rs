@@ -1058,6 +1058,9 @@ impl Remote for MemoryRemote {
         if let Some(t) = opts.mtime_ns {
             s.node_mut(ino).mtime = t;
         }
+        if let Some(t) = opts.atime_ns {
+            s.node_mut(ino).atime = t;
+        }
         let target = s.path_of(&slot);
         let kind = if created {
             ChangeKind::Created

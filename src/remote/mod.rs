@@ -400,6 +400,10 @@ pub struct CommitOptions {
     /// written through the mount, so a push does not move a time programs already saw (an
     /// editor's "changed on disk" check). `None`: the commit's own time.
     pub mtime_ns: Option<i64>,
+    /// The access time the new content gets, where the transport says `commit_atime` (a
+    /// `cp -p` or `rsync -a` sets both times before the first push: one call, not two).
+    /// `None`: left to the sandbox.
+    pub atime_ns: Option<i64>,
 }
 
 /// Attributes to change; a final symlink is never followed (its own times change; a mode on a
@@ -573,6 +577,10 @@ pub struct Capabilities {
     /// sent as its written ranges. Agents before it say nothing: false.
     #[serde(default)]
     pub patch_new: bool,
+    /// A commit sets the access time it is given ([`CommitOptions::atime_ns`]). Agents
+    /// before it say nothing: false.
+    #[serde(default)]
+    pub commit_atime: bool,
     /// grep/glob/fuzzy run in the sandbox, only results cross.
     pub server_search: bool,
     /// A cancelled remote command is stopped (its process group killed).
@@ -586,6 +594,7 @@ impl Default for Capabilities {
             feed: true,
             patch_commits: true,
             patch_new: true,
+            commit_atime: true,
             server_search: true,
             kill: true,
         }

@@ -25,13 +25,17 @@ pub(in crate::mount) enum Change<'a> {
     /// was told to keep long.
     Distrusted,
     /// A revalidation's answer about a node at `path`, asked at epoch `asked`; `raced`: a
-    /// local change happened while it was on its way.
+    /// local change happened while it was on its way; `children_reported`: the change feed
+    /// reports what happens to a directory's names itself (an event's check), so a change of
+    /// its own attributes leaves its listing (a re-check, which looks for what inotify missed,
+    /// drops it).
     Answered {
         node: NodeId,
         path: &'a RemotePath,
         answer: Result<Attr>,
         raced: bool,
         asked: u64,
+        children_reported: bool,
     },
 }
 
@@ -78,7 +82,8 @@ impl FsCore {
                 answer,
                 raced,
                 asked,
-            } => self.answered(node, path, answer, raced, asked),
+                children_reported,
+            } => self.answered(node, path, answer, raced, asked, children_reported),
         }
     }
 
@@ -182,6 +187,7 @@ impl FsCore {
         answer: Result<Attr>,
         raced: bool,
         asked: u64,
+        children_reported: bool,
     ) -> Applied {
         let Some(n) = self.inodes.get(node) else {
             return Applied::Nothing;
@@ -215,6 +221,13 @@ impl FsCore {
                 self.forget_pages_of(node, &a.version);
             }
         }
+        // The same directory with new attributes (`rsync -a` or `tar -x` setting the times
+        // of one it just made, the change reported back before its answer): its names are
+        // as the listing has them, each change of them being an event of its own.
+        let listing_holds = children_reported
+            && !name_went
+            && n.attr.kind == FileKind::Dir
+            && answer.as_ref().is_ok_and(|a| a.kind == FileKind::Dir);
         match answer {
             Ok(a) if !raced && !name_went => {
                 if a.kind == FileKind::Dir
@@ -247,7 +260,9 @@ impl FsCore {
                 }
             }
         }
-        self.meta.expire(node);
+        if !listing_holds {
+            self.meta.expire(node);
+        }
         for (parent, _) in &n.links {
             self.meta.expire(*parent);
         }
@@ -255,7 +270,9 @@ impl FsCore {
             return Applied::Changed;
         };
         // A directory's data is its listing the kernel keeps ([`FsCore::opendir`]).
-        k.invalidate_data(node);
+        if !listing_holds {
+            k.invalidate_data(node);
+        }
         if name_went && !raced {
             // Also when the name already leads elsewhere here (a listing fetched meanwhile
             // took the new file): the kernel may still hold it for the old node, as long as

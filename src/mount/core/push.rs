@@ -310,6 +310,11 @@ impl FsCore {
                             create_mode: Some(n.attr.mode),
                             // The time the mount showed for the last write, kept.
                             mtime_ns: s.mtime_ns,
+                            // An access time set before the push goes with it.
+                            atime_ns: s
+                                .pending_attr
+                                .atime_ns
+                                .filter(|_| self.sandbox.commit_atime()),
                         },
                     )
                     .await,
@@ -386,6 +391,9 @@ impl FsCore {
                     && Some(attr.mtime_ns) == pending.mtime_ns
                 {
                     pending.mtime_ns = None;
+                }
+                if pending.atime_ns.is_some() && Some(attr.atime_ns) == pending.atime_ns {
+                    pending.atime_ns = None;
                 }
                 if pending != SetAttr::default() {
                     match self.note(self.remote().setattr(&path, pending).await) {
@@ -579,12 +587,12 @@ impl FsCore {
         // come from what the sandbox has now.
         let known = s.base.clone();
         // The copy gets the file's permission bits (a script stays runnable), never its
-        // set-ID bits.
+        // set-ID bits nor write access for others (a mode the sandbox chose last).
         let mode = s
             .pending_attr
             .mode
             .or(self.inodes.get(node).map(|n| n.attr.mode))
-            .map_or(0o600, |m| m & 0o777);
+            .map_or(0o600, |m| m & 0o755);
         let copy = self.write_conflict_copy(path, s, known, mode).await?;
         if let Some((parent, _)) = self.inodes.get(node).and_then(|n| n.links.first().cloned()) {
             self.dir_changed(parent);
@@ -699,6 +707,7 @@ impl FsCore {
                         base: Some(version),
                         create_mode: None,
                         mtime_ns: None,
+                        atime_ns: None,
                     },
                 )
                 .await,
@@ -812,6 +821,7 @@ impl FsCore {
                         base: Some(base),
                         create_mode: None,
                         mtime_ns: None,
+                        atime_ns: None,
                     },
                 )
                 .await,
@@ -1098,6 +1108,7 @@ impl FsCore {
                         base: s.base.clone(),
                         create_mode: mode,
                         mtime_ns: None,
+                        atime_ns: None,
                     },
                 )
                 .await,
@@ -1111,7 +1122,7 @@ impl FsCore {
                 // The sandbox changed it meanwhile: the user's bytes go beside it.
                 self.stats.conflicts.fetch_add(1, Ordering::Relaxed);
                 // A file of an earlier mount: its mode is known only if it set one.
-                let mode = mode.or(s.pending_attr.mode).map_or(0o600, |m| m & 0o777);
+                let mode = mode.or(s.pending_attr.mode).map_or(0o600, |m| m & 0o755);
                 let (copy, _) = self.write_conflict_copy(path, s, None, mode).await?;
                 tracing::error!(file = %path.display(), saved_as = %copy.display(),
                     "an unpushed edit from an earlier mount conflicts with the sandbox; saved beside it");

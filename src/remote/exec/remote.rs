@@ -542,6 +542,8 @@ impl Remote for ScriptRemote {
                 patch_commits: probe.precision == Precision::Nanos,
                 // The commit script starts a cut-0 patch from an empty file.
                 patch_new: true,
+                // `touch` sets one time per call: the access time stays a call of its own.
+                commit_atime: false,
                 // grep runs in the sandbox where rg is (glob and fuzzy: only paths cross).
                 server_search: probe.tools.iter().any(|t| t == "rg"),
                 kill: true,
