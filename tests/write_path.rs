@@ -64,6 +64,13 @@ impl Sandbox {
         &self.mount.dir
     }
 
+    /// Remote calls of `op` the mount made so far (`ctl stats`).
+    fn calls(&self, op: &str) -> u64 {
+        ctl_stats(self.mnt())["stats"]["remote_calls_by_op"][op]
+            .as_u64()
+            .unwrap_or(0)
+    }
+
     /// Push everything now (`sbxfs ctl flush`); answers whether it all landed.
     fn flush(&self) -> bool {
         let (code, _, _) = run(Command::new(sbxfs_bin())
@@ -1121,11 +1128,7 @@ fn tar_sets_file_times_with_the_commit(t: Transport) {
     );
     assert_eq!(code, 0, "{err}");
     let s = Sandbox::new(t);
-    let setattrs = || {
-        ctl_stats(s.mnt())["stats"]["remote_calls_by_op"]["setattr"]
-            .as_u64()
-            .unwrap_or(0)
-    };
+    let setattrs = || s.calls("setattr");
     let before = setattrs();
     let tar = src.path().join("tree.tar");
     let (code, _, err) = bash(s.mnt(), &format!("tar xf {}", tar.display()));
@@ -1174,11 +1177,7 @@ fn rsync_costs_a_commit_per_file(t: Transport) {
     );
     assert_eq!(code, 0, "{err}");
     let s = Sandbox::new(t);
-    let calls = |op: &str| {
-        ctl_stats(s.mnt())["stats"]["remote_calls_by_op"][op]
-            .as_u64()
-            .unwrap_or(0)
-    };
+    let calls = |op: &str| s.calls(op);
     let before = (calls("setattr"), calls("stat"));
     let (code, _, err) = bash(s.mnt(), &format!("rsync -a {}/ copy/", top.display()));
     assert_eq!(code, 0, "{err}");
@@ -1237,11 +1236,7 @@ fn cp_a_sets_modes_without_acl_calls(t: Transport) {
     )
     .unwrap();
     let s = Sandbox::new(t);
-    let calls = |op: &str| {
-        ctl_stats(s.mnt())["stats"]["remote_calls_by_op"][op]
-            .as_u64()
-            .unwrap_or(0)
-    };
+    let calls = |op: &str| s.calls(op);
     let before = calls("setxattr") + calls("removexattr");
     let (code, _, err) = bash(s.mnt(), &format!("cp -a {} copy", top.display()));
     assert_eq!(code, 0, "{err}");
@@ -1291,11 +1286,7 @@ fn saves_by_rename_keep_the_listing(t: Transport) {
     let _load = CpuHogs::start();
     let s = Sandbox::new(t);
     let m = s.mnt();
-    let calls = |op: &str| {
-        ctl_stats(m)["stats"]["remote_calls_by_op"][op]
-            .as_u64()
-            .unwrap_or(0)
-    };
+    let calls = |op: &str| s.calls(op);
     let stats = || calls("stat");
     fs::create_dir(m.join("pkg")).unwrap();
     fs::write(m.join("pkg/kept.py"), "old\n").unwrap();

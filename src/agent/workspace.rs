@@ -267,6 +267,11 @@ fn set_times(
     if atime_ns.is_none() && mtime_ns.is_none() {
         return Ok(());
     }
+    rfs::futimens(fd, &timestamps(atime_ns, mtime_ns))
+}
+
+/// The times to set, each left as it is where `None` (`UTIME_OMIT`).
+fn timestamps(atime_ns: Option<i64>, mtime_ns: Option<i64>) -> Timestamps {
     let at = |ns: Option<i64>| match ns {
         Some(ns) => Timespec {
             tv_sec: ns.div_euclid(1_000_000_000),
@@ -277,13 +282,10 @@ fn set_times(
             tv_nsec: rfs::UTIME_OMIT as _,
         },
     };
-    rfs::futimens(
-        fd,
-        &Timestamps {
-            last_access: at(atime_ns),
-            last_modification: at(mtime_ns),
-        },
-    )
+    Timestamps {
+        last_access: at(atime_ns),
+        last_modification: at(mtime_ns),
+    }
 }
 
 impl Drop for PreparedCommit {
@@ -1196,20 +1198,7 @@ impl Workspace {
             rfs::ftruncate(&w, size).map_err(|e| errno(e, path))?;
         }
         if set.atime_ns.is_some() || set.mtime_ns.is_some() {
-            let ts = |ns: Option<i64>| match ns {
-                Some(ns) => Timespec {
-                    tv_sec: ns.div_euclid(1_000_000_000),
-                    tv_nsec: ns.rem_euclid(1_000_000_000) as _,
-                },
-                None => Timespec {
-                    tv_sec: 0,
-                    tv_nsec: rfs::UTIME_OMIT as _,
-                },
-            };
-            let times = Timestamps {
-                last_access: ts(set.atime_ns),
-                last_modification: ts(set.mtime_ns),
-            };
+            let times = timestamps(set.atime_ns, set.mtime_ns);
             match &held {
                 Some((dir, name)) => {
                     rfs::utimensat(dir, os(name), &times, AtFlags::SYMLINK_NOFOLLOW)
