@@ -109,7 +109,8 @@
 //! fetching nothing. `close` (of a descriptor that wrote) and the last close queue a push
 //! ([`mount::pushq`]: up to 16 in flight, in order per file; a new file's first push settles
 //! 25 ms, so a rename or unlink right after its close withdraws it and stays local, the push
-//! going to the final name; `-o sync_close` waits), `fsync`
+//! going to the final name, and the rename returning once it landed; `-o sync_close` waits),
+//! `fsync`
 //! pushes and waits ([`mount::writeback`]): [`remote::Remote::commit`] streams a patch — where the file was cut,
 //! its final length, the dirty ranges — or the whole file, naming the base version (a new
 //! sparse file is a patch cut to nothing where the transport says `patch_new`); the agent
@@ -122,7 +123,8 @@
 //! save never comes back as "replaced in the sandbox". The node keeps the `st_ino` it showed.
 //! A directory holding a file not pushed yet is not empty to `rmdir`; setting a directory's
 //! times first lands the pushes of what was made in it. A commit carries the staged mtime (the
-//! push does not move the time programs saw) and the agent copies the file's extended
+//! push does not move the time programs saw), and an access time set before it where the
+//! transport says `commit_atime`; the agent copies the file's extended
 //! attributes onto the new content. A failed push keeps its cause (`ENOSPC`, `EROFS`, …) for
 //! the writer's `fsync`/`close`; the file's state, its cause and any conflict copy are shown
 //! by `ctl status`, `ctl flush` and `sbxfs umount`.
@@ -131,7 +133,8 @@
 //! `sbxfs grep PATTERN` standing in a mount asks the directory for its mount ([`control`]'s
 //! INFO ioctl), sends the query on the mount's control socket
 //! ([`mount::control_server`]); the daemon pushes unpushed
-//! writes, then streams the agent's `/v1/grep` answer back. In the sandbox (or on a local path)
+//! writes, then streams the agent's `/v1/grep` answer back (given up once the mount's probe
+//! finds the sandbox hung, [`mount::health`]). In the sandbox (or on a local path)
 //! the core does the work: it walks the tree once with ripgrep's
 //! `ignore` walker ([`search::walk`]), searches files in parallel with `grep-searcher`, and
 //! streams matches in walk order to a sink that can stop the search (a cap, or a client gone);
