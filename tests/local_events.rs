@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::common::{require_tool, sbxfs_bin, AgentProcess, MountProcess};
+use crate::common::{require_tool, sbxfs_bin, AgentProcess, CpuHogs, MountProcess};
 
 /// How long a sandbox-side change may take to reach a local watcher.
 const WITHIN: Duration = Duration::from_secs(10);
@@ -623,4 +623,36 @@ fn a_file_written_as_it_is_made_in_the_sandbox_is_created_and_modified_once() {
             "n{i}.txt: {lines:#?}"
         );
     }
+}
+
+/// A file made and moved at once in the sandbox (`echo > c; mv c d`, a tool's save through a
+/// temporary name): the watcher sees the new name appear (its creation settled to nothing,
+/// the move had nothing to move on the mountpoint, and nothing was raised).
+fn a_file_made_and_moved_at_once_is_seen_under_its_new_name(transport: &str) {
+    let _load = CpuHogs::start();
+    let s = served(transport);
+    let Some(w) = inotify(&s.mount.dir) else {
+        eprintln!("skipped: no inotifywait (scripts/install-deps.sh installs inotify-tools)");
+        return;
+    };
+    let m = s.mount.dir.display().to_string();
+    for round in 0..6 {
+        let (c, d) = (format!("c{round}.txt"), format!("d{round}.txt"));
+        fs::write(s.root.join("sub").join(&c), "x\n").unwrap();
+        fs::rename(s.root.join("sub").join(&c), s.root.join("sub").join(&d)).unwrap();
+        let seen = format!("{m}/sub/{d} ");
+        w.wait_for(&format!("CREATE or MOVED_TO of sub/{d}"), move |l| {
+            (l.starts_with("CREATE ") || l.starts_with("MOVED_TO ")) && l.contains(&seen)
+        });
+    }
+}
+
+#[test]
+fn a_file_made_and_moved_at_once_is_seen_under_its_new_name_agent() {
+    a_file_made_and_moved_at_once_is_seen_under_its_new_name("http");
+}
+
+#[test]
+fn a_file_made_and_moved_at_once_is_seen_under_its_new_name_shell() {
+    a_file_made_and_moved_at_once_is_seen_under_its_new_name("shell");
 }

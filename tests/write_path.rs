@@ -9,7 +9,7 @@
 use crate::common;
 
 use std::fs;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -1155,6 +1155,48 @@ fn tar_sets_file_times_with_the_commit_shell() {
     tar_sets_file_times_with_the_commit(Transport::Shell);
 }
 
+/// A file saved as a private temporary file renamed over a readable one (an editor's or
+/// `tempfile`'s save of a secret) has the new file's mode in the sandbox, as a rename gives,
+/// not the replaced file's.
+fn a_rename_over_a_file_gives_the_new_files_mode(t: Transport) {
+    let _load = CpuHogs::start();
+    let s = Sandbox::new(t);
+    let (m, r) = (s.mnt().to_path_buf(), s.root.clone());
+    for (round, (old, new)) in [(0o644, 0o600), (0o755, 0o644), (0o600, 0o640)]
+        .into_iter()
+        .enumerate()
+    {
+        let f = format!("f{round}");
+        fs::write(r.join(&f), "old").unwrap();
+        fs::set_permissions(r.join(&f), fs::Permissions::from_mode(old)).unwrap();
+        std::thread::sleep(Duration::from_millis(1100));
+        let script = format!(
+            "import os\nfd = os.open('{f}.tmp', os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o{new:o})\n\
+             os.write(fd, b'secret')\nos.close(fd)\nos.replace('{f}.tmp', '{f}')"
+        );
+        let (code, _, err) = run(Command::new("python3")
+            .current_dir(&m)
+            .args(["-c", &script]));
+        assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+        assert!(s.flush(), "{}", s.mount.log_text());
+        assert_eq!(fs::read_to_string(r.join(&f)).unwrap(), "secret");
+        let mode = fs::metadata(r.join(&f)).unwrap().mode() & 0o7777;
+        assert_eq!(mode, new, "{f}: the sandbox's mode (was {old:o})");
+        let shown = fs::metadata(m.join(&f)).unwrap().mode() & 0o7777;
+        assert_eq!(shown, new, "{f}: the mount's mode");
+    }
+}
+
+#[test]
+fn a_rename_over_a_file_gives_the_new_files_mode_agent() {
+    a_rename_over_a_file_gives_the_new_files_mode(Transport::Agent);
+}
+
+#[test]
+fn a_rename_over_a_file_gives_the_new_files_mode_shell() {
+    a_rename_over_a_file_gives_the_new_files_mode(Transport::Shell);
+}
+
 /// `rsync -a` writes each file as a temporary name, sets its mode and both times, renames it,
 /// and sets each directory's times after making it: one commit per file carries content,
 /// mode and times (no setattr of its own, the access time included), and the directories'
@@ -1228,13 +1270,9 @@ fn cp_a_sets_modes_without_acl_calls(t: Transport) {
         let f = top.join(format!("f{n}"));
         fs::write(&f, format!("{n}")).unwrap();
         let mode = [0o600, 0o640, 0o755, 0o444][n % 4];
-        fs::set_permissions(&f, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
+        fs::set_permissions(&f, fs::Permissions::from_mode(mode)).unwrap();
     }
-    fs::set_permissions(
-        top.join("sub"),
-        std::os::unix::fs::PermissionsExt::from_mode(0o750),
-    )
-    .unwrap();
+    fs::set_permissions(top.join("sub"), fs::Permissions::from_mode(0o750)).unwrap();
     let s = Sandbox::new(t);
     let calls = |op: &str| s.calls(op);
     let before = calls("setxattr") + calls("removexattr");

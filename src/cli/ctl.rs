@@ -61,6 +61,20 @@ pub(super) enum CtlAction {
     },
 }
 
+/// Why `path` names no mount: it does not exist, or it is outside every live mount (an
+/// absolute path is this machine's, not the mount's: `/` is not the mount's root).
+fn not_in_a_mount(path: &std::path::Path) -> String {
+    if std::fs::symlink_metadata(path).is_err() {
+        return format!("{}: no such file or directory", path.display());
+    }
+    let hint = if path.is_absolute() {
+        " (without --mount a path is this machine's: `.` in the mount's root, or --mount MOUNTPOINT PATH)"
+    } else {
+        " (run it inside a mount, or give --mount MOUNTPOINT)"
+    };
+    format!("{} is not in a live sbxfs mount{hint}", path.display())
+}
+
 pub(super) fn run_ctl(a: CtlArgs) -> i32 {
     let fail = |m: String| {
         eprintln!("sbxfs ctl: {}", super::logging::visible(&m));
@@ -74,7 +88,7 @@ pub(super) fn run_ctl(a: CtlArgs) -> i32 {
     let here = std::path::Path::new(".");
     let route = match route_args.route(here) {
         Ok(Some(r)) => r,
-        Ok(None) => return fail(format!("{} is not in a live sbxfs mount", here.display())),
+        Ok(None) => return fail(not_in_a_mount(here)),
         Err(e) => return fail(e.to_string()),
     };
     let req = match &a.action {
@@ -85,7 +99,7 @@ pub(super) fn run_ctl(a: CtlArgs) -> i32 {
             Ok(Some(r)) => crate::control::Request::Invalidate {
                 path: crate::remote::WireBytes(r.path),
             },
-            Ok(None) => return fail(format!("{} is not in a live sbxfs mount", path.display())),
+            Ok(None) => return fail(not_in_a_mount(path)),
             Err(e) => return fail(e.to_string()),
         },
         CtlAction::Readlink { path } => match link_route(&route_args, path) {
@@ -135,7 +149,7 @@ fn link_route(route_args: &RouteArgs, path: &std::path::Path) -> Result<Vec<u8>,
     };
     let mut p = match route_args.route(dir) {
         Ok(Some(r)) => r.path,
-        Ok(None) => return Err(format!("{} is not in a live sbxfs mount", path.display())),
+        Ok(None) => return Err(not_in_a_mount(path)),
         Err(e) => return Err(e.to_string()),
     };
     if !p.is_empty() {

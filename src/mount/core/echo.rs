@@ -114,6 +114,9 @@ impl FsCore {
             self.echoes.publish(job);
         }
         let Some(job) = job else { return };
+        // A move that cannot be repeated here (a name never shown, made and moved at once,
+        // its creation settled to nothing): raised as the creation of its new name.
+        let mut made_instead = None;
         let done: Option<std::io::Result<()>> = match job {
             Job::Created(path) => self.held(&path).and_then(|h| {
                 let na = learn(&h)?;
@@ -178,19 +181,38 @@ impl FsCore {
                         (p1, n1, Name::Present(na.node)),
                         (p2, n2, Name::Absent),
                     ]);
-                    Some(std::fs::rename(at(&from), at(&to)))
+                    match std::fs::rename(at(&from), at(&to)) {
+                        Err(e) => {
+                            tracing::debug!("the move could not be echoed ({e}): its new name is raised as created");
+                            made_instead = Some(to);
+                            None
+                        }
+                        r => Some(r),
+                    }
                 }
                 // A name the mount never saw (an editor's temp file) moved over one it shows:
                 // the file now at the new name stands for it, so the move is raised as a local
-                // save's would be (and the old file's own watch sees it replaced).
-                (Some((p1, n1)), Some(h2), None) => learn(&h2).map(|na| {
+                // save's would be (and the old file's own watch sees it replaced). A name
+                // never shown here at all (made and moved at once, its creation settled to
+                // nothing) has nothing to move: the new name is raised as created.
+                (Some((p1, n1)), Some(h2), None) => {
+                    let Some(na) = learn(&h2) else {
+                        return self.echo(Job::Created(to), mnt, kernel, rt);
+                    };
                     let (p2, n2) = h2;
                     self.echoes.set_plan(vec![
                         (p1, n1, Name::Present(na.node)),
                         (p2, n2, Name::Absent),
                     ]);
-                    std::fs::rename(at(&from), at(&to))
-                }),
+                    match std::fs::rename(at(&from), at(&to)) {
+                        Err(e) => {
+                            tracing::debug!("the move could not be echoed ({e}): its new name is raised as created");
+                            made_instead = Some(to);
+                            None
+                        }
+                        r => Some(r),
+                    }
+                }
                 (Some(_), None, _) => return self.echo(Job::Removed(from, node), mnt, kernel, rt),
                 (_, Some(_), _) => {
                     self.give_back(node);
@@ -216,6 +238,9 @@ impl FsCore {
         };
         for node in self.echoes.end_plan() {
             self.forget(node, 1);
+        }
+        if let Some(to) = made_instead {
+            return self.echo(Job::Created(to), mnt, kernel, rt);
         }
         let stats = &self.echoes.stats;
         let counter = match done {

@@ -253,10 +253,11 @@ impl FsCore {
         let was_new = s.base.is_none();
         // A file made here over a name found absent is created only if still absent: one the
         // sandbox made meanwhile is not overwritten (a conflict: ours is saved beside it).
-        let create_only = was_new
-            && self.sandbox.commit_absent()
-            && self.newfiles.contains(node)
-            && !self.newfiles.covers(node);
+        // A new file renamed over a sandbox file replaces it by this commit, which keeps
+        // that file's mode: its own is set right after (a 0600 save over a 0644 file).
+        let covering = was_new && self.newfiles.covers(node);
+        let create_only =
+            was_new && self.sandbox.commit_absent() && self.newfiles.contains(node) && !covering;
         if was_new {
             self.newfiles.sent(node);
         }
@@ -381,7 +382,9 @@ impl FsCore {
                 self.stats.commits.fetch_add(1, Ordering::Relaxed);
                 self.stats.bytes_pushed.fetch_add(bytes, Ordering::Relaxed);
                 let mut pending = std::mem::take(&mut s.pending_attr);
-                if was_new {
+                if covering && attr.mode & 0o7777 != n.attr.mode & 0o7777 {
+                    pending.mode = Some(n.attr.mode & 0o7777);
+                } else if was_new {
                     pending.mode = None;
                 }
                 // A time set before the push (`tar -x` sets each file's mtime right after
