@@ -114,8 +114,7 @@ impl FsCore {
             self.echoes.publish(job);
         }
         let Some(job) = job else { return };
-        // A move that cannot be repeated here (a name never shown, made and moved at once,
-        // its creation settled to nothing): raised as the creation of its new name.
+        // A move that cannot be repeated here: raised as the creation of its new name.
         let mut made_instead = None;
         let done: Option<std::io::Result<()>> = match job {
             Job::Created(path) => self.held(&path).and_then(|h| {
@@ -174,43 +173,40 @@ impl FsCore {
                     self.give_back(node);
                     None
                 }
-                (Some((p1, n1)), Some(h2), Some(na)) => {
-                    forget_name(&h2);
-                    let (p2, n2) = h2;
-                    self.echoes.set_plan(vec![
-                        (p1, n1, Name::Present(na.node)),
-                        (p2, n2, Name::Absent),
-                    ]);
-                    match std::fs::rename(at(&from), at(&to)) {
-                        Err(e) => {
-                            tracing::debug!("the move could not be echoed ({e}): its new name is raised as created");
-                            made_instead = Some(to);
-                            None
+                // The move of a file the mount shows, or of a name it never saw (an editor's
+                // temp file) over one it shows: the file now at the new name stands for it,
+                // so the move is raised as a local save's would be (and the old file's own
+                // watch sees it replaced). A move that cannot be repeated here (a name never
+                // shown at all, made and moved at once, its creation settled to nothing) is
+                // raised as the creation of its new name.
+                (Some((p1, n1)), Some(h2), held) => {
+                    let na = match held {
+                        Some(na) => {
+                            forget_name(&h2);
+                            Some(na)
                         }
-                        r => Some(r),
-                    }
-                }
-                // A name the mount never saw (an editor's temp file) moved over one it shows:
-                // the file now at the new name stands for it, so the move is raised as a local
-                // save's would be (and the old file's own watch sees it replaced). A name
-                // never shown here at all (made and moved at once, its creation settled to
-                // nothing) has nothing to move: the new name is raised as created.
-                (Some((p1, n1)), Some(h2), None) => {
-                    let Some(na) = learn(&h2) else {
-                        return self.echo(Job::Created(to), mnt, kernel, rt);
+                        None => learn(&h2),
                     };
-                    let (p2, n2) = h2;
-                    self.echoes.set_plan(vec![
-                        (p1, n1, Name::Present(na.node)),
-                        (p2, n2, Name::Absent),
-                    ]);
-                    match std::fs::rename(at(&from), at(&to)) {
-                        Err(e) => {
-                            tracing::debug!("the move could not be echoed ({e}): its new name is raised as created");
+                    match na {
+                        None => {
                             made_instead = Some(to);
                             None
                         }
-                        r => Some(r),
+                        Some(na) => {
+                            let (p2, n2) = h2;
+                            self.echoes.set_plan(vec![
+                                (p1, n1, Name::Present(na.node)),
+                                (p2, n2, Name::Absent),
+                            ]);
+                            match std::fs::rename(at(&from), at(&to)) {
+                                Err(e) => {
+                                    tracing::debug!("the move could not be echoed ({e}): its new name is raised as created");
+                                    made_instead = Some(to);
+                                    None
+                                }
+                                r => Some(r),
+                            }
+                        }
                     }
                 }
                 (Some(_), None, _) => return self.echo(Job::Removed(from, node), mnt, kernel, rt),
