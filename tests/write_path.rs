@@ -1467,3 +1467,54 @@ fn an_open_by_name_racing_a_sandbox_replace_finds_the_file_agent() {
 fn an_open_by_name_racing_a_sandbox_replace_finds_the_file_shell() {
     an_open_by_name_racing_a_sandbox_replace_finds_the_file(Transport::Shell);
 }
+
+/// The sandbox moves a file away (`mv x x.away`) just before the laptop removes `x` and makes
+/// it again exclusively, as `tar -x` does over an existing tree: the unlink answers ENOENT
+/// (true: the name is gone) and the exclusive create must then make the file, never answer
+/// EEXIST from the node the feed had not reported moved yet (2 in 20 did under load).
+fn an_exclusive_create_after_a_failed_unlink_makes_the_file(t: Transport) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let _load = CpuHogs::start();
+    let s = Sandbox::new(t);
+    let (m, r) = (s.mnt().to_path_buf(), s.root.clone());
+    let mut failed = Vec::new();
+    for round in 0..20 {
+        let name = format!("f{round}");
+        fs::write(m.join(&name), "laptop\n").unwrap();
+        assert!(s.flush(), "round {round}: a push failed");
+        assert_eq!(fs::read_to_string(m.join(&name)).unwrap(), "laptop\n");
+        std::thread::sleep(Duration::from_millis(200));
+        fs::rename(r.join(&name), r.join(format!("{name}.away"))).unwrap();
+        let _ = fs::remove_file(m.join(&name));
+        match fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(m.join(&name))
+        {
+            Ok(mut f) => f.write_all(b"again\n").unwrap(),
+            Err(e) => failed.push(format!("round {round}: create: {e}")),
+        }
+    }
+    assert!(s.flush(), "a push failed");
+    assert!(failed.is_empty(), "{failed:?}");
+    for round in 0..20 {
+        let name = format!("f{round}");
+        assert_eq!(fs::read_to_string(r.join(&name)).unwrap(), "again\n");
+        assert_eq!(
+            fs::read_to_string(r.join(format!("{name}.away"))).unwrap(),
+            "laptop\n"
+        );
+    }
+}
+
+#[test]
+fn an_exclusive_create_after_a_failed_unlink_makes_the_file_agent() {
+    an_exclusive_create_after_a_failed_unlink_makes_the_file(Transport::Agent);
+}
+
+#[test]
+fn an_exclusive_create_after_a_failed_unlink_makes_the_file_shell() {
+    an_exclusive_create_after_a_failed_unlink_makes_the_file(Transport::Shell);
+}

@@ -1879,6 +1879,9 @@ impl FsCore {
         } else {
             self.dir_changed(parent);
         }
+        if matches!(r, Err(RemoteError::NotFound(_))) {
+            self.name_gone(parent, name);
+        }
         r?;
         self.made_links.forget(&self.sandbox_id(), path.as_bytes());
         if let Some(n) = self.inodes.unlink(parent, name) {
@@ -1889,6 +1892,27 @@ impl FsCore {
             }
         }
         Ok(())
+    }
+
+    /// The sandbox answered that `name` is not in `parent` (moved or removed there, the
+    /// feed not having said so yet): the mount forgets the name, so that the next lookup
+    /// asks instead of answering from the node the feed still vouches for (`unlink` said
+    /// ENOENT and the `open(O_CREAT|O_EXCL)` right after said EEXIST: `tar -x` failed).
+    /// The node itself is not removed: the file lives on under another name.
+    /// A file only the mount has (made here, or with writes not pushed) keeps its name.
+    fn name_gone(&self, parent: NodeId, name: &[u8]) {
+        let Some(n) = self.inodes.child(parent, name) else {
+            return;
+        };
+        if self.newfiles.contains(n) || self.staged_of(n).is_some() {
+            return;
+        }
+        if let Some(n) = self.inodes.unlink(parent, name) {
+            self.meta.invalidate(n);
+            if let Some(k) = self.kernel() {
+                k.invalidate_attr(n);
+            }
+        }
     }
 
     pub async fn rmdir(&self, parent: NodeId, name: &[u8]) -> Result<()> {
@@ -1907,6 +1931,9 @@ impl FsCore {
             self.entry_removed(parent, name);
         } else {
             self.dir_changed(parent);
+        }
+        if matches!(r, Err(RemoteError::NotFound(_))) {
+            self.name_gone(parent, name);
         }
         r?;
         if let Some(n) = self.inodes.unlink(parent, name) {
@@ -1982,6 +2009,11 @@ impl FsCore {
         if r.is_err() || replaced_linked {
             self.dir_changed(parent);
             self.dir_changed(new_parent);
+        }
+        if matches!(r, Err(RemoteError::NotFound(_))) {
+            // Which name was missing is not said: both are asked again.
+            self.name_gone(parent, name);
+            self.name_gone(new_parent, new_name);
         }
         r?;
         self.made_links.renamed(
