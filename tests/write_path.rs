@@ -1518,3 +1518,47 @@ fn an_exclusive_create_after_a_failed_unlink_makes_the_file_agent() {
 fn an_exclusive_create_after_a_failed_unlink_makes_the_file_shell() {
     an_exclusive_create_after_a_failed_unlink_makes_the_file(Transport::Shell);
 }
+
+/// `posix_fallocate` promises the writes after it find room: on a file open for writing only
+/// (staged here) it is checked against the sandbox's free space at once, ENOSPC when too
+/// little, and succeeds where there is room (the file then has the size asked).
+fn posix_fallocate_beyond_the_sandbox_disk_is_enospc(t: Transport) {
+    let Some(disk) = SmallDisk::new(8) else {
+        return;
+    };
+    let keep = tempfile::tempdir().unwrap();
+    let s = Sandbox::over(t, keep, disk.root());
+    let script = |path: &Path, len: u64| {
+        format!(
+            "import os\nfd = os.open({:?}, os.O_WRONLY | os.O_CREAT, 0o644)\n\
+             try:\n    os.posix_fallocate(fd, 0, {len})\n    print('ok', os.fstat(fd).st_size)\n\
+             except OSError as e:\n    print('errno', e.errno)\nos.close(fd)\n",
+            path.display().to_string()
+        )
+    };
+    let (code, out, err) = run(Command::new("python3")
+        .arg("-c")
+        .arg(script(&s.mnt().join("huge"), 64 << 20)));
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+    assert_eq!(
+        String::from_utf8_lossy(&out).trim(),
+        format!("errno {}", libc::ENOSPC)
+    );
+    let (code, out, err) = run(Command::new("python3")
+        .arg("-c")
+        .arg(script(&s.mnt().join("fits"), 1 << 20)));
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+    assert_eq!(String::from_utf8_lossy(&out).trim(), "ok 1048576");
+    assert!(s.flush(), "{}", s.mount.log_text());
+    assert_eq!(fs::metadata(s.root.join("fits")).unwrap().len(), 1 << 20);
+}
+
+#[test]
+fn posix_fallocate_beyond_the_sandbox_disk_is_enospc_agent() {
+    posix_fallocate_beyond_the_sandbox_disk_is_enospc(Transport::Agent);
+}
+
+#[test]
+fn posix_fallocate_beyond_the_sandbox_disk_is_enospc_shell() {
+    posix_fallocate_beyond_the_sandbox_disk_is_enospc(Transport::Shell);
+}

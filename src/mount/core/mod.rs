@@ -2271,6 +2271,9 @@ impl FsCore {
             ));
         }
         if let Some(s) = self.staged_of(node) {
+            if !keep_size && end > s.lock().await.len {
+                self.room_for(node, end).await?;
+            }
             let mut g = s.lock().await;
             if !keep_size && end > g.len {
                 g.truncate(end).map_err(|e| local_io(&e))?;
@@ -2282,6 +2285,24 @@ impl FsCore {
         let a = self.note(self.remote().fallocate(&path, offset, len, keep_size).await)?;
         self.own_change(node, &a);
         self.handles.follow(node, &a);
+        Ok(())
+    }
+
+    /// A staged file grown to `len` bytes by `fallocate` is allocated here only; its push
+    /// writes that many bytes beside the sandbox's file. What `posix_fallocate` promises (the
+    /// writes after it find room) is checked against the sandbox's free space now, not at
+    /// the push: too little is ENOSPC at once. A sandbox that does not answer is not asked.
+    async fn room_for(&self, node: NodeId, len: u64) -> Result<()> {
+        let free = match self.sandbox.statfs(&self.cfg.clock, Duration::ZERO).await {
+            Ok(fs) => fs.blocks_available.saturating_mul(fs.block_size),
+            Err(_) => return Ok(()),
+        };
+        if free < len {
+            return Err(RemoteError::NoSpace(format!(
+                "{}: {len} bytes asked, {free} free in the sandbox",
+                self.node(node)?.last_path.display()
+            )));
+        }
         Ok(())
     }
 
