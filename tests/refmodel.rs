@@ -535,10 +535,16 @@ async fn apply(step: &Step, m: &mut Model, r: &mut Real) {
             let (rh, _) = r.core.open(x.node, false, false).await.expect("open e/x");
             assert!(r.read_all(rh).await == data, "content of e/x");
             r.core.release(rh).await.unwrap();
+            let d = r.core.lookup(ROOT, b"d").await;
             assert_eq!(
-                errno(&r.core.lookup(ROOT, b"d").await),
+                errno(&d),
                 libc::ENOENT,
-                "d is gone"
+                "d is gone: {:?}; sandbox has {:?}",
+                d.as_ref().map(|na| (na.node, na.attr.kind, na.attr.ino)),
+                r.sandbox.list("").map(|l| l
+                    .iter()
+                    .map(|n| String::from_utf8_lossy(n).into_owned())
+                    .collect::<Vec<_>>())
             );
             // Once pushed (an injected fault may hold it back: then it is checked at the
             // next flush that leaves nothing behind), the file is at its new path only.

@@ -5,11 +5,13 @@
 //! about replies to requests the kernel already gave up on) are off unless the filter names
 //! `fuser` (e.g. `SBXFS_LOG=info,fuser=debug`): what matters of them reaches the mount as errors.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
+use std::sync::Mutex;
 
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::field::MakeExt;
 use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::writer::{EitherWriter, MakeWriter};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
@@ -112,6 +114,62 @@ fn escaped_fields() -> impl for<'w> FormatFields<'w> {
     .delimited(" ")
 }
 
+/// While a background daemon starts, its stderr is still the terminal `sbxfs mount
+/// --background` (or `mount -t fuse.sbxfs`) runs in: only warnings and errors go there; the
+/// other lines are held here and written to the daemon's log once it has one.
+static HELD: Mutex<Option<Vec<u8>>> = Mutex::new(None);
+
+/// From now until [`release_held`], lines below WARN are held ([`HELD`]).
+pub fn hold_info_until_ready() {
+    *HELD.lock().unwrap_or_else(|p| p.into_inner()) = Some(Vec::new());
+}
+
+/// The held lines to stderr (the log by now), and lines go there directly from now on.
+pub fn release_held() {
+    let held = HELD.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if let Some(lines) = held {
+        let _ = std::io::stderr().write_all(&lines);
+    }
+}
+
+/// stderr, or [`HELD`] for a line below WARN while lines are held.
+struct StartupWriter;
+
+/// Appends to [`HELD`] (to stderr if it was released meanwhile).
+struct HeldLine;
+
+impl std::io::Write for HeldLine {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        match HELD.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            Some(lines) => {
+                lines.extend_from_slice(b);
+                Ok(b.len())
+            }
+            None => std::io::stderr().write(b),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> MakeWriter<'a> for StartupWriter {
+    type Writer = EitherWriter<std::io::Stderr, HeldLine>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        EitherWriter::A(std::io::stderr())
+    }
+
+    fn make_writer_for(&'a self, meta: &tracing::Metadata<'_>) -> Self::Writer {
+        let holding = HELD.lock().unwrap_or_else(|p| p.into_inner()).is_some();
+        if holding && *meta.level() > Level::WARN {
+            EitherWriter::B(HeldLine)
+        } else {
+            EitherWriter::A(std::io::stderr())
+        }
+    }
+}
+
 /// Install the process's log subscriber (once; later calls do nothing).
 pub fn init() {
     let spec = filter_spec(
@@ -125,7 +183,7 @@ pub fn init() {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .fmt_fields(escaped_fields())
-        .with_writer(std::io::stderr);
+        .with_writer(StartupWriter);
     if crate::mount::notify::stderr_is_journal() {
         let format = tracing_subscriber::fmt::format()
             .without_time()

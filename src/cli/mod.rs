@@ -23,7 +23,7 @@ Exit codes:
 
 mod ctl;
 mod daemon;
-mod logging;
+pub(crate) mod logging;
 mod output;
 mod query;
 mod watch;

@@ -291,6 +291,7 @@ fn announce_ready(
     let _ = kernel_cache.inval_inode(fuser::INodeNo(1), -1, 0);
     if cfg.detached {
         background::release_stdin_and_stderr(log_file);
+        crate::cli::logging::release_held();
     }
     println!(
         "sbxfs mounted {} on {}",
@@ -343,6 +344,7 @@ fn sandbox_user(
 /// Mount and serve until a signal or an unmount; pending writes are pushed before leaving.
 pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
     if cfg.detached {
+        crate::cli::logging::hold_info_until_ready();
         background::leave_session();
     }
     let mountpoint = preflight::check_mountpoint(&cfg.mountpoint, cfg.nonempty)?;

@@ -438,7 +438,12 @@ pub async fn deploy(
             ))))
         }
         ProbeAnswer::Upload { dir, .. } => {
-            warn_if_dynamic(&bin.path);
+            // A plain local `sh` (`shell:`) runs this machine's C library: no warning.
+            let local_sh = argv.len() == 1
+                && Path::new(&argv[0]).file_name() == Some(std::ffi::OsStr::new("sh"));
+            if !local_sh {
+                warn_if_dynamic(&bin.path);
+            }
             tracing::info!(
                 bytes = bin.size,
                 dir,

@@ -1102,7 +1102,20 @@ impl FsCore {
         truncate: bool,
     ) -> Result<(u64, KernelPages)> {
         let staged = self.staged_of(node).is_some();
-        let vouched = self.feed.trusted() && self.fresh(self.node(node)?.fetched);
+        let n = self.node(node)?;
+        if self.inodes.path_of(node).is_none()
+            && !n.removed_locally
+            && !self.newfiles.contains(node)
+        {
+            // The kernel reached, by a name it still holds, a node the sandbox has since
+            // moved away or removed (the feed said so first): ESTALE has the VFS look the
+            // name up again, as below.
+            return Err(RemoteError::Stale(format!(
+                "{} (moved in the sandbox)",
+                n.last_path.display()
+            )));
+        }
+        let vouched = self.feed.trusted() && self.fresh(n.fetched);
         let attr = if staged || vouched || self.inodes.path_of(node).is_none() || self.offline() {
             self.node(node)?.attr
         } else {
@@ -1463,7 +1476,7 @@ impl FsCore {
         let made_here = self.sync_close() && h.writable && self.newfiles.unsent(h.node);
         if h.writable && (h.wrote.swap(false, Ordering::Relaxed) || made_here) {
             if self.sync_close() {
-                return self.push(h.node).await;
+                return self.push(h.node).await.map_err(write_report);
             }
             self.queue_push(h.node);
         }
@@ -1472,7 +1485,7 @@ impl FsCore {
             // the data is kept and the next writer's close or fsync says so.
             return Ok(());
         }
-        self.failures.take_report(h.node)
+        self.failures.take_report(h.node).map_err(write_report)
     }
 
     /// `fsync`: everything staged for the file reaches the sandbox, or an error says why (a
@@ -1480,7 +1493,7 @@ impl FsCore {
     pub async fn fsync(&self, fh: u64) -> Result<()> {
         let h = self.handles.file(fh)?;
         h.wrote.store(false, Ordering::Relaxed);
-        self.push(h.node).await
+        self.push(h.node).await.map_err(write_report)
     }
 
     pub async fn release(&self, fh: u64) -> Result<()> {
@@ -2435,4 +2448,16 @@ pub(super) fn local_io(e: &std::io::Error) -> RemoteError {
 /// A name programs take as a lock by making it exclusively (`O_EXCL`): git's lock files.
 fn is_lock_name(name: &[u8]) -> bool {
     name.len() > b".lock".len() && name.ends_with(b".lock")
+}
+
+/// A push's failure as `fsync` or `close` report it: a file the sandbox moved or removed
+/// under an open handle (ENOENT, ESTALE) is an I/O error of that handle's data, never "no
+/// such file", which `fsync` cannot mean to a program.
+fn write_report(e: RemoteError) -> RemoteError {
+    match e {
+        RemoteError::NotFound(p) | RemoteError::Stale(p) => {
+            RemoteError::Io(p, "the file was moved or removed in the sandbox".into())
+        }
+        e => e,
+    }
 }
