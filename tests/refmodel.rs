@@ -1348,3 +1348,38 @@ fn a_name_the_feed_reported_made_is_not_missing_while_the_sandbox_is_out_of_reac
         ]);
     }
 }
+
+/// A rename of a file with two names, reported by the change feed while the rename is being
+/// applied: the feed's event once re-made the old name from the listing's entry, which the
+/// rename had not dropped yet (`c` still listed after `mv c b`: 1 run in 15 of this case).
+#[test]
+fn a_rename_the_feed_reports_while_it_is_applied_leaves_no_old_name() {
+    use Step::*;
+    let steps = vec![
+        SandboxWrite {
+            name: 2,
+            len: 3773,
+            byte: 7,
+        },
+        Link { from: 2, to: 0 },
+        Open {
+            name: 2,
+            slot: 2,
+            write: true,
+            create: true,
+            trunc: true,
+        },
+        Open {
+            name: 2,
+            slot: 0,
+            write: false,
+            create: true,
+            trunc: false,
+        },
+        Rename { from: 2, to: 1 },
+        RenameDirOverQueuedFile { len: 41, byte: 159 },
+    ];
+    for _ in 0..100 {
+        run_followed(&steps);
+    }
+}

@@ -2029,6 +2029,12 @@ impl FsCore {
             self.name_gone(new_parent, new_name);
         }
         r?;
+        if mode != RenameMode::Exchange {
+            // The old name leaves the listing first: the change feed may report this rename
+            // meanwhile, and a name neither the node table (moved below) nor the listing
+            // still held would be made again from the listing's stale entry.
+            self.meta.remove(parent, name);
+        }
         self.made_links.renamed(
             &self.sandbox_id(),
             from.as_bytes(),
@@ -2045,6 +2051,17 @@ impl FsCore {
                 .into_iter()
                 .flatten()
                 .collect()
+            }
+            // The change feed reported this very rename and its check found the file under
+            // the new name before this call got here: both names lead to it now, which
+            // `inodes.rename` would take for two links of one file and leave alone. Only
+            // the old name goes (it stayed, a name the sandbox no longer has).
+            _ if source.is_some()
+                && replaced != source
+                && self.inodes.child(new_parent, new_name) == source =>
+            {
+                self.inodes.unlink(parent, name);
+                source.into_iter().collect()
             }
             _ => {
                 if let Some(r) = self.inodes.rename(parent, name, new_parent, new_name) {
