@@ -294,6 +294,10 @@ pub struct Failures {
     /// What the unanswered commits of a node sent (any of them may have landed).
     attempts: Mutex<HashMap<NodeId, Vec<Attempt>>>,
     kept: Mutex<Vec<KeptEdit>>,
+    /// A conflict met by a push nobody waited for (a close's), while a handle was open on
+    /// the file: what that handle wrote went to the copy, and its next `fsync` or `close`
+    /// says so, even after pushes to the copy succeeded.
+    conflict_reports: Mutex<HashMap<NodeId, RemoteError>>,
 }
 
 /// A fingerprint of what a commit sent: the resulting length and a keyed hash of the bytes
@@ -397,9 +401,28 @@ impl Failures {
         self.attempts.lock().expect("attempts lock").remove(&node);
     }
 
+    /// A conflict that handles still open on `node` have not heard of ([`Self::take_report`]).
+    pub(in crate::mount) fn conflict_unheard(&self, node: NodeId, e: RemoteError) {
+        self.conflict_reports
+            .lock()
+            .expect("conflict reports lock")
+            .insert(node, e);
+    }
+
     /// A failure not yet reported to the program: reported now, once.
     pub fn take_report(&self, node: NodeId) -> Result<()> {
+        let unheard = self
+            .conflict_reports
+            .lock()
+            .expect("conflict reports lock")
+            .remove(&node);
         let mut m = self.map.lock().expect("failures lock");
+        if let Some(e) = unheard {
+            if let Some(f) = m.get_mut(&node) {
+                f.reported = true;
+            }
+            return Err(e);
+        }
         match m.get_mut(&node) {
             Some(f) if !f.reported => {
                 f.reported = true;

@@ -1363,8 +1363,19 @@ impl FsCore {
                 self.path_of(node)?.display()
             )));
         }
+        let named = self.inodes.path_of(node);
         let s = self.stage(node, attr, true)?;
         let mut g = s.lock().await;
+        // A push this open waited for gave the node another name (it met a conflict and the
+        // node is its copy now, or it followed a sandbox-side move): the name the kernel
+        // opened leads elsewhere. ESTALE has it look the name up again, before a truncation
+        // here would cut the copy.
+        if named.is_some() && self.inodes.path_of(node) != named {
+            return Err(RemoteError::Stale(format!(
+                "{} (renamed while opening)",
+                named.map(|p| p.display()).unwrap_or_default()
+            )));
+        }
         if truncate && g.len > 0 {
             g.truncate(0).map_err(|e| local_io(&e))?;
             g.mtime_ns = Some(now_ns());
@@ -1476,7 +1487,8 @@ impl FsCore {
         let made_here = self.sync_close() && h.writable && self.newfiles.unsent(h.node);
         if h.writable && (h.wrote.swap(false, Ordering::Relaxed) || made_here) {
             if self.sync_close() {
-                return self.push(h.node).await.map_err(write_report);
+                let r = self.push(h.node).await;
+                return self.push_reported(h.node, r).await;
             }
             self.queue_push(h.node);
         }
@@ -1485,7 +1497,7 @@ impl FsCore {
             // the data is kept and the next writer's close or fsync says so.
             return Ok(());
         }
-        self.failures.take_report(h.node).map_err(write_report)
+        self.push_reported(h.node, Ok(())).await
     }
 
     /// `fsync`: everything staged for the file reaches the sandbox, or an error says why (a
@@ -1493,7 +1505,30 @@ impl FsCore {
     pub async fn fsync(&self, fh: u64) -> Result<()> {
         let h = self.handles.file(fh)?;
         h.wrote.store(false, Ordering::Relaxed);
-        self.push(h.node).await.map_err(write_report)
+        let r = self.push(h.node).await;
+        self.push_reported(h.node, r).await
+    }
+
+    /// A push's result as `fsync`/`close` return it ([`write_report`]). A failure may have
+    /// moved the file's node to its conflict copy: the kernel forgets the old name's entry
+    /// before the program hears of it, so that the save it makes next by that name opens
+    /// the sandbox's file, not the copy (a save right after a conflict once went into the
+    /// copy, over the first save's bytes, and its `fsync` said 0). `r` is the result of the
+    /// push made for this call, if any: its failure is the report; else one an earlier push
+    /// left unheard ([`super::writeback::Failures::take_report`]).
+    async fn push_reported(&self, node: NodeId, r: Result<()>) -> Result<()> {
+        let r = match r {
+            Err(e) => {
+                let _ = self.failures.take_report(node);
+                Err(e)
+            }
+            Ok(()) => self.failures.take_report(node),
+        };
+        // (A conflict is an I/O error; a refusal such as ENOSPC moves nothing.)
+        if matches!(r, Err(RemoteError::Io(..))) {
+            self.kernel_settled().await;
+        }
+        r.map_err(write_report)
     }
 
     pub async fn release(&self, fh: u64) -> Result<()> {

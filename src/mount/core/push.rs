@@ -474,10 +474,19 @@ impl FsCore {
                         staged.sync(s);
                         staged.step(Step::Conflicted);
                         self.failures.clear(node);
-                        Err(RemoteError::Io(
+                        let e = RemoteError::Io(
                             path.display(),
                             format!("conflict: changed in the sandbox (now {current}); your version was saved as {}", copy.display()),
-                        ))
+                        );
+                        // A handle still open (a program saving again at once, its open
+                        // reaching this node before the close that queued this push was
+                        // done) wrote into the copy: its next fsync or close hears of it.
+                        // A caller of this push hears it here ([`FsCore::push_reported`]).
+                        // (Counted from the start of an open, before its handle exists.)
+                        if self.inodes.get(node).is_some_and(|n| n.open > 0) {
+                            self.failures.conflict_unheard(node, e.clone());
+                        }
+                        Err(e)
                     }
                     Err(e) => {
                         tracing::error!(file = %path.display(), "conflict, and the conflict copy failed ({e}); your data stays staged");
@@ -638,7 +647,12 @@ impl FsCore {
             }
         }
         if !named {
-            // Its name already leads to another file (the sandbox replaced it while open).
+            // Its name already leads to another file (the sandbox replaced or moved it while
+            // open): the kernel may still hold that name as this node, and a save by that
+            // name right after the conflict would open the copy.
+            if let (Some(k), Some(parent)) = (self.kernel(), dir_node) {
+                k.invalidate_entry(parent, name);
+            }
             match dir_node {
                 Some(parent) => self.inodes.link(node, parent, copy_name),
                 None => return false,
