@@ -667,6 +667,10 @@ impl Recheck {
             return;
         }
         let checked = share.len() as u64;
+        // What each file held before: a change of its attributes only (the change time a
+        // rename of the mount's own commit moves, a directory's times its own creates moved)
+        // is not a change the feed missed, nor one for watchers.
+        let before: Vec<_> = share.iter().map(|(_, p)| core.content_at(p)).collect();
         let changed = match check_nodes(core, share.clone(), false).await {
             Ok(changed) => changed,
             // The health probe and the feed itself say when the sandbox is gone; a round
@@ -678,8 +682,17 @@ impl Recheck {
         };
         let mut found = Vec::new();
         let mut new = 0;
-        for (node, path) in share {
-            if !changed.contains(&node) {
+        for ((node, path), before) in share.into_iter().zip(before) {
+            let content_changed = || {
+                !core.is_directory_at(&path)
+                    && match (before, core.content_at(&path)) {
+                        (Some((ino, v, size, _)), Some((ino2, v2, size2, _))) => {
+                            (ino, v, size) != (ino2, v2, size2)
+                        }
+                        _ => true,
+                    }
+            };
+            if !changed.contains(&node) || !content_changed() {
                 self.changed_before.remove(&node);
                 continue;
             }
@@ -705,9 +718,7 @@ impl Recheck {
         } else {
             tracing::debug!(changed = found.len(), first = %first.display(), "re-check: changed again");
         }
-        // A directory's missed change is a name moved in or out: its listing is read again,
-        // but there is no one event to repeat for it.
-        for path in found.into_iter().filter(|p| !core.is_directory_at(p)) {
+        for path in found {
             core.echoes().sandbox_changed(Job::Modified(path));
         }
     }
