@@ -1103,10 +1103,8 @@ impl FsCore {
     ) -> Result<(u64, KernelPages)> {
         let staged = self.staged_of(node).is_some();
         let n = self.node(node)?;
-        if self.inodes.path_of(node).is_none()
-            && !n.removed_locally
-            && !self.newfiles.contains(node)
-        {
+        let unnamed = self.inodes.path_of(node).is_none();
+        if unnamed && !n.removed_locally && !self.newfiles.contains(node) {
             // The kernel reached, by a name it still holds, a node the sandbox has since
             // moved away or removed (the feed said so first): ESTALE has the VFS look the
             // name up again, as below.
@@ -1116,8 +1114,8 @@ impl FsCore {
             )));
         }
         let vouched = self.feed.trusted() && self.fresh(n.fetched);
-        let attr = if staged || vouched || self.inodes.path_of(node).is_none() || self.offline() {
-            self.node(node)?.attr
+        let attr = if staged || vouched || unnamed || self.offline() {
+            n.attr
         } else {
             let path = self.path_of(node)?;
             match self.stat_node(node, &path).await {
