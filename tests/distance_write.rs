@@ -452,7 +452,7 @@ fn a_name_the_sandbox_takes_before_the_first_push_is_not_overwritten() {
     fs::write(f.root.join("race.txt"), b"theirs").unwrap();
     ours.write_all(b"ours").unwrap();
     drop(ours);
-    f.flush();
+    common::ctl_flush_conflicted(&f.mount.dir, "race.txt");
     assert_eq!(fs::read(f.root.join("race.txt")).unwrap(), b"theirs");
     let copies: Vec<Vec<u8>> = fs::read_dir(&f.root)
         .unwrap()

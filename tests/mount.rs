@@ -536,6 +536,29 @@ fn a_conflicting_save_keeps_both_versions() {
     assert_eq!(fs::read_to_string(kept[0]).unwrap(), "mine\n");
     let mode = fs::metadata(kept[0]).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
+    // `ctl flush` names the copy once: exit 1 (all pushed, but a version is not at its
+    // path), then 0 (nothing new since).
+    let flush = || {
+        run(Command::new(sbxfs_bin())
+            .args(["ctl", "--mount"])
+            .arg(&s.mount.dir)
+            .arg("flush"))
+    };
+    let (code, _, err) = flush();
+    let err = String::from_utf8_lossy(&err);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("sbxfs ctl: conflict: notes.txt changed in the sandbox")
+            && err.contains(&copies[0]),
+        "{err}"
+    );
+    let (code, _, err) = flush();
+    assert_eq!(
+        (code, err.is_empty()),
+        (0, true),
+        "{}",
+        String::from_utf8_lossy(&err)
+    );
     // `ctl status` lists the copy, and `sbxfs umount` names it (exit 0: nothing is unpushed).
     let (_, out, _) = run(Command::new(sbxfs_bin())
         .args(["ctl", "--json", "--mount"])
@@ -579,7 +602,7 @@ fn a_file_appended_to_keeps_the_users_version_in_a_conflict_without_a_push_betwe
     std::thread::sleep(Duration::from_millis(1500));
     f.write_all(b"mine2\n").unwrap();
     drop(f);
-    ctl_flush(&s.mount.dir);
+    ctl_flush_conflicted(&s.mount.dir, "e.txt");
     assert_eq!(
         fs::read_to_string(s.root.join("e.txt")).unwrap(),
         "THEIRS\n"
@@ -723,7 +746,7 @@ fn writes_after_a_conflict_on_a_hard_linked_file_go_to_the_conflict_copy() {
     f.write_all(b"USER-C\n").unwrap();
     f.sync_all().unwrap();
     drop(f);
-    ctl_flush(&s.mount.dir);
+    ctl_flush_conflicted(&s.mount.dir, "log");
     assert_eq!(fs::read_to_string(s.root.join("log")).unwrap(), "X\n");
     assert_eq!(
         fs::read_to_string(s.root.join(".hidden-link")).unwrap(),
@@ -747,7 +770,7 @@ fn a_file_replaced_by_a_directory_while_open_is_a_conflict_not_a_stuck_push() {
     f.write_all(b"mine2\n").unwrap();
     let _ = f.sync_all();
     drop(f);
-    ctl_flush(&s.mount.dir);
+    ctl_flush_conflicted(&s.mount.dir, "d.txt");
     assert!(s.root.join("d.txt").is_dir());
     assert_eq!(
         conflict_copies_of(&s.root, "d.txt"),
@@ -791,7 +814,7 @@ fn a_large_files_conflict_copy_keeps_what_an_earlier_push_sent() {
         s.mount.log_text()
     );
     drop(f);
-    ctl_flush(&s.mount.dir);
+    ctl_flush_conflicted(&s.mount.dir, "k");
     assert_eq!(fs::read_to_string(s.root.join("k")).unwrap(), "new\n");
     let copies = conflict_copies_of(&s.root, "k");
     assert_eq!(copies.len(), 1);

@@ -968,3 +968,59 @@ fn a_lock_file_made_here_is_a_lock_in_the_sandbox_too() {
     );
     assert_eq!(fs::read_to_string(r.join("HEAD.lock")).unwrap(), "theirs");
 }
+
+#[test]
+fn a_remount_after_kill_9_reads_unchanged_files_from_the_disk_cache() {
+    // The daemon keeps the pages it fetched on disk (per sandbox, private): the next mount
+    // serves files that did not change without fetching them, and fetches the one that did.
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ws");
+    fs::create_dir(&root).unwrap();
+    let cache = dir.path().join("cache");
+    let big: Vec<u8> = (0..(3 << 20) + 1234).map(|i| (i * 7 % 251) as u8).collect();
+    fs::write(root.join("big.bin"), &big).unwrap();
+    fs::write(root.join("same.txt"), "unchanged\n").unwrap();
+    fs::write(root.join("changes.txt"), "before\n").unwrap();
+    let agent = AgentProcess::start(&root);
+    let mut mount = MountProcess::start_url_cache(&agent.url, &agent.token, &[], Some(&cache));
+    for name in ["big.bin", "same.txt", "changes.txt"] {
+        assert_eq!(
+            fs::read(mount.dir.join(name)).unwrap(),
+            fs::read(root.join(name)).unwrap()
+        );
+    }
+    // 25 pages of big.bin, one each of the others, on disk (the writer is behind the reads).
+    let pages = cache.join("sbxfs").join("pages");
+    let on_disk = || {
+        let (_, out, _) = run(Command::new("find")
+            .arg(&pages)
+            .args(["-type", "f", "-path", "*-*/*/*"]));
+        String::from_utf8_lossy(&out).lines().count()
+    };
+    eventually("the pages on disk", Duration::from_secs(10), || {
+        on_disk() >= 27
+    });
+    assert_eq!(fs::metadata(&pages).unwrap().mode() & 0o777, 0o700);
+    let child = mount.child.as_mut().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(mount);
+    fs::write(root.join("changes.txt"), "after, longer\n").unwrap();
+    let mount = MountProcess::start_url_cache(&agent.url, &agent.token, &[], Some(&cache));
+    for name in ["big.bin", "same.txt", "changes.txt"] {
+        assert_eq!(
+            fs::read(mount.dir.join(name)).unwrap(),
+            fs::read(root.join(name)).unwrap(),
+            "{name}"
+        );
+    }
+    let stats = ctl_stats(&mount.dir);
+    let reads = stats["stats"]["remote_calls_by_op"]["read"]
+        .as_u64()
+        .unwrap_or(0);
+    assert_eq!(reads, 1, "only the changed file is fetched: {stats}");
+    assert!(
+        stats["stats"]["disk_cache_hits"].as_u64().unwrap() >= 26,
+        "{stats}"
+    );
+}

@@ -16,7 +16,9 @@ Examples:
   sbxfs ctl --mount ~/sb invalidate src/main.rs   # PATH relative to --mount (here the root)
   sbxfs ctl --mount ~/sb readlink evil     # a symlink's target as the sandbox has it
 
-Exit code 0 on success; 2 when no mount answers, or when flush could not push everything.
+Exit code 0 on success; 2 when no mount answers, or when flush could not push everything; 1
+when flush pushed everything but files met a change made in the sandbox since the last flush:
+your versions were saved beside them as conflict copies, each named on stderr.
 
 ",
     exit_codes!()
@@ -126,13 +128,36 @@ pub(super) fn run_ctl(a: CtlArgs) -> i32 {
             } else {
                 quiet(table(&v));
             }
-            if matches!(a.action, CtlAction::Flush) && v["flushed"] == false {
-                return ERROR;
+            if matches!(a.action, CtlAction::Flush) {
+                return flush_verdict(&v);
             }
             0
         }
         Err(e) => fail(e.to_string()),
     }
+}
+
+/// The exit code of a flush: [`ERROR`] when something is not pushed; 1 when everything is but
+/// files met a sandbox-side change since the last flush (each named on stderr: the user's
+/// version is in a conflict copy, not at its path); 0 otherwise.
+fn flush_verdict(v: &serde_json::Value) -> i32 {
+    if v["flushed"] == false {
+        return ERROR;
+    }
+    let new = v["new_conflicts"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    for c in new {
+        let text = |k: &str| super::daemon::visible(c[k].as_str().unwrap_or("?"));
+        eprintln!(
+            "sbxfs ctl: conflict: {} changed in the sandbox while it had unpushed edits; your \
+             version was saved beside it as {}",
+            text("path"),
+            text("saved_as")
+        );
+    }
+    i32::from(!new.is_empty())
 }
 
 /// The workspace path of the link `path` names, found through its directory: the link itself

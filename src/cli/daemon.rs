@@ -127,6 +127,10 @@ pub(super) struct MountArgs {
     /// Bytes of file data cached in memory (512M, 1G, …) [default: 512M].
     #[arg(long, value_name = "SIZE", value_parser = crate::mount::options::parse_size)]
     cache_size: Option<u64>,
+    /// Bytes of file data kept on disk, per sandbox, so a remount reads unchanged files
+    /// without fetching them (0 turns it off) [default: 1G].
+    #[arg(long, value_name = "SIZE", value_parser = crate::mount::options::parse_size)]
+    disk_cache_size: Option<u64>,
     /// Where staged writes are kept (default: a private directory per sandbox under
     /// $XDG_CACHE_HOME/sbxfs/staging).
     #[arg(long, value_name = "DIR")]
@@ -338,6 +342,9 @@ pub(super) fn run_mount(a: MountArgs) -> i32 {
         }
         if let Some(bytes) = o.cache_size.or(a.cache_size) {
             cfg.cache_bytes = bytes;
+        }
+        if let Some(bytes) = o.disk_cache_size.or(a.disk_cache_size) {
+            cfg.disk_cache_bytes = bytes;
         }
         if let Some(n) = o.tree_max {
             cfg.tree_max = n;

@@ -10,7 +10,8 @@ macro_rules! exit_codes {
         "\
 Exit codes:
   0  success (grep, glob, fuzzy, scan: something was found)
-  1  grep, glob, fuzzy, scan: nothing found; edit: the text to replace does not occur
+  1  grep, glob, fuzzy, scan: nothing found; edit: the text to replace does not occur;
+     ctl flush: all pushed, but files met sandbox-side changes (saved as conflict copies)
   2  usage error, bad argument (a bad URL among them), or any other error
   3  mount: the mountpoint cannot be used (missing, not a directory, not empty, already mounted)
   4  mount: FUSE is missing or not permitted (no /dev/fuse, no fusermount3, mount refused)

@@ -533,6 +533,7 @@ async fn answer_now(control: &Control, request: Request) -> Result<serde_json::V
             let failures = core.flush_all().await;
             Ok(json!({
                 "flushed": failures.is_empty(),
+                "new_conflicts": core.conflict_copies_unreported(),
                 "failures": failures.iter().map(|(p, e)| json!({"path": p, "error": e.to_string()})).collect::<Vec<_>>(),
                 "conflicts": core.conflict_copies(),
                 "kept_from_earlier": core.kept_from_earlier(),

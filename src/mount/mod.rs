@@ -28,6 +28,7 @@ pub mod caller;
 pub mod clock;
 pub mod control_server;
 pub mod core;
+pub mod disk_pages;
 pub mod echo;
 pub mod exit;
 pub mod feed;
@@ -76,6 +77,8 @@ use crate::remote::{Remote, RemotePath};
 pub const DEFAULT_ATTR_TTL: Duration = Duration::from_secs(1);
 /// Page cache size: a working set of source files many times over.
 pub const DEFAULT_CACHE_BYTES: u64 = 512 * 1024 * 1024;
+/// Bytes of file data kept on disk per sandbox by default (`--disk-cache-size`).
+pub const DEFAULT_DISK_CACHE_BYTES: u64 = 1024 * 1024 * 1024;
 /// How often failed pushes are looked at (each is retried with its own backoff).
 pub const RETRY_INTERVAL: Duration = Duration::from_secs(1);
 /// FUSE threads: each only decodes and hands off, so a few suffice.
@@ -103,6 +106,8 @@ pub struct MountConfig {
     /// Deadline of one remote call (queries and idle transfers get multiples of it).
     pub call_timeout: Duration,
     pub cache_bytes: u64,
+    /// Bytes of file data kept on disk per sandbox for remounts ([`disk_pages`]; 0: none).
+    pub disk_cache_bytes: u64,
     /// Entries a directory's first look fetches with its subtree (`-o tree_max=N`; 0: off).
     pub tree_max: usize,
     /// While the change feed is connected, every known file is re-checked within this time
@@ -142,6 +147,7 @@ impl MountConfig {
             attr_ttl: DEFAULT_ATTR_TTL,
             call_timeout: crate::remote::deadline::CALL,
             cache_bytes: DEFAULT_CACHE_BYTES,
+            disk_cache_bytes: DEFAULT_DISK_CACHE_BYTES,
             tree_max: subtree::DEFAULT_TREE_MAX,
             recheck: feed::DEFAULT_RECHECK,
             staging_dir: None,
@@ -447,6 +453,12 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
         "the sandbox's user"
     );
     core.learn(&info);
+    if cfg.disk_cache_bytes > 0 {
+        match state::pages_dir_for(&cfg.remote_url, &core.sandbox_id(), &mut created) {
+            Ok(dir) => core.attach_disk_cache(&dir, cfg.disk_cache_bytes),
+            Err(e) => tracing::warn!("no disk cache: {e}; pages are cached in memory only"),
+        }
+    }
     let (notes, notes_rx) = kernel_notes::KernelNotes::new();
     let fs = fuse::SbxFs {
         notes: notes.clone(),

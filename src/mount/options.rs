@@ -43,6 +43,8 @@ pub struct MountOptions {
     /// Deadline of one remote call (`timeout_ms=`); the others scale with it.
     pub timeout_ms: Option<u64>,
     pub cache_size: Option<u64>,
+    /// Bytes of file data kept on disk for remounts (`disk_cache_size=`; 0: none).
+    pub disk_cache_size: Option<u64>,
     /// Entries a directory's first look fetches with its subtree (`tree_max=N`; 0: off).
     pub tree_max: Option<usize>,
     /// Seconds within which every known file is re-checked while the change feed is connected
@@ -194,6 +196,9 @@ impl MountOptions {
                     )
                 }
                 "cache_size" => self.cache_size = Some(parse_size(&needed()?).map_err(bad)?),
+                "disk_cache_size" => {
+                    self.disk_cache_size = Some(parse_size(&needed()?).map_err(bad)?)
+                }
                 "staging_dir" => self.staging_dir = Some(non_empty_path(needed()?).map_err(bad)?),
                 "token_file" => self.token_file = Some(non_empty_path(needed()?).map_err(bad)?),
                 "ca_file" => self.ca_file = Some(non_empty_path(needed()?).map_err(bad)?),
@@ -285,7 +290,7 @@ mod tests {
     #[test]
     fn every_option_is_read_into_its_field() {
         let o = parse(
-            "allow_other,default_permissions,nonempty,ro,idmap=none,attr_ttl_ms=250,cache_size=512M,\
+            "allow_other,default_permissions,nonempty,ro,idmap=none,attr_ttl_ms=250,cache_size=512M,disk_cache_size=0,\
              staging_dir=/var/tmp/s,token_file=/etc/sbxfs/token,noexec,timeout_ms=1500,sync_close,allow_setid,tree_max=0,\
              recheck_s=5,ca_file=/c.pem,header_file=/h,ssh_command=\"ssh -p 2222\"",
         )
@@ -301,6 +306,7 @@ mod tests {
                 attr_ttl_ms: Some(250),
                 timeout_ms: Some(1500),
                 cache_size: Some(512 << 20),
+                disk_cache_size: Some(0),
                 tree_max: Some(0),
                 recheck_s: Some(5),
                 staging_dir: Some("/var/tmp/s".into()),

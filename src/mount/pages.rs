@@ -4,6 +4,10 @@
 //!
 //! Concurrent readers of one missing page share one fetch (the kernel's read-ahead and a
 //! reader racing it would otherwise each make a remote call).
+//!
+//! Behind the memory sits an optional disk tier ([`DiskPages`], attached once the sandbox's
+//! identity is known): a page missing in memory is looked for there, and every page kept in
+//! memory is kept there too, so a remount serves unchanged files without fetching them.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -13,6 +17,7 @@ use bytes::Bytes;
 use futures_util::FutureExt;
 use lru::LruCache;
 
+use super::disk_pages::DiskPages;
 use crate::remote::{RemoteError, Version};
 
 /// Size of a page: the unit fetched from the sandbox and staged locally.
@@ -39,6 +44,8 @@ pub struct PageCache {
     lru: Mutex<Lru>,
     inflight: Mutex<HashMap<Key, Arc<Fetch>>>,
     forgotten: Mutex<Forgotten>,
+    disk: std::sync::OnceLock<DiskPages>,
+    disk_hits: std::sync::atomic::AtomicU64,
 }
 
 /// Versions whose pages were dropped lately ([`PageCache::forget_version`]), numbered: a
@@ -70,7 +77,25 @@ impl PageCache {
             }),
             inflight: Mutex::new(HashMap::new()),
             forgotten: Mutex::new(Forgotten::default()),
+            disk: std::sync::OnceLock::new(),
+            disk_hits: Default::default(),
         }
+    }
+
+    /// Keep pages on disk too, from now on (once: a second tier is ignored).
+    pub fn attach_disk(&self, disk: DiskPages) {
+        let _ = self.disk.set(disk);
+    }
+
+    /// Pages served from the disk tier.
+    pub fn disk_hits(&self) -> u64 {
+        self.disk_hits.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether a page is in memory or on disk (read-ahead leaves such pages alone).
+    fn holds(&self, key: &Key) -> bool {
+        self.lru.lock().expect("page cache lock").map.contains(key)
+            || self.disk.get().is_some_and(|d| d.has(&key.0, key.1))
     }
 
     /// Where the count of forgotten versions stands (taken before a fetch).
@@ -94,11 +119,27 @@ impl PageCache {
     }
 
     pub fn get(&self, version: &Version, page: PageIndex) -> Option<Bytes> {
-        let mut l = self.lru.lock().expect("page cache lock");
-        l.map.get(&(version.clone(), page)).cloned()
+        let found = {
+            let mut l = self.lru.lock().expect("page cache lock");
+            l.map.get(&(version.clone(), page)).cloned()
+        };
+        found.or_else(|| {
+            let data = self.disk.get()?.get(version, page)?;
+            self.disk_hits
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.keep_in_memory(version.clone(), page, data.clone());
+            Some(data)
+        })
     }
 
     pub fn put(&self, version: Version, page: PageIndex, data: Bytes) {
+        if let Some(d) = self.disk.get() {
+            d.put(version.clone(), page, data.clone());
+        }
+        self.keep_in_memory(version, page, data);
+    }
+
+    fn keep_in_memory(&self, version: Version, page: PageIndex, data: Bytes) {
         let mut l = self.lru.lock().expect("page cache lock");
         l.bytes += data.len() as u64;
         if let Some(old) = l.map.put((version, page), data) {
@@ -123,6 +164,9 @@ impl PageCache {
             if f.recent.len() > FORGOTTEN_KEPT {
                 f.recent.pop_front();
             }
+        }
+        if let Some(d) = self.disk.get() {
+            d.forget(version);
         }
         let mut l = self.lru.lock().expect("page cache lock");
         let keys: Vec<Key> = l
@@ -232,8 +276,7 @@ impl PageCache {
         let mut inflight = self.inflight.lock().expect("inflight lock");
         for i in first.0..first.0 + count {
             let key = (version.clone(), PageIndex(i));
-            let busy = inflight.contains_key(&key)
-                || self.lru.lock().expect("page cache lock").map.contains(&key);
+            let busy = inflight.contains_key(&key) || self.holds(&key);
             match (busy, cells.is_empty()) {
                 (true, true) => continue,
                 (true, false) => break,

@@ -192,6 +192,24 @@ pub fn staging_dir_for(remote_url: &str, created: &mut Created) -> io::Result<Pa
     Ok(dir)
 }
 
+/// The disk cache of one sandbox: `<private root>/pages/<hash of the URL>-<hash of the
+/// sandbox's identity>` (another sandbox answering at the same URL gets its own).
+pub fn pages_dir_for(
+    remote_url: &str,
+    sandbox: &str,
+    created: &mut Created,
+) -> io::Result<PathBuf> {
+    let root = private_root(created)?;
+    let pages = root.join("pages");
+    created.private_dir(&pages)?;
+    let name = format!(
+        "{:016x}-{:016x}",
+        fnv1a(remote_url.as_bytes()),
+        fnv1a(sandbox.as_bytes())
+    );
+    Ok(pages.join(name))
+}
+
 /// A stable hash (the directory name must not change between runs or builds).
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {

@@ -286,11 +286,20 @@ pub struct KeptEdit {
 /// Conflict copies remembered for `ctl status`, `flush` and `umount` (the oldest forgotten).
 const MAX_CONFLICTS: usize = 1000;
 
+/// The conflict copies made (the latest [`MAX_CONFLICTS`]), counted, with how many of them a
+/// `flush` has reported already: each flush names the conflicts that are new to it.
+#[derive(Default)]
+struct ConflictLog {
+    latest: std::collections::VecDeque<ConflictCopy>,
+    made: u64,
+    reported: u64,
+}
+
 #[derive(Default)]
 pub struct Failures {
     map: Mutex<HashMap<NodeId, PushFailure>>,
     /// Every conflict copy this mount made, oldest first.
-    conflicts: Mutex<Vec<ConflictCopy>>,
+    conflicts: Mutex<ConflictLog>,
     /// What the unanswered commits of a node sent (any of them may have landed).
     attempts: Mutex<HashMap<NodeId, Vec<Attempt>>>,
     kept: Mutex<Vec<KeptEdit>>,
@@ -457,17 +466,29 @@ impl Failures {
 
     pub(in crate::mount) fn note_conflict(&self, path: &RemotePath, copy: &RemotePath) {
         let mut c = self.conflicts.lock().expect("conflicts lock");
-        if c.len() == MAX_CONFLICTS {
-            c.remove(0);
+        if c.latest.len() == MAX_CONFLICTS {
+            c.latest.pop_front();
         }
-        c.push(ConflictCopy {
+        c.latest.push_back(ConflictCopy {
             path: path.display(),
             saved_as: copy.display(),
         });
+        c.made += 1;
     }
 
     pub fn conflicts(&self) -> Vec<ConflictCopy> {
-        self.conflicts.lock().expect("conflicts lock").clone()
+        let c = self.conflicts.lock().expect("conflicts lock");
+        c.latest.iter().cloned().collect()
+    }
+
+    /// The conflict copies made since the last call (those still remembered), and marks
+    /// them reported.
+    pub fn conflicts_unreported(&self) -> Vec<ConflictCopy> {
+        let mut c = self.conflicts.lock().expect("conflicts lock");
+        let new = usize::try_from(c.made - c.reported).unwrap_or(usize::MAX);
+        c.reported = c.made;
+        let skip = c.latest.len().saturating_sub(new);
+        c.latest.iter().skip(skip).cloned().collect()
     }
 
     pub(in crate::mount) fn note_kept(&self, path: &[u8], why: impl std::fmt::Display) {

@@ -823,7 +823,7 @@ pub fn held_open_across_a_conflict(root: &Path, mount: &Path) {
     // version (the conflict copy), never onto the sandbox's new file.
     f.write_all(b"mine3\n").unwrap();
     drop(f);
-    ctl_flush(mount);
+    ctl_flush_conflicted(mount, "d.txt");
     assert_eq!(
         std::fs::read_to_string(root.join("d.txt")).unwrap(),
         "THEIRS\n"
@@ -871,6 +871,22 @@ pub fn ctl_stats(mount: &Path) -> Value {
         .arg("stats"));
     assert_eq!(code, 0, "ctl stats: {}", String::from_utf8_lossy(&err));
     serde_json::from_slice(&out).unwrap()
+}
+
+/// `sbxfs ctl flush` on a mount where `path` met a sandbox-side change since the last flush:
+/// exit 1, naming it and its conflict copy on stderr.
+pub fn ctl_flush_conflicted(mount: &Path, path: &str) {
+    let (code, out, err) = run(Command::new(sbxfs_bin())
+        .args(["ctl", "--mount"])
+        .arg(mount)
+        .arg("flush"));
+    let err = String::from_utf8_lossy(&err);
+    assert_eq!(code, 1, "ctl flush: {}{err}", String::from_utf8_lossy(&out));
+    let named = format!("sbxfs ctl: conflict: {path} changed in the sandbox");
+    assert!(
+        err.contains(&named) && err.contains(&format!("saved beside it as {path}.sbxfs-conflict-")),
+        "{err}"
+    );
 }
 
 /// `sbxfs ctl flush` on the mount at `mount`, which must succeed: close queues the push, so a

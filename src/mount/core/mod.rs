@@ -324,6 +324,7 @@ impl FsCore {
         let mut v = serde_json::to_value(&self.stats).unwrap_or_default();
         v["remote_calls"] = self.sandbox.calls().into();
         v["remote_calls_by_op"] = serde_json::json!(self.sandbox.calls_by_op());
+        v["disk_cache_hits"] = self.pages.disk_hits().into();
         v
     }
 

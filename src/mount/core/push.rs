@@ -103,6 +103,14 @@ impl FsCore {
         format!("{:x}:{:x}", root.dev, root.ino)
     }
 
+    /// Keep pages on disk in `dir` too ([`crate::mount::disk_pages`]), bounded by `cap` bytes.
+    pub fn attach_disk_cache(&self, dir: &Path, cap: u64) {
+        if let Some(d) = super::super::disk_pages::DiskPages::open(dir, cap) {
+            tracing::info!(dir = %dir.display(), cap, "disk cache");
+            self.pages.attach_disk(d);
+        }
+    }
+
     /// Forget what is staged for a node (and its journal).
     pub(in crate::mount) fn drop_staged(&self, node: NodeId) {
         let e = self.staged.remove(node);
@@ -974,6 +982,11 @@ impl FsCore {
 
     pub fn conflict_copies(&self) -> Vec<ConflictCopy> {
         self.failures.conflicts()
+    }
+
+    /// The conflict copies made since the last flush answered (each is named to one flush).
+    pub fn conflict_copies_unreported(&self) -> Vec<ConflictCopy> {
+        self.failures.conflicts_unreported()
     }
 
     /// Each staged file that is not clean, with its state ([`crate::mount::lifecycle`]).
