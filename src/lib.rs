@@ -62,7 +62,8 @@
 //!   links, orphans, the epoch rule that keeps answers older than a local change out),
 //!   listings ([`mount::meta`]; a directory's first look fetches its subtree's in one packed
 //!   answer, [`mount::subtree`], subdirectories' kept by path until their nodes exist,
-//!   [`mount::prefetch`]), the page cache ([`mount::pages`]) filled ahead of sequential
+//!   [`mount::prefetch`]), the page cache ([`mount::pages`], with its disk tier per sandbox,
+//!   [`mount::disk_pages`], for remounts) filled ahead of sequential
 //!   readers ([`mount::readahead`]), open handles ([`mount::handles`]), the write-back state
 //!   ([`mount::writeback`]: which files are staged and their writers, failures kept, conflict
 //!   copies; each staged file with an explicit state on its way to the sandbox,
@@ -96,7 +97,8 @@
 //! `read(2)` in the mount reaches [`mount::fuse`], which hands it to a task calling
 //! [`mount::gated::GatedFs::read`] and so [`mount::core::FsCore::read`]: a file with staged writes is read from its staged image
 //! (base pages fetched on demand); otherwise the file's current version (revalidated at `open`)
-//! and the page index key the page cache; a miss calls [`remote::Remote::read_held`] with the
+//! and the page index key the page cache (memory, then the sandbox's pages on disk); a miss
+//! calls [`remote::Remote::read_held`] with the
 //! handle's version, and the agent reads the file it holds open under that path and version
 //! ([`agent::held`]: a file replaced or removed since keeps its bytes for its reader), else
 //! opens the path beneath its root; it `pread`s the range and answers the bytes with the

@@ -669,6 +669,17 @@ fn a_full_sandbox_disk_is_enospc_and_umount_says_what_stayed(t: Transport) {
         String::from_utf8_lossy(&out).trim(),
         format!("[]\nerrno {}", libc::ENODATA)
     );
+    // `ctl flush` exits 2 naming it, on stderr, as a script sees it.
+    let (code, _, err) = run(Command::new(sbxfs_bin())
+        .args(["ctl", "--mount"])
+        .arg(s.mnt())
+        .arg("flush"));
+    let err = String::from_utf8_lossy(&err);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("sbxfs ctl: not pushed: big.bin: ") && err.contains("no space left"),
+        "{err}"
+    );
     // `sbxfs umount` names what it could not push and leaves the mount up: nothing is lost.
     let (code, _, err) = run(Command::new(sbxfs_bin()).arg("umount").arg(s.mnt()));
     let err = String::from_utf8_lossy(&err);

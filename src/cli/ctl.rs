@@ -141,23 +141,30 @@ pub(super) fn run_ctl(a: CtlArgs) -> i32 {
 /// files met a sandbox-side change since the last flush (each named on stderr: the user's
 /// version is in a conflict copy, not at its path); 0 otherwise.
 fn flush_verdict(v: &serde_json::Value) -> i32 {
-    if v["flushed"] == false {
-        return ERROR;
+    let list = |k: &str| v[k].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    let text =
+        |item: &serde_json::Value, k: &str| super::daemon::visible(item[k].as_str().unwrap_or("?"));
+    for f in list("failures") {
+        eprintln!(
+            "sbxfs ctl: not pushed: {}: {} (kept; pushed again when the cause is fixed)",
+            text(f, "path"),
+            text(f, "error")
+        );
     }
-    let new = v["new_conflicts"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or(&[]);
+    let new = list("new_conflicts");
     for c in new {
-        let text = |k: &str| super::daemon::visible(c[k].as_str().unwrap_or("?"));
         eprintln!(
             "sbxfs ctl: conflict: {} changed in the sandbox while it had unpushed edits; your \
              version was saved beside it as {}",
-            text("path"),
-            text("saved_as")
+            text(c, "path"),
+            text(c, "saved_as")
         );
     }
-    i32::from(!new.is_empty())
+    if v["flushed"] == false {
+        ERROR
+    } else {
+        i32::from(!new.is_empty())
+    }
 }
 
 /// The workspace path of the link `path` names, found through its directory: the link itself

@@ -31,6 +31,8 @@ use crate::remote::Version;
 
 /// What starts every page file.
 const MAGIC: &[u8; 8] = b"sbxfspg1";
+/// Most bytes before a page's data: magic, lengths, index, CRC and the version's text.
+const MAX_HEADER: u64 = 64 * 1024;
 /// A sandbox's cache not mounted for this long is removed by the next mount of any.
 const UNUSED_FOR: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
 /// Pages waiting for the writer before new ones are dropped (at most 32 MiB in flight).
@@ -44,7 +46,15 @@ fn version_dir(v: &Version) -> String {
     format!("{h:016x}")
 }
 
-type Key = (String, u64);
+/// A page file: its version's directory and its name ([`file_name`]).
+type Key = (String, String);
+
+/// A page's file name: the file's ctime when its bytes were read, and the page's index. The
+/// ctime moves with every change of the file, even one that puts its size and mtime back (and
+/// with a rename or `chmod`: a miss then, never a wrong page).
+fn file_name(ctime_ns: i64, page: PageIndex) -> String {
+    format!("{:x}-{}", ctime_ns as u64, page.0)
+}
 
 /// What readers and the writer share: the pages on disk (or about to be) that may be served,
 /// and the versions whose forget the writer has yet to carry out (none of their pages is
@@ -56,7 +66,7 @@ struct Shared {
 }
 
 enum Job {
-    Put(Version, PageIndex, Bytes),
+    Put(Version, i64, PageIndex, Bytes),
     /// Remove every page of the version.
     Forget(Version),
     /// A page served from disk: it is the most recently used now.
@@ -96,6 +106,7 @@ impl DiskPages {
             .truncate(false)
             .write(true)
             .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(dir.join("lock"))?;
         if !lock_now(&lock) {
             tracing::info!(
@@ -138,13 +149,15 @@ impl DiskPages {
         }))
     }
 
-    fn path(&self, v: &Version, page: PageIndex) -> PathBuf {
-        self.dir.join(version_dir(v)).join(page.0.to_string())
+    fn path(&self, v: &Version, ctime_ns: i64, page: PageIndex) -> PathBuf {
+        self.dir
+            .join(version_dir(v))
+            .join(file_name(ctime_ns, page))
     }
 
     /// Whether the page is on disk (as far as the writer knows): read-ahead leaves it alone.
-    pub fn has(&self, v: &Version, page: PageIndex) -> bool {
-        let key = (version_dir(v), page.0);
+    pub fn has(&self, v: &Version, ctime_ns: i64, page: PageIndex) -> bool {
+        let key = (version_dir(v), file_name(ctime_ns, page));
         self.shared
             .lock()
             .expect("disk pages lock")
@@ -153,16 +166,18 @@ impl DiskPages {
     }
 
     /// The page's bytes, if a sound file of this version and index holds them.
-    pub fn get(&self, v: &Version, page: PageIndex) -> Option<Bytes> {
-        if !self.has(v, page) {
+    pub fn get(&self, v: &Version, ctime_ns: i64, page: PageIndex) -> Option<Bytes> {
+        if !kept_on_disk(v) || !self.has(v, ctime_ns, page) {
             return None;
         }
-        let path = self.path(v, page);
-        let mut raw = Vec::with_capacity(PAGE as usize + 256);
-        File::open(&path).ok()?.read_to_end(&mut raw).ok()?;
-        match decode(&raw, v, page) {
+        let path = self.path(v, ctime_ns, page);
+        let raw = read_page_file(&path);
+        match raw
+            .as_deref()
+            .and_then(|raw| decode(raw, v, ctime_ns, page))
+        {
             Some(data) => {
-                self.try_send(Job::Used((version_dir(v), page.0)));
+                self.try_send(Job::Used((version_dir(v), file_name(ctime_ns, page))));
                 Some(Bytes::copy_from_slice(data))
             }
             None => {
@@ -177,11 +192,11 @@ impl DiskPages {
     }
 
     /// Keep the page (unless the writer is behind: then it is not kept).
-    pub fn put(&self, v: Version, page: PageIndex, data: Bytes) {
-        if v.0.contains('~') || v.is_absent() {
-            return; // not a version any stat names
+    pub fn put(&self, v: Version, ctime_ns: i64, page: PageIndex, data: Bytes) {
+        if !kept_on_disk(&v) {
+            return;
         }
-        self.try_send(Job::Put(v, page, data));
+        self.try_send(Job::Put(v, ctime_ns, page, data));
     }
 
     fn try_send(&self, job: Job) {
@@ -218,6 +233,36 @@ impl Drop for DiskPages {
     }
 }
 
+/// Whether pages of `v` may be kept across mounts: a version a stat names, with the file's
+/// birth time in it (`maj:min-ino-size-mtime-born`). Without one (exec-only scripts, a
+/// filesystem with no birth times) a file made later with the same inode number, size and
+/// mtime would be taken for the old one: no feed watches the sandbox between mounts to tell.
+fn kept_on_disk(v: &Version) -> bool {
+    let parts: Vec<&str> = v.0.split('-').collect();
+    parts.len() == 5
+        && parts[4].bytes().all(|b| b.is_ascii_hexdigit())
+        && !parts[4].is_empty()
+        && parts[4] != "0"
+        && v.0.len() as u64 <= MAX_HEADER / 2
+}
+
+/// A page file's bytes: a regular file only (never through a link, never a FIFO that would
+/// block), and no more than a page file can hold.
+fn read_page_file(path: &Path) -> Option<Vec<u8>> {
+    let f = File::options()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    if !f.metadata().ok()?.is_file() {
+        return None;
+    }
+    let most = PAGE + MAX_HEADER;
+    let mut raw = Vec::with_capacity(most as usize);
+    f.take(most + 1).read_to_end(&mut raw).ok()?;
+    (raw.len() as u64 <= most).then_some(raw)
+}
+
 fn lock_now(f: &File) -> bool {
     rustix::fs::flock(f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok()
 }
@@ -236,25 +281,28 @@ fn bytes_under(dir: &Path) -> u64 {
 }
 
 /// The bytes a page file holds, if it is sound and of `v` at `page`.
-fn decode<'a>(raw: &'a [u8], v: &Version, page: PageIndex) -> Option<&'a [u8]> {
+fn decode<'a>(raw: &'a [u8], v: &Version, ctime_ns: i64, page: PageIndex) -> Option<&'a [u8]> {
     let rest = raw.strip_prefix(MAGIC.as_slice())?;
     let (vlen, rest) = rest.split_first_chunk::<4>()?;
     let vlen = u32::from_le_bytes(*vlen) as usize;
     let (version, rest) = (rest.get(..vlen)?, rest.get(vlen..)?);
+    let (ctime, rest) = rest.split_first_chunk::<8>()?;
     let (index, rest) = rest.split_first_chunk::<8>()?;
     let (crc, data) = rest.split_first_chunk::<4>()?;
     let sound = version == v.0.as_bytes()
+        && i64::from_le_bytes(*ctime) == ctime_ns
         && u64::from_le_bytes(*index) == page.0
         && u32::from_le_bytes(*crc) == crc32fast::hash(data)
         && data.len() as u64 <= PAGE;
     sound.then_some(data)
 }
 
-fn encode(v: &Version, page: PageIndex, data: &[u8]) -> Vec<u8> {
+fn encode(v: &Version, ctime_ns: i64, page: PageIndex, data: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(data.len() + v.0.len() + 32);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&(v.0.len() as u32).to_le_bytes());
     out.extend_from_slice(v.0.as_bytes());
+    out.extend_from_slice(&ctime_ns.to_le_bytes());
     out.extend_from_slice(&page.0.to_le_bytes());
     out.extend_from_slice(&crc32fast::hash(data).to_le_bytes());
     out.extend_from_slice(data);
@@ -285,12 +333,16 @@ impl Writer {
                 continue;
             }
             for f in fs::read_dir(vdir.path()).into_iter().flatten().flatten() {
-                let Some(index) = f.file_name().to_str().and_then(|s| s.parse::<u64>().ok()) else {
+                let file = f.file_name().to_string_lossy().into_owned();
+                let sound_name = file.split_once('-').is_some_and(|(c, p)| {
+                    u64::from_str_radix(c, 16).is_ok() && p.parse::<u64>().is_ok()
+                });
+                if !sound_name {
                     continue;
-                };
+                }
                 if let Ok(m) = f.metadata() {
                     let used = m.modified().unwrap_or(std::time::UNIX_EPOCH);
-                    found.push((used, (name.clone(), index), m.len()));
+                    found.push((used, (name.clone(), file), m.len()));
                 }
             }
         }
@@ -318,7 +370,11 @@ impl Writer {
             let size = bytes_under(&path);
             total += size;
             // Held by a live daemon: counted, left alone. Our lock is let go when `f` drops.
-            let Ok(f) = File::options().write(true).open(path.join("lock")) else {
+            let Ok(f) = File::options()
+                .write(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(path.join("lock"))
+            else {
                 continue;
             };
             if lock_now(&f) {
@@ -349,8 +405,8 @@ impl Writer {
     fn run(mut self, rx: Receiver<Job>) {
         for job in rx {
             match job {
-                Job::Put(v, page, data) => {
-                    if let Err(e) = self.write(&v, page, &data) {
+                Job::Put(v, ctime_ns, page, data) => {
+                    if let Err(e) = self.write(&v, ctime_ns, page, &data) {
                         tracing::debug!("disk cache: page not kept: {e}");
                     }
                 }
@@ -377,7 +433,7 @@ impl Writer {
                 Job::Used(key) => {
                     if let Some(&(size, _)) = self.entries.get(&key) {
                         self.insert(key.clone(), size);
-                        let path = self.dir.join(&key.0).join(key.1.to_string());
+                        let path = self.dir.join(&key.0).join(&key.1);
                         if let Ok(f) = File::options().write(true).open(path) {
                             let _ = f.set_modified(std::time::SystemTime::now());
                         }
@@ -387,16 +443,29 @@ impl Writer {
         }
     }
 
-    fn write(&mut self, v: &Version, page: PageIndex, data: &[u8]) -> io::Result<()> {
-        let key = (version_dir(v), page.0);
+    fn write(
+        &mut self,
+        v: &Version,
+        ctime_ns: i64,
+        page: PageIndex,
+        data: &[u8],
+    ) -> io::Result<()> {
+        let key = (version_dir(v), file_name(ctime_ns, page));
         let vdir = self.dir.join(&key.0);
         match fs::DirBuilder::new().mode(0o700).create(&vdir) {
             Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
             _ => {}
         }
+        // A real directory of ours, never a link leading elsewhere.
+        if !fs::symlink_metadata(&vdir)?.is_dir() {
+            return Err(io::Error::other(format!(
+                "{}: not a directory",
+                vdir.display()
+            )));
+        }
         self.tmp_seq += 1;
         let tmp = self.dir.join("tmp").join(self.tmp_seq.to_string());
-        let body = encode(v, page, data);
+        let body = encode(v, ctime_ns, page, data);
         let mut f = fs::OpenOptions::new()
             .write(true)
             .create(true)
@@ -405,7 +474,7 @@ impl Writer {
             .open(&tmp)?;
         f.write_all(&body)?;
         drop(f);
-        fs::rename(&tmp, vdir.join(page.0.to_string()))?;
+        fs::rename(&tmp, vdir.join(&key.1))?;
         self.insert(key, body.len() as u64);
         self.evict();
         Ok(())
@@ -436,7 +505,7 @@ impl Writer {
             .expect("disk pages lock")
             .present
             .remove(key);
-        let _ = fs::remove_file(self.dir.join(&key.0).join(key.1.to_string()));
+        let _ = fs::remove_file(self.dir.join(&key.0).join(&key.1));
     }
 
     fn evict(&mut self) {
@@ -457,7 +526,7 @@ mod tests {
 
     fn wait_for(d: &DiskPages, v: &Version, page: u64) -> Bytes {
         for _ in 0..500 {
-            if let Some(b) = d.get(v, PageIndex(page)) {
+            if let Some(b) = d.get(v, 7, PageIndex(page)) {
                 return b;
             }
             std::thread::sleep(std::time::Duration::from_millis(2));
@@ -469,39 +538,43 @@ mod tests {
     fn pages_outlive_the_daemon_and_a_forget_removes_them() {
         let t = tempfile::tempdir().unwrap();
         let dir = t.path().join("pages");
-        let v = Version("1:2:3:4".into());
+        let v = Version("1:2-3-4-5-6".into());
         {
             let d = DiskPages::open(&dir, 1 << 30).unwrap();
             assert!(
                 DiskPages::open(&dir, 1 << 30).is_none(),
                 "one daemon at a time"
             );
-            d.put(v.clone(), PageIndex(0), Bytes::from_static(b"hello"));
+            d.put(v.clone(), 7, PageIndex(0), Bytes::from_static(b"hello"));
             assert_eq!(&wait_for(&d, &v, 0)[..], b"hello");
-            assert!(d.get(&Version("other".into()), PageIndex(0)).is_none());
+            assert!(d.get(&Version("other".into()), 7, PageIndex(0)).is_none());
+            assert!(
+                d.get(&v, 8, PageIndex(0)).is_none(),
+                "another ctime: changed since"
+            );
         }
         let d = DiskPages::open(&dir, 1 << 30).unwrap();
-        assert_eq!(&d.get(&v, PageIndex(0)).unwrap()[..], b"hello", "kept");
+        assert_eq!(&d.get(&v, 7, PageIndex(0)).unwrap()[..], b"hello", "kept");
         d.forget(&v);
-        assert!(d.get(&v, PageIndex(0)).is_none());
+        assert!(d.get(&v, 7, PageIndex(0)).is_none());
         drop(d);
         let d = DiskPages::open(&dir, 1 << 30).unwrap();
-        assert!(d.get(&v, PageIndex(0)).is_none(), "forgotten for good");
+        assert!(d.get(&v, 7, PageIndex(0)).is_none(), "forgotten for good");
     }
 
     #[test]
     fn a_damaged_page_is_a_miss_and_removed() {
         let t = tempfile::tempdir().unwrap();
-        let v = Version("v".into());
+        let v = Version("fd:1-2a-3e8-17-99".into());
         let d = DiskPages::open(&t.path().join("p"), 1 << 30).unwrap();
-        d.put(v.clone(), PageIndex(3), Bytes::from(vec![9u8; 1000]));
+        d.put(v.clone(), 7, PageIndex(3), Bytes::from(vec![9u8; 1000]));
         wait_for(&d, &v, 3);
-        let path = d.path(&v, PageIndex(3));
+        let path = d.path(&v, 7, PageIndex(3));
         let mut raw = fs::read(&path).unwrap();
         let last = raw.len() - 1;
         raw[last] ^= 1;
         fs::write(&path, raw).unwrap();
-        assert!(d.get(&v, PageIndex(3)).is_none());
+        assert!(d.get(&v, 7, PageIndex(3)).is_none());
         assert!(!path.exists());
     }
 
@@ -509,18 +582,18 @@ mod tests {
     fn the_cache_stays_within_its_bytes_the_least_used_going_first() {
         let t = tempfile::tempdir().unwrap();
         let d = DiskPages::open(&t.path().join("p"), 3 * PAGE + 3 * 100).unwrap();
-        let v = Version("v".into());
+        let v = Version("fd:1-2a-3e8-17-99".into());
         let page = Bytes::from(vec![1u8; PAGE as usize]);
         for i in 0..3 {
-            d.put(v.clone(), PageIndex(i), page.clone());
+            d.put(v.clone(), 7, PageIndex(i), page.clone());
             wait_for(&d, &v, i);
         }
         wait_for(&d, &v, 0); // used: page 1 is now the least recently used
-        d.put(v.clone(), PageIndex(3), page.clone());
+        d.put(v.clone(), 7, PageIndex(3), page.clone());
         wait_for(&d, &v, 3);
-        assert!(d.get(&v, PageIndex(1)).is_none());
-        assert!(d.get(&v, PageIndex(0)).is_some());
-        assert!(d.get(&v, PageIndex(2)).is_some());
+        assert!(d.get(&v, 7, PageIndex(1)).is_none());
+        assert!(d.get(&v, 7, PageIndex(0)).is_some());
+        assert!(d.get(&v, 7, PageIndex(2)).is_some());
     }
 
     #[test]
@@ -550,5 +623,56 @@ mod tests {
             "the least recently mounted, while over the bound"
         );
         assert!(recent.exists() && busy.exists());
+    }
+
+    #[test]
+    fn a_page_file_that_is_a_link_a_fifo_or_a_directory_is_a_miss_not_a_hang() {
+        let t = tempfile::tempdir().unwrap();
+        let v = Version("fd:1-2a-3e8-17-99".into());
+        let d = DiskPages::open(&t.path().join("p"), 1 << 30).unwrap();
+        for page in 0..3 {
+            d.put(v.clone(), 7, PageIndex(page), Bytes::from_static(b"x"));
+            wait_for(&d, &v, page);
+        }
+        // A sound page 0 elsewhere: not reached through a link.
+        let outside = t.path().join("outside");
+        fs::write(&outside, encode(&v, 7, PageIndex(0), b"secret")).unwrap();
+        for page in 0..3 {
+            fs::remove_file(d.path(&v, 7, PageIndex(page))).unwrap();
+        }
+        std::os::unix::fs::symlink(&outside, d.path(&v, 7, PageIndex(0))).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            d.path(&v, 7, PageIndex(1)),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        fs::create_dir(d.path(&v, 7, PageIndex(2))).unwrap();
+        for page in 0..3 {
+            assert!(d.get(&v, 7, PageIndex(page)).is_none(), "page {page}");
+        }
+    }
+
+    #[test]
+    fn only_versions_with_a_birth_time_are_kept() {
+        let t = tempfile::tempdir().unwrap();
+        let d = DiskPages::open(&t.path().join("p"), 1 << 30).unwrap();
+        let born = Version("fd:1-2a-3e8-17-99".into());
+        for unborn in [
+            "fd:1-2a-3e8-17",
+            "fd:1-2a-3e8-17-0",
+            "fd:1-2a-3e8-17-99~unsettled",
+            "absent",
+        ] {
+            let v = Version(unborn.into());
+            d.put(v.clone(), 7, PageIndex(0), Bytes::from_static(b"x"));
+        }
+        d.put(born.clone(), 7, PageIndex(0), Bytes::from_static(b"kept"));
+        assert_eq!(&wait_for(&d, &born, 0)[..], b"kept");
+        drop(d);
+        let (_, dirs) = (0, fs::read_dir(t.path().join("p")).unwrap().count());
+        assert_eq!(dirs, 3, "lock, tmp and the one version's directory");
     }
 }

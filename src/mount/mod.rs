@@ -453,12 +453,6 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
         "the sandbox's user"
     );
     core.learn(&info);
-    if cfg.disk_cache_bytes > 0 {
-        match state::pages_dir_for(&cfg.remote_url, &core.sandbox_id(), &mut created) {
-            Ok(dir) => core.attach_disk_cache(&dir, cfg.disk_cache_bytes),
-            Err(e) => tracing::warn!("no disk cache: {e}; pages are cached in memory only"),
-        }
-    }
     let (notes, notes_rx) = kernel_notes::KernelNotes::new();
     let fs = fuse::SbxFs {
         notes: notes.clone(),
@@ -519,6 +513,13 @@ pub fn run(cfg: MountConfig) -> anyhow::Result<()> {
             return Err(anyhow::Error::new(e).context("the kernel's FUSE handshake failed"));
         }
     };
+    // Only now: a start that fails leaves no cache directory behind.
+    if cfg.disk_cache_bytes > 0 {
+        match state::pages_dir_for(&cfg.remote_url, &core.sandbox_id(), &mut created) {
+            Ok(dir) => core.attach_disk_cache(&dir, cfg.disk_cache_bytes),
+            Err(e) => tracing::warn!("no disk cache: {e}; pages are cached in memory only"),
+        }
+    }
     // The device number tells our mount from one mounted over it later.
     let our_dev = mounts::top_at(&mounts::current(), &mountpoint).map(|e| e.dev.clone());
     let kernel_cache = Arc::new(session.notifier());

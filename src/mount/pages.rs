@@ -93,9 +93,9 @@ impl PageCache {
     }
 
     /// Whether a page is in memory or on disk (read-ahead leaves such pages alone).
-    fn holds(&self, key: &Key) -> bool {
+    fn holds(&self, key: &Key, ctime: Option<i64>) -> bool {
         self.lru.lock().expect("page cache lock").map.contains(key)
-            || self.disk.get().is_some_and(|d| d.has(&key.0, key.1))
+            || ctime.is_some_and(|c| self.disk.get().is_some_and(|d| d.has(&key.0, c, key.1)))
     }
 
     /// Where the count of forgotten versions stands (taken before a fetch).
@@ -103,8 +103,16 @@ impl PageCache {
         self.forgotten.lock().expect("forgotten lock").count
     }
 
-    /// File fetched bytes, unless their version was forgotten since `mark`.
-    fn put_fetched(&self, mark: u64, version: Version, page: PageIndex, data: Bytes) {
+    /// File fetched bytes, unless their version was forgotten since `mark`; on disk too if
+    /// they are of the version asked for, whose ctime is `ctime`.
+    fn put_fetched(
+        &self,
+        mark: u64,
+        (version, asked): (Version, &Version),
+        ctime: Option<i64>,
+        page: PageIndex,
+        data: Bytes,
+    ) {
         let forgotten = {
             let f = self.forgotten.lock().expect("forgotten lock");
             f.recent
@@ -114,17 +122,20 @@ impl PageCache {
                 .any(|(v, _)| *v == version)
         };
         if !forgotten {
-            self.put(version, page, data);
+            let ctime = ctime.filter(|_| version == *asked);
+            self.put(version, ctime, page, data);
         }
     }
 
-    pub fn get(&self, version: &Version, page: PageIndex) -> Option<Bytes> {
+    /// The page of `version`: from memory, else (given the ctime the file has at that version,
+    /// as the mount knows it) from disk.
+    pub fn get(&self, version: &Version, ctime: Option<i64>, page: PageIndex) -> Option<Bytes> {
         let found = {
             let mut l = self.lru.lock().expect("page cache lock");
             l.map.get(&(version.clone(), page)).cloned()
         };
         found.or_else(|| {
-            let data = self.disk.get()?.get(version, page)?;
+            let data = self.disk.get()?.get(version, ctime?, page)?;
             self.disk_hits
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             self.keep_in_memory(version.clone(), page, data.clone());
@@ -132,9 +143,10 @@ impl PageCache {
         })
     }
 
-    pub fn put(&self, version: Version, page: PageIndex, data: Bytes) {
-        if let Some(d) = self.disk.get() {
-            d.put(version.clone(), page, data.clone());
+    /// Keep a page of `version` in memory, and on disk too given the file's ctime at it.
+    pub fn put(&self, version: Version, ctime: Option<i64>, page: PageIndex, data: Bytes) {
+        if let (Some(d), Some(c)) = (self.disk.get(), ctime) {
+            d.put(version.clone(), c, page, data.clone());
         }
         self.keep_in_memory(version, page, data);
     }
@@ -193,6 +205,7 @@ impl PageCache {
     pub async fn get_or_fetch<F, Fut>(
         &self,
         version: &Version,
+        ctime: Option<i64>,
         page: PageIndex,
         fetch: F,
     ) -> Result<(Bytes, Option<Version>, bool), RemoteError>
@@ -200,7 +213,7 @@ impl PageCache {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<(Bytes, Version), RemoteError>>,
     {
-        if let Some(d) = self.get(version, page) {
+        if let Some(d) = self.get(version, ctime, page) {
             return Ok((d, None, true));
         }
         let key = (version.clone(), page);
@@ -215,7 +228,7 @@ impl PageCache {
         let result = cell
             .get_or_init(|| async {
                 let (data, from) = fetch().await?;
-                self.put_fetched(mark, from.clone(), page, data.clone());
+                self.put_fetched(mark, (from.clone(), version), ctime, page, data.clone());
                 Ok((data, from))
             })
             .await
@@ -235,15 +248,20 @@ impl PageCache {
     /// fetched are left alone: the run is the free pages from the first free one on, up to the
     /// next busy one. Readers of these pages meanwhile wait for this fetch rather than making
     /// their own; if it is dropped half-way they fetch for themselves.
-    pub async fn fetch_run<F, Fut>(&self, version: &Version, first: PageIndex, count: u64, fetch: F)
-    where
+    pub async fn fetch_run<F, Fut>(
+        &self,
+        (version, ctime): (&Version, Option<i64>),
+        first: PageIndex,
+        count: u64,
+        fetch: F,
+    ) where
         F: FnOnce(PageIndex, u64) -> Fut,
         Fut: Future<Output = Result<(Bytes, Version), RemoteError>>,
     {
         let claim = Claim {
             cache: self,
             version,
-            cells: self.claim_run(version, first, count),
+            cells: self.claim_run((version, ctime), first, count),
         };
         let Some((start, _)) = claim.cells.first() else {
             return;
@@ -258,7 +276,7 @@ impl PageCache {
                 let (data, from) = run.await?;
                 let at = ((page.0 - start.0) * PAGE) as usize;
                 let slice = data.slice(at.min(data.len())..(at + PAGE as usize).min(data.len()));
-                self.put_fetched(mark, from.clone(), page, slice.clone());
+                self.put_fetched(mark, (from.clone(), version), ctime, page, slice.clone());
                 Ok((slice, from))
             })
         });
@@ -268,7 +286,7 @@ impl PageCache {
     /// Register fetches for the free pages of a run (see [`PageCache::fetch_run`]).
     fn claim_run(
         &self,
-        version: &Version,
+        (version, ctime): (&Version, Option<i64>),
         first: PageIndex,
         count: u64,
     ) -> Vec<(PageIndex, Arc<Fetch>)> {
@@ -276,7 +294,7 @@ impl PageCache {
         let mut inflight = self.inflight.lock().expect("inflight lock");
         for i in first.0..first.0 + count {
             let key = (version.clone(), PageIndex(i));
-            let busy = inflight.contains_key(&key) || self.holds(&key);
+            let busy = inflight.contains_key(&key) || self.holds(&key, ctime);
             match (busy, cells.is_empty()) {
                 (true, true) => continue,
                 (true, false) => break,
@@ -322,7 +340,7 @@ mod tests {
         // The file is rewritten (its version unchanged) while the old bytes are on their
         // way: the feed forgets the version before they land.
         let (data, _, hit) = cache
-            .get_or_fetch(&v, PageIndex(0), || async {
+            .get_or_fetch(&v, None, PageIndex(0), || async {
                 cache.forget_version(&v);
                 Ok((Bytes::from_static(b"old"), v.clone()))
             })
@@ -330,26 +348,26 @@ mod tests {
             .unwrap();
         assert_eq!((&data[..], hit), (&b"old"[..], false));
         assert!(
-            cache.get(&v, PageIndex(0)).is_none(),
+            cache.get(&v, None, PageIndex(0)).is_none(),
             "old bytes kept for good"
         );
         // A fetch that starts after the forget is kept.
         cache
-            .get_or_fetch(&v, PageIndex(0), || async {
+            .get_or_fetch(&v, None, PageIndex(0), || async {
                 Ok((Bytes::from_static(b"new"), v.clone()))
             })
             .await
             .unwrap();
-        assert_eq!(&cache.get(&v, PageIndex(0)).unwrap()[..], b"new");
+        assert_eq!(&cache.get(&v, None, PageIndex(0)).unwrap()[..], b"new");
         // So does a run of read-ahead.
         cache
-            .fetch_run(&v, PageIndex(1), 2, |_, _| async {
+            .fetch_run((&v, None), PageIndex(1), 2, |_, _| async {
                 cache.forget_version(&v);
                 Ok((Bytes::from(vec![7u8; 2 * PAGE as usize]), v.clone()))
             })
             .await;
-        assert!(cache.get(&v, PageIndex(1)).is_none());
-        assert!(cache.get(&v, PageIndex(2)).is_none());
+        assert!(cache.get(&v, None, PageIndex(1)).is_none());
+        assert!(cache.get(&v, None, PageIndex(2)).is_none());
     }
 
     #[tokio::test]
@@ -362,7 +380,7 @@ mod tests {
             let (cache, calls, v) = (cache.clone(), calls.clone(), v.clone());
             tasks.push(tokio::spawn(async move {
                 cache
-                    .get_or_fetch(&v, PageIndex(0), || async {
+                    .get_or_fetch(&v, None, PageIndex(0), || async {
                         calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                         Ok((Bytes::from_static(b"data"), v.clone()))
@@ -384,13 +402,18 @@ mod tests {
         for i in 0..10 {
             cache.put(
                 Version("v".into()),
+                None,
                 PageIndex(i),
                 Bytes::from(vec![0u8; PAGE as usize]),
             );
         }
         assert_eq!(cache.bytes(), PAGE * 2);
-        assert!(cache.get(&Version("v".into()), PageIndex(9)).is_some());
-        assert!(cache.get(&Version("v".into()), PageIndex(0)).is_none());
+        assert!(cache
+            .get(&Version("v".into()), None, PageIndex(9))
+            .is_some());
+        assert!(cache
+            .get(&Version("v".into()), None, PageIndex(0))
+            .is_none());
     }
 
     #[tokio::test]
@@ -402,7 +425,7 @@ mod tests {
             let (cache, v) = (cache.clone(), v.clone());
             tokio::spawn(async move {
                 cache
-                    .fetch_run(&v, PageIndex(2), 4, |from, n| {
+                    .fetch_run((&v, None), PageIndex(2), 4, |from, n| {
                         assert_eq!((from, n), (PageIndex(2), 4));
                         let v = v.clone();
                         async move {
@@ -427,7 +450,7 @@ mod tests {
             let (cache, v) = (cache.clone(), v.clone());
             tokio::spawn(async move {
                 cache
-                    .get_or_fetch(&v, PageIndex(4), || async {
+                    .get_or_fetch(&v, None, PageIndex(4), || async {
                         panic!("the page is being fetched by the run")
                     })
                     .await
@@ -450,7 +473,7 @@ mod tests {
             let (cache, v) = (cache.clone(), v.clone());
             tokio::spawn(async move {
                 cache
-                    .fetch_run(&v, PageIndex(0), 8, |_, _| std::future::pending())
+                    .fetch_run((&v, None), PageIndex(0), 8, |_, _| std::future::pending())
                     .await
             })
         };
@@ -462,7 +485,7 @@ mod tests {
         assert!(cache.inflight.lock().unwrap().is_empty());
         // A reader then fetches the page itself.
         let (d, _, hit) = cache
-            .get_or_fetch(&v, PageIndex(3), || async {
+            .get_or_fetch(&v, None, PageIndex(3), || async {
                 Ok((Bytes::from_static(b"x"), v.clone()))
             })
             .await
@@ -474,18 +497,21 @@ mod tests {
     async fn a_run_skips_cached_pages_and_stops_at_a_busy_one() {
         let cache = PageCache::new(1 << 30);
         let v = Version("v".into());
-        cache.put(v.clone(), PageIndex(0), Bytes::from_static(b"cached"));
-        cache.put(v.clone(), PageIndex(3), Bytes::from_static(b"cached"));
+        cache.put(v.clone(), None, PageIndex(0), Bytes::from_static(b"cached"));
+        cache.put(v.clone(), None, PageIndex(3), Bytes::from_static(b"cached"));
         let asked = std::sync::Mutex::new(None);
         cache
-            .fetch_run(&v, PageIndex(0), 6, |from, n| {
+            .fetch_run((&v, None), PageIndex(0), 6, |from, n| {
                 *asked.lock().unwrap() = Some((from, n));
                 let v = v.clone();
                 async move { Ok((Bytes::from(vec![7u8; (n * PAGE) as usize]), v)) }
             })
             .await;
         assert_eq!(*asked.lock().unwrap(), Some((PageIndex(1), 2)));
-        assert_eq!(&cache.get(&v, PageIndex(0)).unwrap()[..], b"cached");
-        assert_eq!(cache.get(&v, PageIndex(2)).unwrap().len() as u64, PAGE);
+        assert_eq!(&cache.get(&v, None, PageIndex(0)).unwrap()[..], b"cached");
+        assert_eq!(
+            cache.get(&v, None, PageIndex(2)).unwrap().len() as u64,
+            PAGE
+        );
     }
 }

@@ -60,7 +60,10 @@ impl FsCore {
                     return;
                 }
                 for page in run.0..run.1 {
-                    match core.pages.get(&base, PageIndex(page)) {
+                    match core
+                        .pages
+                        .get(&base, core.disk_ctime(&path, &base), PageIndex(page))
+                    {
                         Some(d) if g.fill_page(page, &d).is_ok() => {}
                         _ => return,
                     }
@@ -77,7 +80,8 @@ impl FsCore {
             return;
         };
         for page in s.missing_pages() {
-            if let Some(d) = self.pages.get(&base, PageIndex(page)) {
+            // Memory only: no remote path here to know the ctime by.
+            if let Some(d) = self.pages.get(&base, None, PageIndex(page)) {
                 if s.fill_page(page, &d).is_err() {
                     return;
                 }
@@ -110,7 +114,7 @@ impl FsCore {
     async fn fetch_base_run(&self, path: &RemotePath, base: &Version, run: (u64, u64)) {
         self.pages
             .fetch_run(
-                base,
+                (base, self.disk_ctime(path, base)),
                 PageIndex(run.0),
                 run.1 - run.0,
                 |from, n| async move {

@@ -1217,6 +1217,18 @@ impl FsCore {
         }
     }
 
+    /// The ctime the file at `path` has at `version`, as the mount knows it: with the version
+    /// it names a page on disk ([`crate::mount::disk_pages`]); `None` (memory only) when the
+    /// mount knows the file at another version.
+    pub(super) fn disk_ctime(
+        &self,
+        path: &RemotePath,
+        version: &crate::remote::Version,
+    ) -> Option<i64> {
+        let n = self.inodes.get(self.inodes.resolve(path)?)?;
+        (n.attr.version == *version).then_some(n.attr.ctime_ns)
+    }
+
     /// A page of `version`, or, if the sandbox's file is no longer at it, of the version it
     /// is at now (named).
     async fn page_of_any_version(
@@ -1227,7 +1239,7 @@ impl FsCore {
     ) -> Result<(Bytes, Option<crate::remote::Version>)> {
         let (data, other, hit) = self
             .pages
-            .get_or_fetch(version, page, || async {
+            .get_or_fetch(version, self.disk_ctime(path, version), page, || async {
                 self.read_checked(path, version, page.start(), PAGE as u32)
                     .await
             })

@@ -416,7 +416,7 @@ impl FsCore {
                         }
                     }
                 }
-                self.keep_pushed_pages(s, &attr.version);
+                self.keep_pushed_pages(s, &attr);
                 s.pushed(attr.version.clone(), attr.size);
                 s.mtime_ns = None;
                 staged.sync(s);
@@ -514,16 +514,18 @@ impl FsCore {
     /// What was just pushed is the sandbox's file at `version`: a small image held whole
     /// goes into the page cache under it, so reading back what was written costs no fetch
     /// (and works while the sandbox does not answer).
-    fn keep_pushed_pages(&self, s: &Staged, version: &crate::remote::Version) {
+    fn keep_pushed_pages(&self, s: &Staged, attr: &crate::remote::Attr) {
         if s.len > MAX_KEPT_PUSHED_BYTES || !(s.base.is_none() || s.complete()) {
             return;
         }
         for page in 0..s.len.div_ceil(PAGE) {
             match s.read_local(page * PAGE, PAGE.min(s.len - page * PAGE)) {
-                Ok(data) => {
-                    self.pages
-                        .put(version.clone(), PageIndex(page), bytes::Bytes::from(data))
-                }
+                Ok(data) => self.pages.put(
+                    attr.version.clone(),
+                    Some(attr.ctime_ns),
+                    PageIndex(page),
+                    bytes::Bytes::from(data),
+                ),
                 Err(_) => return,
             }
         }

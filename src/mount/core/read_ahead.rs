@@ -33,10 +33,15 @@ impl FsCore {
         let first = PageIndex::containing(start);
         let pages = (end - start).div_ceil(PAGE);
         self.pages
-            .fetch_run(version, first, pages, |from, count| async move {
-                self.read_checked(path, version, from.start(), (count * PAGE) as u32)
-                    .await
-            })
+            .fetch_run(
+                (version, self.disk_ctime(path, version)),
+                first,
+                pages,
+                |from, count| async move {
+                    self.read_checked(path, version, from.start(), (count * PAGE) as u32)
+                        .await
+                },
+            )
             .await;
     }
 }
