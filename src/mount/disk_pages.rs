@@ -40,10 +40,7 @@ const QUEUE: usize = 256;
 
 /// A version as a file name: a stable 64-bit hash of it (its full text is in each page file).
 fn version_dir(v: &Version) -> String {
-    let h = v.0.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    format!("{h:016x}")
+    format!("{:016x}", super::state::fnv1a(v.0.as_bytes()))
 }
 
 /// A page file: its version's directory and its name ([`file_name`]).

@@ -211,7 +211,7 @@ pub fn pages_dir_for(
 }
 
 /// A stable hash (the directory name must not change between runs or builds).
-fn fnv1a(bytes: &[u8]) -> u64 {
+pub(super) fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
