@@ -2,7 +2,8 @@
 # Everyday tools over `shell:` (no network: the sandbox is a local sh), with the agent over the
 # shell's stdin/stdout and, with --scripts, the exec-only scripts through one session (`?agent=no`)
 # and as a command per operation (`?agent=no&session=no`; minutes), next to
-# the same work on the local disk. Each row ends when the sandbox has everything (`ctl flush`).
+# the same work on the local disk (each sbxfs cell with its ratio to it). Each row ends when the
+# sandbox has everything (`ctl flush`).
 # Prints a Markdown table. Usage: scripts/bench/shell.sh [--scripts]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -33,6 +34,8 @@ commit() {
     && git status --porcelain) && flush "$1" "$2"
 }
 clone() { git clone -q "$repo" "$2/clone" && flush "$1" "$2"; }
+rsync_tree() { rsync -a "$work/src/t/" "$2/r/" && flush "$1" "$2"; }
+remove() { rm -rf "$2/t" "$2/r" && flush "$1" "$2"; }
 status() { (cd "$2/clone" && git status --porcelain); }
 
 declare -A row
@@ -41,6 +44,8 @@ run() { # label dir
   row[commit,$1]=$(secs commit "$1" "$2")
   row[clone,$1]=$(secs clone "$1" "$2")
   row[status,$1]=$(secs status "$1" "$2")
+  row[rsync,$1]=$(secs rsync_tree "$1" "$2")
+  row[remove,$1]=$(secs remove "$1" "$2")
 }
 mount_shell() { # label query
   local ws=$work/ws-$1 mnt=$work/mnt-$1
@@ -63,8 +68,16 @@ fi
 printf '| workload |'; for l in "${labels[@]}"; do printf ' %s |' "$l"; done; echo
 printf '|---|'; for _ in "${labels[@]}"; do printf -- '---|'; done; echo
 for w in "untar 500 files:untar" "git init+add+commit+status, 500 files:commit" \
-         "git clone of this repository:clone" "git status of the clone:status"; do
+         "git clone of this repository:clone" "git status of the clone:status" \
+         "rsync -a of 500 files:rsync" "rm -rf of 1,000 files and their git repository:remove"; do
   printf '| %s |' "${w%%:*}"
-  for l in "${labels[@]}"; do printf ' %.2f s |' "${row[${w##*:},$l]}"; done
+  k=${w##*:}
+  for l in "${labels[@]}"; do
+    if [ "$l" = local ]; then
+      printf ' %.2f s |' "${row[$k,$l]}"
+    else # and its ratio to the local disk
+      printf ' %.2f s (%.0f×) |' "${row[$k,$l]}" "$(echo "${row[$k,$l]} / (${row[$k,local]} + 0.001)" | bc -l)"
+    fi
+  done
   echo
 done

@@ -468,9 +468,10 @@ impl FsCore {
     /// The sandbox's attributes of a node, applied to it unless the mount changed the node
     /// while the answer was on its way (then the node's own, newer, attributes).
     /// Without a change feed, a stale listing of `dir` is fetched again, once for all who ask
-    /// meanwhile, rather than a stat per name: a `git status` past the TTL then costs a call
-    /// per directory, not per file (one program each over the exec-only scripts). Directories
-    /// of more than [`RELIST_MAX`] entries are left to stats.
+    /// meanwhile, rather than a stat per name, and with it the listings beneath it
+    /// ([`Self::relist_tree`]): a `git status` past the TTL then costs a call or two for the
+    /// repository, not one per file or directory (a program each over the exec-only scripts).
+    /// Directories of more than [`RELIST_MAX`] entries are left to stats.
     /// Whether the listing now answers for the directory's names (else a stat is in order).
     async fn relist_stale(&self, dir: NodeId) -> bool {
         // With no TTL a listing is stale at once: stats are all there is.
@@ -482,8 +483,12 @@ impl FsCore {
             _ => return false,
         }
         let _flight = self.relists.enter(dir).await;
-        // Fetched by the flight we waited for, or still to fetch.
-        if self.meta.listing(dir, self.ttl(), false).is_none() {
+        // Fetched by the flight we waited for, or with an ancestor's tree, or still to fetch:
+        // with the listings beneath it, which are as stale.
+        if self.meta.listing(dir, self.ttl(), false).is_none()
+            && self.adopt_prefetched(dir, false).is_none()
+            && self.relist_tree(dir).await.is_none()
+        {
             let _ = self.listing(dir).await;
         }
         true

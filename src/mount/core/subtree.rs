@@ -28,6 +28,10 @@ pub const DEFAULT_TREE_MAX: usize = 20_000;
 /// listing at least) and the rest is listed when entered. A kernel request waiting on it cannot
 /// be interrupted, so an answer that keeps trickling must never hold a first look for long.
 pub const SUBTREE_DEADLINE: Duration = Duration::from_secs(5);
+/// Most entries beneath a stale directory fetched again with it when there is no change feed
+/// ([`FsCore::relist_tree`]): a repository's or a project's tree in one call, small enough that
+/// one name looked at past the TTL does not cost the whole workspace (a few hundred kB).
+pub const RELIST_TREE_MAX: usize = 4096;
 
 /// Fetches in flight, by directory.
 #[derive(Default)]
@@ -140,18 +144,47 @@ impl FsCore {
             return Some(Ok(l));
         }
         self.prefetched.mark_looked(dir);
+        self.fetch_tree(dir, path, self.cfg.tree_max).await
+    }
+
+    /// A stale listing of `dir` fetched again with the listings beneath it, up to
+    /// [`RELIST_TREE_MAX`] entries, when there is no change feed: the names below go stale
+    /// together (one TTL), so a `git status` or `ls -lR` past the TTL costs one call for the
+    /// tree instead of one per directory (a program each over the exec-only scripts). `None`
+    /// when prefetching is off or the tree call did not answer; a plain listing is in order.
+    pub(in crate::mount) async fn relist_tree(&self, dir: NodeId) -> Option<Entries> {
+        if !self.prefetching() {
+            return None;
+        }
+        let path = self.path_of(dir).ok()?;
+        match self
+            .fetch_tree(dir, &path, self.cfg.tree_max.min(RELIST_TREE_MAX))
+            .await
+        {
+            Some(Ok(l)) => Some(l),
+            _ => None,
+        }
+    }
+
+    /// `dir`'s listing and its subdirectories' (up to `budget` entries beyond its own) in one
+    /// call: its own into the metadata cache, the rest kept ahead. `None` when a plain listing
+    /// should answer instead (the tree call is unsupported, slow or did not begin in time).
+    async fn fetch_tree(
+        &self,
+        dir: NodeId,
+        path: &RemotePath,
+        budget: usize,
+    ) -> Option<Result<Entries>> {
         let before = self.epoch();
         let fetched = self.cfg.clock.now();
         let deadline = tokio::time::Instant::now() + SUBTREE_DEADLINE;
         let started = tokio::time::timeout_at(
             deadline,
             // Given up offline, the directory is listed on its own, which serves what is known.
-            self.ask(self.remote().tree_listings(path, self.cfg.tree_max), || {
-                true
-            }),
+            self.ask(self.remote().tree_listings(path, budget), || true),
         );
         let collected = match started.await {
-            Ok(Ok(stream)) => self.collect(path, stream, deadline).await,
+            Ok(Ok(stream)) => self.collect(path, stream, deadline, budget).await,
             Ok(Err(e)) => Err(e),
             // Not even begun in time: listed on its own (that listing has its own deadline).
             Err(_) => {
@@ -195,6 +228,7 @@ impl FsCore {
         path: &RemotePath,
         mut stream: futures_util::stream::BoxStream<'static, Result<crate::remote::TreeListing>>,
         deadline: tokio::time::Instant,
+        budget: usize,
     ) -> Result<(Entries, Vec<(RemotePath, RemoteId, Entries)>)> {
         let mut first: Option<Entries> = None;
         let mut ids: HashMap<RemotePath, RemoteId> = HashMap::new();
@@ -223,7 +257,7 @@ impl FsCore {
             let Some(entries) = l.entries else { continue };
             if first.is_some() {
                 taken += entries.len();
-                if taken > self.cfg.tree_max {
+                if taken > budget {
                     tracing::info!(path = %path.display(), listings = rest.len(), "the subtree answer passed the entries asked for: keeping what came");
                     break;
                 }
@@ -399,7 +433,43 @@ mod tests {
         clock.advance(Duration::from_secs(1));
         assert!(core.lookup(d, b"late").await.is_ok());
         assert_eq!(core.lookup(d, b"4").await.unwrap().attr.size, 6);
-        assert!(faults.calls(Op::List) + faults.calls(Op::Stat) > 0);
+        assert!(faults.calls(Op::List) + faults.calls(Op::Stat) + faults.calls(Op::Tree) > 0);
+    }
+
+    /// Without a feed, names past the TTL are asked again by whole trees: the first stale look
+    /// fetches its directory's tree, and every directory beneath answers from that one call
+    /// (a `git status` over the exec-only scripts paid a program per directory), changes made
+    /// in the sandbox meanwhile included.
+    #[tokio::test]
+    async fn past_the_ttl_a_stale_tree_is_fetched_again_in_one_call() {
+        let clock = Clock::manual();
+        let (core, sb, faults, _s) = core_on(DEFAULT_TREE_MAX, clock.clone()).await;
+        let c = walk(&core, &["a", "b", "c"]).await;
+        let d = walk(&core, &["a", "d"]).await;
+        assert!(core.lookup(c, b"late").await.is_err());
+        sb.write("a/b/c/late", b"x").unwrap();
+        sb.write("a/d/4", b"longer").unwrap();
+        sb.remove("a/b/2").unwrap();
+        clock.advance(Duration::from_secs(600));
+        faults.reset_counts();
+        let a = core.lookup(ROOT, b"a").await.unwrap().node;
+        let b = core.lookup(a, b"b").await.unwrap().node;
+        assert!(
+            core.lookup(b, b"2").await.is_err(),
+            "removed in the sandbox"
+        );
+        assert_eq!(core.lookup(b, b"c").await.unwrap().node, c);
+        assert!(core.lookup(c, b"late").await.is_ok(), "made in the sandbox");
+        assert_eq!(core.lookup(d, b"4").await.unwrap().attr.size, 6);
+        assert_eq!(core.getattr(d).await.unwrap().node, d);
+        assert_eq!(
+            faults.calls(Op::Tree),
+            1,
+            "one tree call for the whole stale tree"
+        );
+        for op in [Op::List, Op::Stat, Op::StatMany] {
+            assert_eq!(faults.calls(op), 0, "{op:?} asked past the TTL");
+        }
     }
 
     /// pjdfstest's chmod/07 over `shell:`: a listing of `x/y` fetched ahead with `x`'s subtree,
