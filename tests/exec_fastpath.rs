@@ -13,6 +13,7 @@ use std::time::Instant;
 use async_trait::async_trait;
 use futures_util::StreamExt;
 
+use sbxfs::remote::exec::session::SessionRunner;
 use sbxfs::remote::exec::{script_remote, CommandRunner, Output, RunControl, Runner};
 use sbxfs::remote::*;
 
@@ -181,12 +182,54 @@ async fn the_fast_path_answers_as_the_sh_scripts_do() {
     // SAFETY: mkfifo reads the NUL-ended path only.
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o640) }, 0);
     let p = pair(&root);
+    answers_as_the_sh_scripts(&p.fast, &p.sh, &root, dir.path()).await;
+    assert!(p.fast_runner.runs.load(Ordering::Relaxed) > 0);
 
+    // The same through a session's python3 server, which runs the fast path itself: no
+    // program per call, and not a descriptor left open however a call ends.
+    let mark = format!(
+        "SBXFS_TEST_SESSION={}",
+        std::process::id() as u64 * 1000 + 7
+    );
+    let tools = tempfile::tempdir().unwrap();
+    let path = path_with_real_python(tools.path());
+    let session = SessionRunner::start(vec!["env".into(), mark.clone(), path, "sh".into()])
+        .await
+        .unwrap();
+    let tally = Arc::new(Tally {
+        inner: session,
+        runs: AtomicU64::new(0),
+        inline: AtomicU64::new(0),
+    });
+    let inline = remote_over(&root, tally.clone());
+    inline.stat(&RemotePath::root()).await.unwrap();
+    let server = child_with_env(&mark).expect("the session's python3 server");
+    let fds = open_fds(server);
+    let programs = tally.runs.load(Ordering::Relaxed);
+    for _ in 0..3 {
+        answers_as_the_sh_scripts(&inline, &p.sh, &root, dir.path()).await;
+    }
+    assert_eq!(
+        tally.runs.load(Ordering::Relaxed),
+        programs,
+        "stat, list and tree started no program"
+    );
+    assert!(tally.inline.load(Ordering::Relaxed) > 30);
+    assert_eq!(open_fds(server), fds, "descriptors left open in the server");
+}
+
+/// The comparisons of [`the_fast_path_answers_as_the_sh_scripts_do`], of `fast` against `sh`.
+async fn answers_as_the_sh_scripts(
+    fast: &Arc<dyn Remote>,
+    sh: &Arc<dyn Remote>,
+    root: &Path,
+    dir: &Path,
+) {
     // Listings: every directory, same entries and attributes.
     for d in [&b""[..], b"d", b"dirlink"] {
         let path = rp(d);
-        let a = p.fast.list(&path).await.unwrap();
-        let b = p.sh.list(&path).await.unwrap();
+        let a = fast.list(&path).await.unwrap();
+        let b = sh.list(&path).await.unwrap();
         assert!(
             a.iter().all(|e| e.attr.has_xattrs.is_some()),
             "python knows"
@@ -201,7 +244,7 @@ async fn the_fast_path_answers_as_the_sh_scripts_do() {
             .collect();
         assert_eq!(a, b, "list {d:?}");
     }
-    let names = p.fast.list(&rp(b"d")).await.unwrap();
+    let names = fast.list(&rp(b"d")).await.unwrap();
     assert_eq!(
         names.len(),
         awkward_names().len() + 2,
@@ -212,8 +255,7 @@ async fn the_fast_path_answers_as_the_sh_scripts_do() {
     // Trees, whole and from a subdirectory.
     for d in [&b""[..], b"d"] {
         let path = rp(d);
-        let a: Vec<_> = p
-            .fast
+        let a: Vec<_> = fast
             .tree(&path)
             .await
             .unwrap()
@@ -223,16 +265,16 @@ async fn the_fast_path_answers_as_the_sh_scripts_do() {
             })
             .collect()
             .await;
-        let b: Vec<_> =
-            p.sh.tree(&path)
-                .await
-                .unwrap()
-                .map(|e| {
-                    let e = e.unwrap();
-                    (e.path, comparable(e.attr))
-                })
-                .collect()
-                .await;
+        let b: Vec<_> = sh
+            .tree(&path)
+            .await
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (e.path, comparable(e.attr))
+            })
+            .collect()
+            .await;
         assert_eq!(a, b, "tree {d:?}");
         assert!(!a.is_empty());
     }
@@ -251,8 +293,8 @@ async fn the_fast_path_answers_as_the_sh_scripts_do() {
         rp(b"out/secret"),
         rp(b"d/rel-out/x"),
     ]);
-    let a = p.fast.stat_many(&paths).await.unwrap();
-    let b = p.sh.stat_many(&paths).await.unwrap();
+    let a = fast.stat_many(&paths).await.unwrap();
+    let b = sh.stat_many(&paths).await.unwrap();
     assert_eq!(a.len(), b.len());
     for ((x, y), path) in a.into_iter().zip(b).zip(&paths) {
         match (x, y) {
@@ -261,7 +303,7 @@ async fn the_fast_path_answers_as_the_sh_scripts_do() {
         }
     }
     assert!(matches!(
-        p.fast.stat(&rp(b"out/secret")).await,
+        fast.stat(&rp(b"out/secret")).await,
         Err(RemoteError::Access(_))
     ));
 
@@ -269,18 +311,55 @@ async fn the_fast_path_answers_as_the_sh_scripts_do() {
     for bad in [&b"missing"[..], b"link", b"out", b"dangling", b"d/fifo"] {
         let path = rp(bad);
         same_error(
-            &p.fast.list(&path).await,
-            &p.sh.list(&path).await,
+            &fast.list(&path).await,
+            &sh.list(&path).await,
             &format!("list {bad:?}"),
         );
         same_error(
-            &p.fast.tree(&path).await.map(drop),
-            &p.sh.tree(&path).await.map(drop),
+            &fast.tree(&path).await.map(drop),
+            &sh.tree(&path).await.map(drop),
             &format!("tree {bad:?}"),
         );
     }
-    assert!(!root.join("pwned").exists() && !dir.path().join("pwned").exists());
-    assert!(p.fast_runner.runs.load(Ordering::Relaxed) > 0);
+    assert!(!root.join("pwned").exists() && !dir.join("pwned").exists());
+}
+
+/// Counts what a runner is asked: programs, and fast-path calls run by its own python.
+struct Tally {
+    inner: SessionRunner,
+    runs: AtomicU64,
+    inline: AtomicU64,
+}
+
+#[async_trait]
+impl Runner for Tally {
+    async fn run(&self, program: &str, ctl: &RunControl) -> Result<Output> {
+        self.runs.fetch_add(1, Ordering::Relaxed);
+        self.inner.run(program, ctl).await
+    }
+    async fn run_python_inline(&self, input: &[u8], ctl: &RunControl) -> Option<Result<Output>> {
+        self.inline.fetch_add(1, Ordering::Relaxed);
+        self.inner.run_python_inline(input, ctl).await
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}
+
+/// The pid of this process's child whose environment holds `mark`.
+fn child_with_env(mark: &str) -> Option<u32> {
+    let me = std::process::id().to_string();
+    fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let stat = fs::read_to_string(e.path().join("stat")).ok()?;
+        let ppid = stat.rsplit(") ").next()?.split(' ').nth(1)?;
+        let env = fs::read(e.path().join("environ")).ok()?;
+        (ppid == me && env.split(|b| *b == 0).any(|v| v == mark.as_bytes())).then_some(pid)
+    })
+}
+
+fn open_fds(pid: u32) -> usize {
+    fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
 }
 
 /// The fast path's version of a file is the one its read and commit scripts make: a commit

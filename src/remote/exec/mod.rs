@@ -69,6 +69,13 @@ pub trait Runner: Send + Sync {
     async fn get_file(&self, _abs_path: &[u8]) -> Option<Result<Bytes>> {
         None
     }
+    /// Run the python fast path ([`pyfast`]) inside the server that already runs in the
+    /// sandbox, its `input` being what the program would pipe to `python3`: no `sh`, no
+    /// supervisor, no interpreter started per call. `None`: this runner has no such server
+    /// (the program is run instead).
+    async fn run_python_inline(&self, _input: &[u8], _ctl: &RunControl) -> Option<Result<Output>> {
+        None
+    }
     /// For messages and `ctl status`: what runs the programs.
     fn describe(&self) -> String;
 }

@@ -42,20 +42,12 @@ fn packed_script() -> &'static str {
 /// The interpreter names the probe may answer (so the name put in a program is a fixed word).
 pub const PYTHONS: [&str; 2] = ["python3", "python"];
 
-/// The whole program of one fast-path operation (`stat`, `list` or `tree`).
-pub fn program(
-    python: &str,
-    root: &[u8],
-    precision: Precision,
-    op: &str,
-    args: &[&[u8]],
-) -> String {
-    debug_assert!(PYTHONS.contains(&python));
+/// What the fast path reads on its standard input for one operation (`stat`, `list`, `tree`
+/// or `listings`): the packed script, then the items, one per line, ended by `END`. A
+/// session's python3 server runs it as it is ([`super::Runner::run_python_inline`]); no
+/// single quote in it (a program holds it in single quotes).
+pub fn input(root: &[u8], precision: Precision, op: &str, args: &[&[u8]]) -> String {
     let mut p = String::with_capacity(packed_script().len() + 512);
-    // A quoted variable piped by the shell's own printf, not a here-document: dash writes a
-    // here-document past the pipe's size from a child it never waits for, and that zombie
-    // keeps the supervisor polling for the job's group to go (base64 holds no single quote).
-    p.push_str("__sbx_items='");
     p.push_str(packed_script());
     p.push('\n');
     p.push_str(&b64(root));
@@ -70,10 +62,29 @@ pub fn program(
         p.push_str(&b64(a));
         p.push('\n');
     }
-    p.push_str(&format!(
-        "END'\nprintf '%s\\n' \"$__sbx_items\" | {python} -c '{BOOTSTRAP}'\n"
-    ));
+    p.push_str("END\n");
     p
+}
+
+/// The whole program of one fast-path operation (`stat`, `list` or `tree`), for a runner
+/// with no python of its own running: [`input`] piped to a new interpreter.
+pub fn program(
+    python: &str,
+    root: &[u8],
+    precision: Precision,
+    op: &str,
+    args: &[&[u8]],
+) -> String {
+    debug_assert!(PYTHONS.contains(&python));
+    let items = input(root, precision, op, args);
+    // A quoted variable piped by the shell's own printf, not a here-document: dash writes a
+    // here-document past the pipe's size from a child it never waits for, and that zombie
+    // keeps the supervisor polling for the job's group to go (base64 holds no single quote).
+    // (printf's `\n` puts back the newline the quotes' last line lacks.)
+    format!(
+        "__sbx_items='{}'\nprintf '%s\\n' \"$__sbx_items\" | {python} -c '{BOOTSTRAP}'\n",
+        items.strip_suffix('\n').unwrap_or(&items)
+    )
 }
 
 fn word(line: &str) -> (&str, &str) {

@@ -6,7 +6,8 @@
 //! at once), and its exit status and output come back as a frame: no channel set-up per
 //! operation (a `docker exec` or an ssh channel costs more than most operations).
 //!
-//! Frames: a request is `ID LEN\n` and LEN bytes of program (LEN 0: a ping, answered at once);
+//! Frames: a request is `ID LEN\n` and LEN bytes of program (LEN 0: a ping, answered at once),
+//! or, to the python3 server, `ID LEN P\n` and the python fast path's input, run in-process;
 //! an answer is `ID CODE OUTLEN ERRLEN\n` then the two streams' bytes. Answers come in any
 //! order. A session that ends (or sends a malformed frame, or stops answering pings once a run
 //! timed out) fails what was in flight and is started again on the next run.
@@ -25,23 +26,38 @@ use super::{Output, RunControl, Runner, OUTPUT_CAP};
 use crate::remote::{RemoteError, Result};
 
 /// The python3 server: reads frames, runs each program in its own `sh` on a thread, answers
-/// under a lock. No single quote in it (it travels inside one).
+/// under a lock. A frame marked `P` holds the python fast path's input ([`super::pyfast`]):
+/// the server runs that script itself (compiled once), one at a time (it changes directory
+/// through descriptors), so a stat or a listing starts no process at all; one that cannot
+/// start within 5 s (another stuck on a hung file system) answers 125, and the caller runs
+/// it as a program instead. No single quote in it (it travels inside one).
 const PYTHON: &str = r#"
-import os, sys, threading, subprocess
+import base64, os, sys, threading, subprocess, zlib
 rd = sys.stdin.buffer
 wr = sys.stdout.buffer
 lock = threading.Lock()
+inline = threading.Lock()
+codes = {}
 env = dict(os.environ)
 env["LC_ALL"] = "C"
+try:
+    home = os.getcwd()
+except OSError:
+    home = "/"
 def answer(i, code, out, err):
     with lock:
         wr.write(("%d %d %d %d\n" % (i, code, len(out), len(err))).encode())
         wr.write(out)
         wr.write(err)
         wr.flush()
+def spawn():
+    try:
+        return subprocess.Popen(["sh"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=home)
+    except OSError:
+        return subprocess.Popen(["sh"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
 def job(i, prog):
     try:
-        p = subprocess.Popen(["sh"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        p = spawn()
         out, err = p.communicate(prog)
         code = p.returncode
         if code < 0:
@@ -49,10 +65,41 @@ def job(i, prog):
     except Exception as e:
         out, err, code = b"", ("sbxfs session: %s\n" % e).encode(), 126
     answer(i, code, out, err)
+class Out(object):
+    def __init__(self):
+        self.parts = []
+    def write(self, text):
+        self.parts.append(text)
+def inline_job(i, data):
+    if not inline.acquire(timeout=5):
+        answer(i, 125, b"", b"sbxfs session: the inline fast path is busy\n")
+        return
+    try:
+        d = data.split(b"\n")
+        code = codes.get(d[0])
+        if code is None:
+            code = compile(zlib.decompress(base64.b64decode(d[0])), "fast.py", "exec")
+            if len(codes) >= 4:
+                codes.clear()
+            codes[d[0]] = code
+        o = Out()
+        exec(code, {"__name__": "__main__", "ITEMS": d[1:], "OUT": o})
+        res = (0, "".join(o.parts).encode("utf-8", "surrogateescape"), b"")
+    except BaseException as e:
+        res = (1, b"", ("sbxfs session: %r\n" % (e,)).encode())
+    finally:
+        try:
+            os.chdir(home)
+        except OSError:
+            pass
+        inline.release()
+    answer(i, res[0], res[1], res[2])
 while True:
     line = rd.readline(64)
     f = line.split()
-    if not line.endswith(b"\n") or len(f) != 2 or not f[0].isdigit() or not f[1].isdigit():
+    if not line.endswith(b"\n") or len(f) not in (2, 3) or not f[0].isdigit() or not f[1].isdigit():
+        break
+    if len(f) == 3 and f[2] != b"P":
         break
     i, n = int(f[0]), int(f[1])
     prog = rd.read(n)
@@ -61,7 +108,8 @@ while True:
     if n == 0:
         answer(i, 0, b"", b"")
         continue
-    threading.Thread(target=job, args=(i, prog), daemon=True).start()
+    run = inline_job if len(f) == 3 else job
+    threading.Thread(target=run, args=(i, prog), daemon=True).start()
 "#;
 
 /// The bootstrap the channel's `sh` reads: python3's server where it runs, else the `sh` loop
@@ -193,8 +241,12 @@ impl Live {
         self.waiting.lock().expect("not poisoned").remove(&id);
     }
 
-    async fn send(&self, id: u64, program: &[u8]) -> Result<()> {
-        let mut frame = format!("{id} {}\n", program.len()).into_bytes();
+    async fn send(&self, id: u64, kind: Frame, program: &[u8]) -> Result<()> {
+        let mut frame = match kind {
+            Frame::Sh => format!("{id} {}\n", program.len()),
+            Frame::PythonInline => format!("{id} {} P\n", program.len()),
+        }
+        .into_bytes();
         frame.extend_from_slice(program);
         let mut stdin = self.stdin.lock().await;
         let sent = async {
@@ -443,6 +495,15 @@ async fn read_answers<R: AsyncRead + Unpin>(
     }
 }
 
+/// What a request frame carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Frame {
+    /// A whole `sh` program, run in its own `sh`.
+    Sh,
+    /// The python fast path's input, run by the python3 server itself (`ID LEN P`).
+    PythonInline,
+}
+
 /// Takes a run's waiter out of the table however the run ends.
 struct Forget<'a>(&'a Live, u64);
 
@@ -452,18 +513,28 @@ impl Drop for Forget<'_> {
     }
 }
 
-#[async_trait]
-impl Runner for SessionRunner {
-    async fn run(&self, program: &str, ctl: &RunControl) -> Result<Output> {
+impl SessionRunner {
+    /// Send one request frame and wait for its answer, within the caller's limits.
+    async fn exchange(&self, kind: Frame, program: &[u8], ctl: &RunControl) -> Result<Output> {
         let live = self.live().await?;
+        self.exchange_on(live, kind, program, ctl).await
+    }
+
+    async fn exchange_on(
+        &self,
+        live: Arc<Live>,
+        kind: Frame,
+        program: &[u8],
+        ctl: &RunControl,
+    ) -> Result<Output> {
         let (id, answer) = live.register();
         let _forget = Forget(&live, id);
         // A frame is written whole or the session ends: from a task of its own, so a caller
         // that gives up (a deadline, a cancel) never leaves half a frame on the channel for
         // the server to take the next frames' bytes as the rest of it.
         let sending = {
-            let (live, frame) = (live.clone(), program.as_bytes().to_vec());
-            tokio::spawn(async move { live.send(id, &frame).await })
+            let (live, frame) = (live.clone(), program.to_vec());
+            tokio::spawn(async move { live.send(id, kind, &frame).await })
         };
         let answered = async {
             match sending.await {
@@ -488,6 +559,28 @@ impl Runner for SessionRunner {
             _ = ctl.cancel.cancelled() => Err(RemoteError::Transport(format!("{}: cancelled", self.describe()))),
         }
     }
+}
+
+#[async_trait]
+impl Runner for SessionRunner {
+    async fn run(&self, program: &str, ctl: &RunControl) -> Result<Output> {
+        self.exchange(Frame::Sh, program.as_bytes(), ctl).await
+    }
+
+    /// The python3 server runs it itself; the `sh` loop cannot (`None`).
+    async fn run_python_inline(&self, input: &[u8], ctl: &RunControl) -> Option<Result<Output>> {
+        let live = match self.live().await {
+            Ok(live) => live,
+            Err(e) => return Some(Err(e)),
+        };
+        if live.server != Server::Python {
+            return None;
+        }
+        Some(
+            self.exchange_on(live, Frame::PythonInline, input, ctl)
+                .await,
+        )
+    }
 
     fn describe(&self) -> String {
         match self.server() {
@@ -503,7 +596,7 @@ async fn check_alive(live: Arc<Live>) {
     let _forget = Forget(&live, id);
     // A send that cannot get through (the sandbox reads nothing) counts as no answer.
     let answered = async {
-        live.send(id, b"").await.ok()?;
+        live.send(id, Frame::Sh, b"").await.ok()?;
         pong.await.ok()
     };
     if tokio::time::timeout(PING_WAIT, answered).await.is_err() {

@@ -222,6 +222,11 @@ impl<R: Runner + ?Sized + 'static> Runner for Supervised<R> {
         self.inner.put_file(abs_path, data).await
     }
 
+    /// Nothing to supervise: no process is started for it.
+    async fn run_python_inline(&self, input: &[u8], ctl: &RunControl) -> Option<Result<Output>> {
+        self.inner.run_python_inline(input, ctl).await
+    }
+
     async fn get_file(&self, abs_path: &[u8]) -> Option<Result<Bytes>> {
         self.inner.get_file(abs_path).await
     }

@@ -15,6 +15,33 @@ import os
 import stat
 import sys
 
+# Where the answer goes: standard output, or the session server's buffer when the server runs
+# this script itself (src/remote/exec/session.rs), many times in one process: so every
+# descriptor opened is also closed on every path (FDS, closed by main whatever happens).
+try:
+    OUT
+except NameError:
+    OUT = sys.stdout
+FDS = set()
+
+
+def fd_open(*a, **k):
+    fd = os.open(*a, **k)
+    FDS.add(fd)
+    return fd
+
+
+def fd_dup(fd):
+    fd = os.dup(fd)
+    FDS.add(fd)
+    return fd
+
+
+def fd_close(fd):
+    FDS.discard(fd)
+    os.close(fd)
+
+
 O_PATH = getattr(os, "O_PATH", os.O_RDONLY)
 DIR = os.O_DIRECTORY | os.O_CLOEXEC
 MAX_LINKS = 40
@@ -83,7 +110,7 @@ def resolve(rel, follow_last):
     """Walk `rel` from the root. Answers (dirs, name): the descriptors of the directories
     walked (the last one holds `name`), and the final component (None: the last descriptor is
     the target itself, a directory)."""
-    dirs = [os.open(ROOT, O_PATH | DIR)]
+    dirs = [fd_open(ROOT, O_PATH | DIR)]
     todo = [c for c in rel.split(b"/") if c]
     links = 0
     while todo:
@@ -93,7 +120,7 @@ def resolve(rel, follow_last):
         if c == b"..":
             if len(dirs) == 1:
                 raise Fail("EACCES", "leads out of the workspace")
-            os.close(dirs.pop())
+            fd_close(dirs.pop())
             continue
         if not todo and not follow_last:
             return dirs, c
@@ -107,7 +134,7 @@ def resolve(rel, follow_last):
                 if t != ROOT and not t.startswith(ROOT + b"/"):
                     raise Fail("EACCES", "leads out of the workspace")
                 for d in dirs[1:]:
-                    os.close(d)
+                    fd_close(d)
                 del dirs[1:]
                 t = t[len(ROOT):]
             todo = [x for x in t.split(b"/") if x] + todo
@@ -116,13 +143,13 @@ def resolve(rel, follow_last):
             if todo:
                 raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
             return dirs, c
-        dirs.append(os.open(c, O_PATH | DIR | os.O_NOFOLLOW, dir_fd=dirs[-1]))
+        dirs.append(fd_open(c, O_PATH | DIR | os.O_NOFOLLOW, dir_fd=dirs[-1]))
     return dirs, None
 
 
 def close(dirs):
     for d in dirs:
-        os.close(d)
+        fd_close(d)
 
 
 def stat_one(out, rel):
@@ -161,7 +188,7 @@ def open_listed(rel):
         if name is not None:
             raise Fail("ENOTDIR", "not a directory")
         try:
-            return os.open(".", os.O_RDONLY | DIR, dir_fd=dirs[-1])
+            return fd_open(".", os.O_RDONLY | DIR, dir_fd=dirs[-1])
         except OSError as e:
             if e.errno in (errno.EACCES, errno.EPERM):
                 raise Fail("EACCES", "permission denied")
@@ -195,7 +222,7 @@ def list_dir(out, rel):
     try:
         entries(out, fd, b"")
     finally:
-        os.close(fd)
+        fd_close(fd)
 
 
 def tree(out, rel):
@@ -205,12 +232,12 @@ def tree(out, rel):
     while stack:
         fd, prefix, subs = stack[-1]
         if not subs:
-            os.close(fd)
+            fd_close(fd)
             stack.pop()
             continue
         n = subs.pop()
         try:
-            child = os.open(n, os.O_RDONLY | DIR | os.O_NOFOLLOW, dir_fd=fd)
+            child = fd_open(n, os.O_RDONLY | DIR | os.O_NOFOLLOW, dir_fd=fd)
         except OSError:
             continue
         p = prefix + n + b"/"
@@ -220,16 +247,16 @@ def tree(out, rel):
 def open_below(top, rel):
     """The directory `rel` (components below the descriptor `top`), opened one component at a
     time without following a symlink; None when it cannot be entered."""
-    fd = os.dup(top)
+    fd = fd_dup(top)
     try:
         for c in rel.split(b"/"):
             if c:
-                nfd = os.open(c, os.O_RDONLY | DIR | os.O_NOFOLLOW, dir_fd=fd)
-                os.close(fd)
+                nfd = fd_open(c, os.O_RDONLY | DIR | os.O_NOFOLLOW, dir_fd=fd)
+                fd_close(fd)
                 fd = nfd
         return fd
     except OSError:
-        os.close(fd)
+        fd_close(fd)
         return None
 
 
@@ -243,7 +270,7 @@ def listings(out, rel, budget):
         first = True
         while queue:
             d = queue.pop(0)
-            fd = os.dup(top) if first else open_below(top, d)
+            fd = fd_dup(top) if first else open_below(top, d)
             if fd is None:
                 continue
             group = []
@@ -254,7 +281,7 @@ def listings(out, rel, budget):
                     raise
                 continue
             finally:
-                os.close(fd)
+                fd_close(fd)
             n = sum(1 for g in group if g.startswith("N "))
             if not first:
                 if n > budget:
@@ -265,7 +292,7 @@ def listings(out, rel, budget):
             out.extend(group)
             queue.extend((d + b"/" + c) if d else c for c in sorted(subs))
     finally:
-        os.close(top)
+        fd_close(top)
 
 
 def main():
@@ -274,7 +301,7 @@ def main():
     if items and items[-1] == b"":
         items.pop()  # after the last newline (an empty argument is an empty line, kept)
     if len(items) < 3 or items[-1] != b"END":
-        sys.stdout.write("\n__RESULT__\nerr EIO a cut program\n")
+        OUT.write("\n__RESULT__\nerr EIO a cut program\n")
         return
     ROOT = base64.b64decode(items[0])
     PREC = items[1].decode("ascii")
@@ -294,15 +321,19 @@ def main():
         else:
             raise Fail("EINVAL", "unknown operation")
     except Fail as f:
-        sys.stdout.write("\n__RESULT__\nerr %s %s\n" % (f.token, f.text))
+        OUT.write("\n__RESULT__\nerr %s %s\n" % (f.token, f.text))
         return
     except OSError as e:
-        sys.stdout.write("\n__RESULT__\nerr SYS %s\n" % sys_fail(e).text)
+        OUT.write("\n__RESULT__\nerr SYS %s\n" % sys_fail(e).text)
         return
     out.insert(0, "\n__RESULT__\nok")
     out.append("")
-    sys.stdout.write("\n".join(out))
+    OUT.write("\n".join(out))
 
 
 ROOT = PREC = OP = None
-main()
+try:
+    main()
+finally:
+    for fd in list(FDS):
+        fd_close(fd)
