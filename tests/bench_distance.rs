@@ -818,6 +818,28 @@ fn the_mount_at_a_distance_vs_sshfs() {
             print_table(&rows);
         }
     }
+    // Over ssh, what the transport itself carries: `ssh sbx cat` of the same file through the
+    // same proxy, against which sbxfs's cold `cat` is measured (issue 23: >= 90 % of it).
+    let transport_rate = (rig.transport != "http").then(|| {
+        let mut secs = Vec::new();
+        for _ in 0..scale.runs {
+            let t = Instant::now();
+            let (code, out, _) = run(Command::new("sh").arg("-c").arg(format!(
+                "ssh -F {} sbx cat {} | wc -c",
+                rig.ssh_config.display(),
+                ws.join("big.bin").display()
+            )));
+            let read = String::from_utf8_lossy(&out).trim().to_string();
+            if code != 0 || read != big_size.to_string() {
+                problems.push(format!("ssh cat read {read} bytes (exit {code})"));
+            }
+            secs.push(Sample {
+                secs: t.elapsed().as_secs_f64(),
+                ..Sample::default()
+            });
+        }
+        median(&secs).secs
+    });
     let grep_sets: Vec<Vec<&str>> = [&rows[10].sshfs[0], &rows[10].sbxfs[0]]
         .iter()
         .map(|s| sorted_lines(&s.out))
@@ -855,6 +877,18 @@ fn the_mount_at_a_distance_vs_sshfs() {
     println!();
     print_table(&rows);
     println!();
+    if let Some(secs) = transport_rate {
+        let mb_s = |secs: f64| big_size as f64 / secs / 1e6;
+        let cold = median(&rows[4].sbxfs).secs;
+        println!(
+            "The transport itself: `ssh sbx cat` of the {big_mb:.0} MiB file through the same \
+             proxy {secs:.2} s ({:.0} MB/s); sbxfs's cold `cat` {:.0} MB/s, {:.0} % of it.",
+            mb_s(secs),
+            mb_s(cold),
+            100.0 * secs / cold
+        );
+        println!();
+    }
     for p in &problems {
         println!("PROBLEM: {p}");
     }

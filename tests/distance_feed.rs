@@ -965,6 +965,16 @@ fn a_rewrite_that_keeps_size_and_mtime_shows_shell() {
     a_rewrite_that_keeps_size_and_mtime_shows(&m, ws.path());
 }
 
+/// The exec-only scripts have no feed: past the TTL the new change time (same version) drops
+/// the pages (new-user trial: the old bytes were served for good).
+#[test]
+fn a_rewrite_that_keeps_size_and_mtime_shows_without_a_feed() {
+    let ws = tempfile::tempdir().unwrap();
+    let url = format!("shell:{}?agent=no", ws.path().display());
+    let m = MountProcess::start_url(&url, "unused", &[]);
+    a_rewrite_that_keeps_size_and_mtime_shows(&m, ws.path());
+}
+
 /// A write inotify does not report: through a hard link from outside the workspace (the
 /// workspace's watches see nothing). It shows within the re-check period (`-o recheck_s`),
 /// the feed connected all along.

@@ -181,6 +181,8 @@ async fn the_fast_path_answers_as_the_sh_scripts_do() {
     let fifo = std::ffi::CString::new(root.join("d/fifo").as_os_str().as_bytes()).unwrap();
     // SAFETY: mkfifo reads the NUL-ended path only.
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o640) }, 0);
+    let big: Vec<u8> = (0..5u32 << 20).map(|i| (i * 7 + i / 4099) as u8).collect();
+    fs::write(root.join("d/big"), big).unwrap();
     let p = pair(&root);
     answers_as_the_sh_scripts(&p.fast, &p.sh, &root, dir.path()).await;
     assert!(p.fast_runner.runs.load(Ordering::Relaxed) > 0);
@@ -203,6 +205,8 @@ async fn the_fast_path_answers_as_the_sh_scripts_do() {
     });
     let inline = remote_over(&root, tally.clone());
     inline.stat(&RemotePath::root()).await.unwrap();
+    // (The first read asks once whether the transport moves files natively: a program.)
+    inline.read(&rp(b"d/big"), 0, 1).await.unwrap();
     let server = child_with_env(&mark).expect("the session's python3 server");
     let fds = open_fds(server);
     let programs = tally.runs.load(Ordering::Relaxed);
@@ -212,7 +216,7 @@ async fn the_fast_path_answers_as_the_sh_scripts_do() {
     assert_eq!(
         tally.runs.load(Ordering::Relaxed),
         programs,
-        "stat, list and tree started no program"
+        "stat, list, tree and reads started no program"
     );
     assert!(tally.inline.load(Ordering::Relaxed) > 30);
     assert_eq!(open_fds(server), fds, "descriptors left open in the server");
@@ -247,34 +251,15 @@ async fn answers_as_the_sh_scripts(
     let names = fast.list(&rp(b"d")).await.unwrap();
     assert_eq!(
         names.len(),
-        awkward_names().len() + 2,
-        "the names, fifo, rel-out"
+        awkward_names().len() + 3,
+        "the names, fifo, rel-out, big"
     );
     assert!(names.iter().any(|e| e.attr.kind == FileKind::Fifo));
 
     // Trees, whole and from a subdirectory.
     for d in [&b""[..], b"d"] {
         let path = rp(d);
-        let a: Vec<_> = fast
-            .tree(&path)
-            .await
-            .unwrap()
-            .map(|e| {
-                let e = e.unwrap();
-                (e.path, comparable(e.attr))
-            })
-            .collect()
-            .await;
-        let b: Vec<_> = sh
-            .tree(&path)
-            .await
-            .unwrap()
-            .map(|e| {
-                let e = e.unwrap();
-                (e.path, comparable(e.attr))
-            })
-            .collect()
-            .await;
+        let (a, b) = (tree_of(fast, &path).await, tree_of(sh, &path).await);
         assert_eq!(a, b, "tree {d:?}");
         assert!(!a.is_empty());
     }
@@ -307,6 +292,25 @@ async fn answers_as_the_sh_scripts(
         Err(RemoteError::Access(_))
     ));
 
+    // Reads of every path: the same bytes and version, or the same error.
+    for path in paths.iter().chain([&rp(b"d"), &rp(b"dirlink")]) {
+        for (offset, len) in [(0, 1 << 20), (1, 3), (1 << 20, 10)] {
+            let a = fast.read(path, offset, len).await;
+            let b = sh.read(path, offset, len).await;
+            match (a, b) {
+                (Ok(x), Ok(y)) => {
+                    assert_eq!((x.data, x.version), (y.data, y.version), "read {path:?}")
+                }
+                (x, y) => same_error(&x, &y, &format!("read {path:?}")),
+            }
+        }
+    }
+    let big = rp(b"d/big");
+    assert_eq!(
+        fast.read(&big, 1000, 3 << 20).await.unwrap().data,
+        fs::read(root.join("d/big")).unwrap()[1000..][..3 << 20]
+    );
+
     // Listing errors.
     for bad in [&b"missing"[..], b"link", b"out", b"dangling", b"d/fifo"] {
         let path = rp(bad);
@@ -322,6 +326,19 @@ async fn answers_as_the_sh_scripts(
         );
     }
     assert!(!root.join("pwned").exists() && !dir.join("pwned").exists());
+}
+
+/// A tree's paths and comparable attributes.
+async fn tree_of(r: &Arc<dyn Remote>, path: &RemotePath) -> Vec<(WireBytes, Attr)> {
+    r.tree(path)
+        .await
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (e.path, comparable(e.attr))
+        })
+        .collect()
+        .await
 }
 
 /// Counts what a runner is asked: programs, and fast-path calls run by its own python.

@@ -150,6 +150,8 @@ pub struct FsCore {
     recent: super::recent::RecentChanges,
     flights: subtree::Flights,
     /// Stale listings fetched again, by directory ([`Self::relist_stale`]).
+    /// Stale listings are fetched one directory at a time: the tree call was too slow.
+    relist_trees_off: AtomicBool,
     relists: subtree::Flights,
     /// The agent answers no packed trees: list directory by directory.
     tree_unsupported: AtomicBool,
@@ -212,6 +214,7 @@ impl FsCore {
             recent: Default::default(),
             flights: Default::default(),
             relists: Default::default(),
+            relist_trees_off: AtomicBool::new(false),
             tree_unsupported: AtomicBool::new(false),
             pages: PageCache::new(cfg.cache_bytes),
             prefetchers: Default::default(),
@@ -545,7 +548,30 @@ impl FsCore {
             self.name_leaves(node);
             return false;
         }
-        self.inodes.rebind_answer(node, a, asked)
+        let applied = self.inodes.rebind_answer(node, a, asked);
+        if applied {
+            self.touched_in_place(node, &n.attr, a);
+        }
+        applied
+    }
+
+    /// The sandbox's new answer `now` for a file known as `before`: the same version but
+    /// another change time means it was written in place with its size and mtime put back
+    /// (which the version cannot tell), or only had its mode or owner changed. With no feed to
+    /// say which, its cached pages go (here and in the kernel).
+    fn touched_in_place(&self, node: NodeId, before: &Attr, now: &Attr) {
+        if now.kind == FileKind::File
+            && RemoteId::of(now) == RemoteId::of(before)
+            && now.version == before.version
+            && now.ctime_ns != before.ctime_ns
+            && !self.feed.trusted()
+            && self.staged_of(node).is_none()
+        {
+            self.forget_pages_of(node, &now.version);
+            if let Some(k) = self.kernel() {
+                k.invalidate_data(node);
+            }
+        }
     }
 
     /// Whether the node is a file open here with nothing staged (its handles read the
@@ -782,13 +808,21 @@ impl FsCore {
     /// Record what a lookup found; a node with staged writes keeps its own identity (our
     /// push, not the sandbox's listing, moves it to a new inode).
     fn remember_entry(&self, parent: NodeId, name: &[u8], attr: Attr, asked: u64) -> NodeId {
-        if let Some(id) = self.inodes.child(parent, name) {
+        let known = self.inodes.child(parent, name);
+        if let Some(id) = known {
             if self.staged_of(id).is_some() {
                 self.inodes.looked_up(id);
                 return id;
             }
         }
-        self.inodes.remember(parent, name, attr, true, Some(asked))
+        let before = known.and_then(|id| self.inodes.get(id)).map(|n| n.attr);
+        let id = self.inodes.remember(parent, name, attr, true, Some(asked));
+        if let (Some(before), Some(now)) = (before, self.inodes.get(id)) {
+            if Some(id) == known {
+                self.touched_in_place(id, &before, &now.attr);
+            }
+        }
+        id
     }
 
     /// Attributes of `name` in `parent`, for a permission check: not a lookup (the kernel's
@@ -1013,6 +1047,16 @@ impl FsCore {
                 return self.meta.listing(dir, self.cfg.attr_ttl, true).ok_or(e)
             }
             Some(Err(e)) => return Err(e),
+        }
+        // Stale with no feed: read again with the listings beneath it, as stale (a walk past
+        // the TTL then costs a call per subtree, not per directory).
+        if !self.feed.trusted()
+            && !self.offline()
+            && self.meta.listing(dir, self.cfg.attr_ttl, true).is_some()
+        {
+            if let Some(l) = self.relist_tree(dir).await {
+                return Ok(l);
+            }
         }
         let before = self.epoch.load(Ordering::SeqCst);
         let listed = self.ask(self.remote().list(&path), || {

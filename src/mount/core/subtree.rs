@@ -32,6 +32,9 @@ pub const SUBTREE_DEADLINE: Duration = Duration::from_secs(5);
 /// ([`FsCore::relist_tree`]): a repository's or a project's tree in one call, small enough that
 /// one name looked at past the TTL does not cost the whole workspace (a few hundred kB).
 pub const RELIST_TREE_MAX: usize = 4096;
+/// A stale tree fetched again in longer than this (or the TTL, if longer) is not fetched that
+/// way again: it would cost each stale look more than the directories one at a time.
+pub const RELIST_TREE_SLOW: Duration = Duration::from_secs(1);
 
 /// Fetches in flight, by directory.
 #[derive(Default)]
@@ -153,17 +156,26 @@ impl FsCore {
     /// tree instead of one per directory (a program each over the exec-only scripts). `None`
     /// when prefetching is off or the tree call did not answer; a plain listing is in order.
     pub(in crate::mount) async fn relist_tree(&self, dir: NodeId) -> Option<Entries> {
-        if !self.prefetching() {
+        if !self.prefetching() || self.relist_trees_off.load(Ordering::Relaxed) {
             return None;
         }
         let path = self.path_of(dir).ok()?;
-        match self
+        let started = std::time::Instant::now();
+        let fetched = self
             .fetch_tree(dir, &path, self.cfg.tree_max.min(RELIST_TREE_MAX))
-            .await
-        {
-            Some(Ok(l)) => Some(l),
-            _ => None,
+            .await;
+        // Slower than the TTL it refreshes (the exec-only `sh` scripts walk a tree with a
+        // program per directory), or not answered in time: every stale look would wait for it
+        // again, so stale directories are listed one at a time from now on.
+        let slow = match &fetched {
+            Some(Ok(_)) => started.elapsed() > self.cfg.attr_ttl.max(RELIST_TREE_SLOW),
+            Some(Err(_)) => false,
+            None => self.is_reachable(),
+        };
+        if slow && !self.relist_trees_off.swap(true, Ordering::Relaxed) {
+            tracing::info!(path = %path.display(), secs = started.elapsed().as_secs_f64(), "the tree call is too slow to refresh stale listings: listing them one at a time");
         }
+        fetched.and_then(Result::ok)
     }
 
     /// `dir`'s listing and its subdirectories' (up to `budget` entries beyond its own) in one

@@ -371,6 +371,51 @@ impl ScriptRemote {
     async fn read_chunk(&self, path: &RemotePath, offset: u64, len: u32) -> Result<ReadResult> {
         let (o, l) = (offset.to_string(), len.to_string());
         let probe = self.probe().await?;
+        let shown = path.display();
+        if let Some(python) = probe.python.as_deref() {
+            // Where python runs, the file is opened through directory descriptors (a symlink
+            // swapped into the path while it is read cannot lead out of the workspace, as it
+            // could between the sh script's check and its `tail`), by the session's python3
+            // server itself where there is one (no program started).
+            let args: [&[u8]; 3] = [path.as_bytes(), o.as_bytes(), l.as_bytes()];
+            let input = pyfast::input(&probe.root, probe.precision, "read", &args);
+            let mut inline = true;
+            for _ in 0..ATTEMPTS {
+                let out = match inline {
+                    true => match self
+                        .runner
+                        .run_python_inline(input.as_bytes(), &RunControl::default())
+                        .await
+                    {
+                        Some(Ok(out)) if out.code != INLINE_BUSY => out,
+                        Some(Err(e)) => return Err(e),
+                        Some(Ok(_)) | None => {
+                            inline = false;
+                            let text = pyfast::program(
+                                python,
+                                &probe.root,
+                                probe.precision,
+                                "read",
+                                &args,
+                            );
+                            self.runner.run(&text, &RunControl::default()).await?
+                        }
+                    },
+                    false => {
+                        let text =
+                            pyfast::program(python, &probe.root, probe.precision, "read", &args);
+                        self.runner.run(&text, &RunControl::default()).await?
+                    }
+                };
+                match parse_raw_read(&out, &shown, len)? {
+                    Some(r) => return Ok(r),
+                    None => continue,
+                }
+            }
+            return Err(RemoteError::Transport(format!(
+                "{shown}: changed while read"
+            )));
+        }
         let p = probe.precision;
         let pystat;
         let mut all: Vec<&str> = Vec::with_capacity(2);
@@ -388,7 +433,6 @@ impl ScriptRemote {
             &args,
             &all,
         );
-        let shown = path.display();
         for _ in 0..ATTEMPTS {
             let out = self.runner.run(&text, &RunControl::default()).await?;
             match parse_raw_read(&out, &shown, len)? {

@@ -68,8 +68,8 @@ def job(i, prog):
 class Out(object):
     def __init__(self):
         self.parts = []
-    def write(self, text):
-        self.parts.append(text)
+    def write(self, data):
+        self.parts.append(data)
 def inline_job(i, data):
     if not inline.acquire(timeout=5):
         answer(i, 125, b"", b"sbxfs session: the inline fast path is busy\n")
@@ -84,7 +84,7 @@ def inline_job(i, data):
             codes[d[0]] = code
         o = Out()
         exec(code, {"__name__": "__main__", "ITEMS": d[1:], "OUT": o})
-        res = (0, "".join(o.parts).encode("utf-8", "surrogateescape"), b"")
+        res = (0, b"".join(o.parts), b"")
     except BaseException as e:
         res = (1, b"", ("sbxfs session: %r\n" % (e,)).encode())
     finally:

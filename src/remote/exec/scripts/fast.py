@@ -21,8 +21,12 @@ import sys
 try:
     OUT
 except NameError:
-    OUT = sys.stdout
+    OUT = sys.stdout.buffer
 FDS = set()
+
+
+def put(text):
+    OUT.write(text.encode("utf-8", "surrogateescape"))
 
 
 def fd_open(*a, **k):
@@ -275,6 +279,10 @@ def listings(out, rel, budget):
                 continue
             group = []
             try:
+                # Counted before each entry is stat'ed: a huge directory past the budget
+                # costs one listing, not a stat of every name in it.
+                if not first and len(os.listdir(fd)) > budget:
+                    break
                 subs = entries(group, fd, b"")
             except OSError:
                 if first:
@@ -295,13 +303,60 @@ def listings(out, rel, budget):
         fd_close(top)
 
 
+def read(rel, offset, length):
+    """read.sh's answer: the stat line before, the bytes as they are, then `E 0` and the stat
+    line of the name after (the caller reads again when the two differ)."""
+    try:
+        dirs, name = resolve(rel, True)
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            raise Fail("ENOENT", "read: not found")
+        raise
+    try:
+        if name is None:
+            raise Fail("EISDIR", "read: a directory")
+        try:
+            st = os.stat(name, dir_fd=dirs[-1], follow_symlinks=False)
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                raise Fail("ENOENT", "read: not found")
+            raise
+        if stat.S_ISDIR(st.st_mode):
+            raise Fail("EISDIR", "read: a directory")
+        if not stat.S_ISREG(st.st_mode):
+            raise Fail("EINVAL", "read: not a regular file")
+        fd = fd_open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dirs[-1])
+        try:
+            before = line(os.fstat(fd))
+            parts = []
+            got = 0
+            while got < length:
+                b = os.pread(fd, length - got, offset + got)
+                if not b:
+                    break
+                parts.append(b)
+                got += len(b)
+        finally:
+            fd_close(fd)
+        try:
+            after = line(os.stat(name, dir_fd=dirs[-1], follow_symlinks=False))
+        except OSError:
+            after = "gone"
+    finally:
+        close(dirs)
+    put("\n__RESULT__\nok\nS %s\n" % before)
+    for b in parts:
+        OUT.write(b)
+    put("\nE 0 %s\n" % after)
+
+
 def main():
     global ROOT, PREC, OP
     items = list(ITEMS)
     if items and items[-1] == b"":
         items.pop()  # after the last newline (an empty argument is an empty line, kept)
     if len(items) < 3 or items[-1] != b"END":
-        OUT.write("\n__RESULT__\nerr EIO a cut program\n")
+        put("\n__RESULT__\nerr EIO a cut program\n")
         return
     ROOT = base64.b64decode(items[0])
     PREC = items[1].decode("ascii")
@@ -318,17 +373,20 @@ def main():
             tree(out, args[0])
         elif OP == "listings":
             listings(out, args[0], int(args[1]))
+        elif OP == "read":
+            read(args[0], int(args[1]), int(args[2]))
+            return
         else:
             raise Fail("EINVAL", "unknown operation")
     except Fail as f:
-        OUT.write("\n__RESULT__\nerr %s %s\n" % (f.token, f.text))
+        put("\n__RESULT__\nerr %s %s\n" % (f.token, f.text))
         return
     except OSError as e:
-        OUT.write("\n__RESULT__\nerr SYS %s\n" % sys_fail(e).text)
+        put("\n__RESULT__\nerr SYS %s\n" % sys_fail(e).text)
         return
     out.insert(0, "\n__RESULT__\nok")
     out.append("")
-    OUT.write("\n".join(out))
+    put("\n".join(out))
 
 
 ROOT = PREC = OP = None
