@@ -21,4 +21,4 @@ command -v sshfs >/dev/null && [ -x /usr/sbin/sshd ] || {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq sshfs openssh-server >/dev/null
 }
 cargo test --release -q --test integration -- --ignored --nocapture bench_distance:: 2>&1 |
-  grep --line-buffered -E '^(\||Medians|Made by|Workloads|sbxfs transport|sbxfs mounted|PROBLEM|run [0-9]|test result|thread|  |$)'
+  grep --line-buffered -E '^(\||Medians|Made by|Workloads|The transport itself|sbxfs transport|sbxfs mounted|PROBLEM|run [0-9]|test result|thread|  |$)'
