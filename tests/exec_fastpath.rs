@@ -17,16 +17,30 @@ use sbxfs::remote::exec::session::SessionRunner;
 use sbxfs::remote::exec::{script_remote, CommandRunner, Output, RunControl, Runner};
 use sbxfs::remote::*;
 
-/// A runner that counts what crosses: program bytes sent, output bytes received, runs.
-struct Counting {
-    inner: CommandRunner,
+/// A runner that counts what crosses: program bytes sent, output bytes received, runs, and
+/// fast-path calls its own python ran (`inline`).
+struct Counting<R = CommandRunner> {
+    inner: R,
     sent: AtomicU64,
     received: AtomicU64,
     runs: AtomicU64,
+    inline: AtomicU64,
+}
+
+impl<R> Counting<R> {
+    fn over(inner: R) -> Arc<Counting<R>> {
+        Arc::new(Counting {
+            inner,
+            sent: AtomicU64::new(0),
+            received: AtomicU64::new(0),
+            runs: AtomicU64::new(0),
+            inline: AtomicU64::new(0),
+        })
+    }
 }
 
 #[async_trait]
-impl Runner for Counting {
+impl<R: Runner> Runner for Counting<R> {
     async fn run(&self, program: &str, ctl: &RunControl) -> Result<Output> {
         self.runs.fetch_add(1, Ordering::Relaxed);
         self.sent.fetch_add(program.len() as u64, Ordering::Relaxed);
@@ -37,18 +51,17 @@ impl Runner for Counting {
         );
         Ok(out)
     }
+    async fn run_python_inline(&self, input: &[u8], ctl: &RunControl) -> Option<Result<Output>> {
+        self.inline.fetch_add(1, Ordering::Relaxed);
+        self.inner.run_python_inline(input, ctl).await
+    }
     fn describe(&self) -> String {
         self.inner.describe()
     }
 }
 
 fn counting(argv: &[&str]) -> Arc<Counting> {
-    Arc::new(Counting {
-        inner: CommandRunner::new(argv.iter().map(|s| s.to_string()).collect()).unwrap(),
-        sent: AtomicU64::new(0),
-        received: AtomicU64::new(0),
-        runs: AtomicU64::new(0),
-    })
+    Counting::over(CommandRunner::new(argv.iter().map(|s| s.to_string()).collect()).unwrap())
 }
 
 fn remote_over(root: &Path, runner: Arc<dyn Runner>) -> Arc<dyn Remote> {
@@ -198,11 +211,7 @@ async fn the_fast_path_answers_as_the_sh_scripts_do() {
     let session = SessionRunner::start(vec!["env".into(), mark.clone(), path, "sh".into()])
         .await
         .unwrap();
-    let tally = Arc::new(Tally {
-        inner: session,
-        runs: AtomicU64::new(0),
-        inline: AtomicU64::new(0),
-    });
+    let tally = Counting::over(session);
     let inline = remote_over(&root, tally.clone());
     inline.stat(&RemotePath::root()).await.unwrap();
     // (The first read asks once whether the transport moves files natively: a program.)
@@ -339,28 +348,6 @@ async fn tree_of(r: &Arc<dyn Remote>, path: &RemotePath) -> Vec<(WireBytes, Attr
         })
         .collect()
         .await
-}
-
-/// Counts what a runner is asked: programs, and fast-path calls run by its own python.
-struct Tally {
-    inner: SessionRunner,
-    runs: AtomicU64,
-    inline: AtomicU64,
-}
-
-#[async_trait]
-impl Runner for Tally {
-    async fn run(&self, program: &str, ctl: &RunControl) -> Result<Output> {
-        self.runs.fetch_add(1, Ordering::Relaxed);
-        self.inner.run(program, ctl).await
-    }
-    async fn run_python_inline(&self, input: &[u8], ctl: &RunControl) -> Option<Result<Output>> {
-        self.inline.fetch_add(1, Ordering::Relaxed);
-        self.inner.run_python_inline(input, ctl).await
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
 }
 
 /// The pid of this process's child whose environment holds `mark`.

@@ -238,7 +238,19 @@ impl ScriptRemote {
         let Some(python) = probe.python.as_deref() else {
             return Ok(None);
         };
-        // The session's python3 server runs it itself where there is one: no process started.
+        let out = self.run_fast(probe, python, op, args).await?;
+        parse(&out, what).map(Some)
+    }
+
+    /// One fast-path operation's output: run by the session's python3 server itself where
+    /// there is one (no process started), else as a program piping its input to `python`.
+    async fn run_fast(
+        &self,
+        probe: &Probe,
+        python: &str,
+        op: &str,
+        args: &[&[u8]],
+    ) -> Result<super::Output> {
         let input = pyfast::input(&probe.root, probe.precision, op, args);
         match self
             .runner
@@ -247,13 +259,12 @@ impl ScriptRemote {
         {
             // 125: the server's inline runner is held by another call (a hung file system):
             // this one runs as a program of its own.
-            Some(Ok(out)) if out.code != INLINE_BUSY => return parse(&out, what).map(Some),
+            Some(Ok(out)) if out.code != INLINE_BUSY => return Ok(out),
             Some(Err(e)) => return Err(e),
             Some(Ok(_)) | None => {}
         }
         let text = pyfast::program(python, &probe.root, probe.precision, op, args);
-        let out = self.runner.run(&text, &RunControl::default()).await?;
-        parse(&out, what).map(Some)
+        self.runner.run(&text, &RunControl::default()).await
     }
 
     fn abs(&self, probe: &Probe, path: &RemotePath) -> Vec<u8> {
@@ -378,35 +389,8 @@ impl ScriptRemote {
             // could between the sh script's check and its `tail`), by the session's python3
             // server itself where there is one (no program started).
             let args: [&[u8]; 3] = [path.as_bytes(), o.as_bytes(), l.as_bytes()];
-            let input = pyfast::input(&probe.root, probe.precision, "read", &args);
-            let mut inline = true;
             for _ in 0..ATTEMPTS {
-                let out = match inline {
-                    true => match self
-                        .runner
-                        .run_python_inline(input.as_bytes(), &RunControl::default())
-                        .await
-                    {
-                        Some(Ok(out)) if out.code != INLINE_BUSY => out,
-                        Some(Err(e)) => return Err(e),
-                        Some(Ok(_)) | None => {
-                            inline = false;
-                            let text = pyfast::program(
-                                python,
-                                &probe.root,
-                                probe.precision,
-                                "read",
-                                &args,
-                            );
-                            self.runner.run(&text, &RunControl::default()).await?
-                        }
-                    },
-                    false => {
-                        let text =
-                            pyfast::program(python, &probe.root, probe.precision, "read", &args);
-                        self.runner.run(&text, &RunControl::default()).await?
-                    }
-                };
+                let out = self.run_fast(probe, python, "read", &args).await?;
                 match parse_raw_read(&out, &shown, len)? {
                     Some(r) => return Ok(r),
                     None => continue,
