@@ -478,16 +478,7 @@ async fn a_tree_of_two_thousand_files_both_ways() {
             c.runs.load(Ordering::Relaxed),
         );
         let t = Instant::now();
-        let entries: Vec<(WireBytes, Attr)> = r
-            .tree(&RemotePath::root())
-            .await
-            .unwrap()
-            .map(|e| {
-                let e = e.unwrap();
-                (e.path, comparable(e.attr))
-            })
-            .collect()
-            .await;
+        let entries = tree_of(r, &RemotePath::root()).await;
         let took = t.elapsed();
         eprintln!(
             "tree of 2020 entries over shell: with {what}: {} runs, {} bytes sent, {} bytes received, {:?}",
