@@ -488,10 +488,8 @@ impl FsCore {
         let _flight = self.relists.enter(dir).await;
         // Fetched by the flight we waited for, or with an ancestor's tree, or still to fetch:
         // with the listings beneath it, which are as stale.
-        if self.meta.listing(dir, self.ttl(), false).is_none()
-            && self.adopt_prefetched(dir, false).is_none()
-            && self.relist_tree(dir).await.is_none()
-        {
+        // (`listing` adopts one kept ahead, else fetches it with its tree, else alone.)
+        if self.meta.listing(dir, self.ttl(), false).is_none() {
             let _ = self.listing(dir).await;
         }
         true
