@@ -32,9 +32,9 @@
 //!   run there): every
 //!   operation a static POSIX `sh` program with base64 arguments over a [`remote::exec::Runner`]
 //!   ([`remote::exec::remote::ScriptRemote`]), through one session per mount
-//!   ([`remote::exec::session`]); with python3 there, metadata and reads by one python script
-//!   walking directory descriptors ([`remote::exec::pyfast`]), which the session's python3
-//!   server runs itself; grep by `rg --json` in the sandbox where it is
+//!   ([`remote::exec::session`]); with python3 there, every operation on a path (metadata,
+//!   reads, commits, namespace changes, xattrs) by one python script walking directory
+//!   descriptors ([`remote::exec::pyfast`]), which the session's python3 server runs itself; grep by `rg --json` in the sandbox where it is
 //!   ([`remote::exec::rgjson`]), else matched here; glob/fuzzy matched here over what it lists.
 //!   [`remote::exec::supervise`]: every exec-only program runs in its own process group under a
 //!   supervising `sh` (cancel, timeout or a dropped run stops the whole group; secrets reach it

@@ -5,6 +5,7 @@
 
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -491,4 +492,393 @@ async fn a_tree_of_two_thousand_files_both_ways() {
         measured.push(entries);
     }
     assert_eq!(measured[0], measured[1]);
+}
+
+/// Two workspaces made alike: awkward names, a symlink out, one back in, a dangling one.
+fn alike_workspace(dir: &Path, name: &str, outside: &Path) -> PathBuf {
+    let root = dir.join(name);
+    fs::create_dir_all(root.join("d/sub")).unwrap();
+    for n in awkward_names() {
+        fs::write(root.join("d").join(std::ffi::OsStr::from_bytes(&n)), &n).unwrap();
+    }
+    fs::write(root.join("d/base"), "0123456789").unwrap();
+    fs::write(root.join("d/sub/inner"), "inner").unwrap();
+    std::os::unix::fs::symlink("d/base", root.join("link")).unwrap();
+    std::os::unix::fs::symlink("d", root.join("dirlink")).unwrap();
+    std::os::unix::fs::symlink("d/made-through-link", root.join("dangling")).unwrap();
+    std::os::unix::fs::symlink(outside, root.join("out")).unwrap();
+    std::os::unix::fs::symlink("../../outside/secret", root.join("d/rel-out")).unwrap();
+    root
+}
+
+/// Every entry below `root`: its path, kind, size, permission bits, and its bytes or target.
+fn snapshot(root: &Path) -> Vec<(PathBuf, String)> {
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let m = fs::symlink_metadata(&p).unwrap();
+            let what = if m.file_type().is_symlink() {
+                format!("link {:?}", fs::read_link(&p).unwrap())
+            } else if m.is_dir() {
+                todo.push(p.clone());
+                format!("dir {:o}", m.permissions().mode() & 0o7777)
+            } else if m.is_file() {
+                format!(
+                    "file {:o} {:?}",
+                    m.permissions().mode() & 0o7777,
+                    fs::read(&p).unwrap()
+                )
+            } else {
+                format!("other {:o}", m.permissions().mode())
+            };
+            out.push((p.strip_prefix(root).unwrap().to_path_buf(), what));
+        }
+    }
+    out.sort();
+    out
+}
+
+fn bytes(b: &[u8]) -> CommitContent {
+    CommitContent::Whole(Box::new(std::io::Cursor::new(b.to_vec())))
+}
+
+/// The same changes made through each path, one by one: the same answers (attributes, or the
+/// error by kind), and workspaces that end alike; nothing outside is touched either way.
+async fn changes(r: &Arc<dyn Remote>) -> Vec<String> {
+    use RenameMode::*;
+    let mut said = Vec::new();
+    let mut note = |what: &str, r: Result<String>| {
+        said.push(match r {
+            Ok(a) => format!("{what}: ok {a}"),
+            Err(e) => format!("{what}: {:?}", std::mem::discriminant(&e)),
+        })
+    };
+    let shown = |a: &Attr| format!("{:?}", (a.kind, a.size, a.mode, &a.symlink_target));
+    let some = |r: Result<Attr>| r.map(|a| shown(&a));
+    let none = |r: Result<()>| r.map(|()| String::new());
+    for n in awkward_names() {
+        let p = rp(b"d").join(&n).unwrap();
+        note(
+            "commit awkward",
+            some(r.commit(&p, bytes(b"new"), Default::default()).await),
+        );
+        let to = rp(b"d/sub").join(&n).unwrap();
+        note("rename awkward", none(r.rename(&p, &to, Replace).await));
+    }
+    let absent = || CommitOptions {
+        base: Some(Version::absent()),
+        create_mode: Some(0o640),
+        ..Default::default()
+    };
+    note(
+        "create-only new",
+        some(r.commit(&rp(b"d/new"), bytes(b"n"), absent()).await),
+    );
+    note(
+        "create-only again",
+        some(r.commit(&rp(b"d/new"), bytes(b"m"), absent()).await),
+    );
+    note(
+        "commit through link",
+        some(
+            r.commit(&rp(b"link"), bytes(b"via link"), Default::default())
+                .await,
+        ),
+    );
+    note(
+        "commit through dangling",
+        some(
+            r.commit(&rp(b"dangling"), bytes(b"made"), Default::default())
+                .await,
+        ),
+    );
+    note(
+        "commit out",
+        some(
+            r.commit(&rp(b"out/secret"), bytes(b"x"), Default::default())
+                .await,
+        ),
+    );
+    note(
+        "commit rel-out",
+        some(
+            r.commit(&rp(b"d/rel-out"), bytes(b"x"), Default::default())
+                .await,
+        ),
+    );
+    note(
+        "commit a dir",
+        some(
+            r.commit(&rp(b"d/sub"), bytes(b"x"), Default::default())
+                .await,
+        ),
+    );
+    let patch = CommitContent::Patch {
+        cut: 4,
+        new_len: 12,
+        ranges: vec![
+            (2, bytes::Bytes::from_static(b"AB")),
+            (9, bytes::Bytes::from_static(b"Z")),
+        ],
+    };
+    note(
+        "patch",
+        some(r.commit(&rp(b"d/base"), patch, Default::default()).await),
+    );
+    note(
+        "copy_range",
+        r.copy_range(&rp(b"d/sub/inner"), 1, &rp(b"d/new"), 3, 10, None)
+            .await
+            .map(|(n, a)| format!("{n} {}", shown(&a))),
+    );
+    note(
+        "copy_range missing",
+        r.copy_range(&rp(b"d/nothing"), 0, &rp(b"d/new"), 0, 1, None)
+            .await
+            .map(|(n, a)| format!("{n} {}", shown(&a))),
+    );
+    note("create", some(r.create(&rp(b"d/c"), 0o600).await));
+    note("create again", some(r.create(&rp(b"d/c"), 0o600).await));
+    note("create out", some(r.create(&rp(b"out/c"), 0o600).await));
+    note("mkdir", some(r.mkdir(&rp(b"d/m"), 0o750).await));
+    note(
+        "mkdir through dirlink",
+        some(r.mkdir(&rp(b"dirlink/m2"), 0o700).await),
+    );
+    note("mkdir out", some(r.mkdir(&rp(b"out/m"), 0o700).await));
+    note(
+        "mkdir under a file",
+        some(r.mkdir(&rp(b"d/base/m"), 0o700).await),
+    );
+    note(
+        "fifo",
+        some(r.mknod(&rp(b"d/fifo"), SpecialKind::Fifo, 0o640, 0).await),
+    );
+    // (Sockets and renameat2's exchange need python3: the sh path answers Unsupported.)
+    note(
+        "symlink",
+        some(r.symlink(&rp(b"d/sl"), b"../out/secret").await),
+    );
+    note(
+        "readlink",
+        r.readlink(&rp(b"d/sl")).await.map(|t| format!("{t:?}")),
+    );
+    note(
+        "readlink a file",
+        r.readlink(&rp(b"d/base")).await.map(|t| format!("{t:?}")),
+    );
+    note("link", some(r.link(&rp(b"d/base"), &rp(b"d/base2")).await));
+    note(
+        "link a dir",
+        some(r.link(&rp(b"d/sub"), &rp(b"d/sub2")).await),
+    );
+    note(
+        "link out",
+        some(r.link(&rp(b"out/secret"), &rp(b"d/stolen")).await),
+    );
+    note(
+        "commit hard-linked",
+        some(
+            r.commit(&rp(b"d/base"), bytes(b"both names"), Default::default())
+                .await,
+        ),
+    );
+    let set = SetAttr {
+        mode: Some(0o604),
+        size: Some(3),
+        mtime_ns: Some(1_500_000_000_000_000_123),
+        ..Default::default()
+    };
+    note("setattr", some(r.setattr(&rp(b"d/c"), set).await));
+    let set = SetAttr {
+        mode: Some(0o600),
+        ..Default::default()
+    };
+    note(
+        "setattr a symlink's mode",
+        some(r.setattr(&rp(b"d/sl"), set.clone()).await),
+    );
+    note(
+        "setattr out",
+        some(r.setattr(&rp(b"out/secret"), set).await),
+    );
+    note(
+        "fallocate",
+        some(r.fallocate(&rp(b"link"), 0, 100, false).await),
+    );
+    note(
+        "rename",
+        none(r.rename(&rp(b"d/c"), &rp(b"d/m/c"), Replace).await),
+    );
+    note(
+        "rename into itself",
+        none(r.rename(&rp(b"d"), &rp(b"d/m/x"), Replace).await),
+    );
+    note(
+        "rename a dir over a file",
+        none(r.rename(&rp(b"d/m"), &rp(b"d/base2"), Replace).await),
+    );
+    note(
+        "rename noreplace",
+        none(r.rename(&rp(b"d/new"), &rp(b"d/base"), NoReplace).await),
+    );
+    note(
+        "rename out",
+        none(r.rename(&rp(b"d/new"), &rp(b"out/new"), Replace).await),
+    );
+    note(
+        "rename in from out",
+        none(
+            r.rename(&rp(b"out/secret"), &rp(b"d/secret"), Replace)
+                .await,
+        ),
+    );
+    note("unlink", none(r.unlink(&rp(b"d/base2")).await));
+    note("unlink a dir", none(r.unlink(&rp(b"d/m")).await));
+    note("unlink missing", none(r.unlink(&rp(b"d/base2")).await));
+    note("unlink out", none(r.unlink(&rp(b"out/secret")).await));
+    note("rmdir not empty", none(r.rmdir(&rp(b"d/m")).await));
+    note("rmdir a symlink", none(r.rmdir(&rp(b"dirlink")).await));
+    note("rmdir", none(r.rmdir(&rp(b"d/m2")).await));
+    note("rmdir out", none(r.rmdir(&rp(b"out/m")).await));
+    said
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_through_the_fast_path_end_as_the_sh_scripts_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let outside = dir.path().join("outside");
+    fs::create_dir(&outside).unwrap();
+    fs::write(outside.join("secret"), "s").unwrap();
+    fs::create_dir(outside.join("m")).unwrap();
+    let (a, b) = (
+        alike_workspace(dir.path(), "a", &outside),
+        alike_workspace(dir.path(), "b", &outside),
+    );
+    let outside_before = snapshot(&outside);
+    let (pa, pb) = (pair(&a), pair(&b));
+    let fast = changes(&pa.fast).await;
+    let sh = changes(&pb.sh).await;
+    let differ: Vec<_> = fast.iter().zip(&sh).filter(|(x, y)| x != y).collect();
+    assert!(differ.is_empty(), "{differ:#?}");
+    assert_eq!(fast.len(), sh.len());
+    assert!(pa.fast_runner.runs.load(Ordering::Relaxed) > 0);
+    assert_eq!(snapshot(&a), snapshot(&b), "the workspaces end alike");
+    assert_eq!(
+        snapshot(&outside),
+        outside_before,
+        "nothing outside touched"
+    );
+    assert!(fast
+        .iter()
+        .any(|l| l.starts_with("commit through dangling: ok")));
+}
+
+/// Sandbox code that can write the workspace swaps a directory for a symlink to a directory
+/// outside, over and over (renameat2's exchange: atomic), while files in it are created,
+/// committed, renamed, chmod'ed and removed through the fast path (a python3 session, as a
+/// mount over `shell:…?agent=no` runs them). Nothing outside changes: each call walks its
+/// path by directory descriptors. (The sh scripts, which check a path and then use it, lose
+/// this race: they are what runs where the sandbox has no python3.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_swapped_for_a_symlink_mid_change_cannot_lead_outside() {
+    let (dir, root) = workspace();
+    let outside = dir.path().join("outside");
+    fs::create_dir(&outside).unwrap();
+    for n in ["x", "y", "z", "m"] {
+        fs::write(outside.join(n), "keep").unwrap();
+        fs::set_permissions(outside.join(n), fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let before = snapshot(&outside);
+    fs::create_dir(root.join("d")).unwrap();
+    std::os::unix::fs::symlink(&outside, root.join("swap")).unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let swaps = Arc::new(AtomicU64::new(0));
+    let attacker = {
+        let (stop, swaps) = (stop.clone(), swaps.clone());
+        let (d, s) = (
+            std::ffi::CString::new(root.join("d").as_os_str().as_bytes()).unwrap(),
+            std::ffi::CString::new(root.join("swap").as_os_str().as_bytes()).unwrap(),
+        );
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                // SAFETY: two NUL-ended paths, read only.
+                let r = unsafe {
+                    libc::renameat2(
+                        libc::AT_FDCWD,
+                        d.as_ptr(),
+                        libc::AT_FDCWD,
+                        s.as_ptr(),
+                        libc::RENAME_EXCHANGE,
+                    )
+                };
+                assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+                swaps.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+    let tools = tempfile::tempdir().unwrap();
+    let path = path_with_real_python(tools.path());
+    let session = SessionRunner::start(vec!["env".into(), path, "sh".into()])
+        .await
+        .unwrap();
+    let r = remote_over(&root, Arc::new(session));
+    let (mut ok, mut refused) = (0, 0);
+    for i in 0..150 {
+        let calls: Vec<Result<()>> = vec![
+            r.create(&rp(b"d/x"), 0o666).await.map(drop),
+            r.commit(&rp(b"d/y"), bytes(b"pushed"), Default::default())
+                .await
+                .map(drop),
+            r.setattr(
+                &rp(b"d/y"),
+                SetAttr {
+                    mode: Some(0o777),
+                    size: Some(1),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map(drop),
+            r.rename(&rp(b"d/y"), &rp(b"d/z"), RenameMode::Replace)
+                .await,
+            r.commit(
+                &rp(b"d/m"),
+                CommitContent::Patch {
+                    cut: 0,
+                    new_len: 2,
+                    ranges: vec![(0, bytes::Bytes::from_static(b"pp"))],
+                },
+                Default::default(),
+            )
+            .await
+            .map(drop),
+            r.unlink(&rp(b"d/x")).await,
+            r.unlink(&rp(b"d/z")).await,
+            r.unlink(&rp(b"d/m")).await,
+        ];
+        for c in calls {
+            match c {
+                Ok(()) => ok += 1,
+                Err(_) => refused += 1,
+            }
+        }
+        if i % 50 == 0 {
+            assert_eq!(
+                snapshot(&outside),
+                before,
+                "changed outside after {i} rounds"
+            );
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    attacker.join().unwrap();
+    assert!(swaps.load(Ordering::Relaxed) > 1000, "the attacker ran");
+    assert!(
+        ok > 0 && refused > 0,
+        "both sides of the swap were met: {ok} / {refused}"
+    );
+    assert_eq!(snapshot(&outside), before, "nothing outside changed");
 }

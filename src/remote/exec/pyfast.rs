@@ -1,5 +1,6 @@
-//! The python3 fast path of stat / list / tree (`scripts/fast.py`), for sandboxes where the
-//! probe found python 3.6 or later (`python3`, else `python`).
+//! The python3 fast path (`scripts/fast.py`): stat / list / tree / read, commits, namespace
+//! changes and xattrs, for sandboxes where the probe found python 3.6 or later (`python3`,
+//! else `python`).
 //!
 //! Why: one python process lstat's a whole tree through directory descriptors, where the sh
 //! scripts pipe every path through `xargs stat`; it also knows what the shell tools do not —
@@ -119,7 +120,8 @@ pub fn extra_line(attr: &mut Attr, line: &str) -> Result<bool, RemoteError> {
 
 /// The `N name` / `S line` / [`L target`] / [`X flag`] groups of a listing or a tree: each
 /// name (a tree's: relative to the listed directory, checked component by component) and its
-/// attributes. A symlink must come with its target.
+/// attributes, but a commit's temp file ([`super::remote::is_temp_name`]). A symlink must come
+/// with its target.
 pub fn entries(lines: &[String]) -> Result<Vec<(Vec<u8>, Attr)>, RemoteError> {
     let mut out: Vec<(Vec<u8>, Attr)> = Vec::new();
     let mut it = lines.iter().peekable();
@@ -147,7 +149,9 @@ pub fn entries(lines: &[String]) -> Result<Vec<(Vec<u8>, Attr)>, RemoteError> {
         if attr.kind == FileKind::Symlink && attr.symlink_target.is_none() {
             return Err(malformed("a link without its target"));
         }
-        out.push((name, attr));
+        if !super::remote::is_temp_name(&name) {
+            out.push((name, attr));
+        }
     }
     Ok(out)
 }
@@ -179,6 +183,22 @@ mod tests {
         assert_eq!(got[0].1.has_xattrs, Some(true));
         assert_eq!(got[1].1.has_xattrs, None);
         assert_eq!(got[1].1.symlink_target.as_ref().unwrap().0, b"x");
+    }
+
+    #[test]
+    fn a_commits_temp_file_is_not_listed() {
+        let group = |name: &[u8]| [format!("N {}", b64(name)), format!("S {FILE}")];
+        let lines: Vec<String> = [
+            &b".sbxfs-exec-3f-18c2a-0.tmp"[..],
+            b"d/.sbxfs-exec-3f-18c2a-1.tmp",
+            b".sbxfs-exec-notes",
+            b"notes.tmp",
+        ]
+        .iter()
+        .flat_map(|n| group(n))
+        .collect();
+        let names: Vec<Vec<u8>> = entries(&lines).unwrap().into_iter().map(|e| e.0).collect();
+        assert_eq!(names, [&b".sbxfs-exec-notes"[..], b"notes.tmp"]);
     }
 
     #[test]

@@ -8,8 +8,9 @@
 //! are separate steps of one program, so a process in the sandbox racing them can win, as
 //! against any path-based tool (the agent holds directory descriptors instead).
 //!
-//! Where the probe finds python 3.6+, stat / stat_many / list / tree run `scripts/fast.py`
-//! instead ([`super::pyfast`]: directory descriptors, xattr presence, paths past PATH_MAX), and
+//! Where the probe finds python 3.6+, every operation on a path but grep and scan runs
+//! `scripts/fast.py` instead ([`super::pyfast`]: directory descriptors, so a symlink swapped
+//! into the path mid-call cannot lead out; xattr presence; paths past PATH_MAX), and
 //! on a sandbox whose `stat` knows whole seconds only, the scripts' `stat -c` goes through
 //! python (`scripts/pystat.sh`): one precision, one version for a file whatever answered.
 //!
@@ -277,7 +278,7 @@ impl ScriptRemote {
     }
 
     /// A temp file name in the target's directory (the agent's `.sbxfs-` mark, so sweeps and
-    /// tests know it).
+    /// tests know it; [`is_temp_name`] hides it from listings).
     fn temp_name(&self) -> String {
         let n = self.temp_seq.fetch_add(1, Ordering::Relaxed);
         let t = std::time::SystemTime::now()
@@ -429,8 +430,67 @@ impl ScriptRemote {
         )))
     }
 
+    /// A namespace operation (`args`: namespace.sh's, the operation's name first): through
+    /// fast.py's directory descriptors where python runs (a directory swapped for a symlink
+    /// during the call cannot turn it on a file outside the workspace, as it can between the
+    /// sh script's check and its use of the path), else the script.
     async fn namespace(&self, what: &RemotePath, args: &[&[u8]]) -> Result<Vec<String>> {
-        self.call(&what.display(), args, &[NAMESPACE]).await
+        let shown = what.display();
+        if let Some(lines) = self.fast(&shown, "ns", args).await? {
+            return Ok(lines);
+        }
+        self.call(&shown, args, &[NAMESPACE]).await
+    }
+
+    /// An extended-attribute operation: through fast.py (`fast`) where python runs, by the
+    /// held directory, else xattr.sh (`sh`: the value in base64).
+    async fn xattr_call(
+        &self,
+        path: &RemotePath,
+        fast: &[&[u8]],
+        sh: &[&[u8]],
+    ) -> Result<Vec<String>> {
+        let shown = path.display();
+        if let Some(lines) = self.fast(&shown, "xattr", fast).await? {
+            return Ok(lines);
+        }
+        self.call(&shown, sh, &[XATTR]).await
+    }
+
+    /// A commit through fast.py (`how`: how the new content is made, see its `commit`), the
+    /// same steps as commit.sh's on descriptors; `None` where the sandbox has no python.
+    async fn commit_fast(
+        &self,
+        path: &RemotePath,
+        base: Option<&Version>,
+        create_mode: u32,
+        mtime_ns: Option<i64>,
+        how: &[&[u8]],
+    ) -> Result<Option<Lines>> {
+        let probe = self.probe().await?;
+        if probe.python.is_none() {
+            return Ok(None);
+        }
+        let base_version = base.map(|v| v.0.clone()).unwrap_or_default();
+        let base = commit_base(base, probe.precision);
+        let mode = octal(create_mode);
+        let temp = self.temp_name();
+        let mtime = mtime_ns.map(touch_time).unwrap_or_default();
+        let mut args: Vec<&[u8]> = vec![
+            path.as_bytes(),
+            base.as_bytes(),
+            mode.as_bytes(),
+            temp.as_bytes(),
+            mtime.as_bytes(),
+        ];
+        args.extend_from_slice(how);
+        let shown = path.display();
+        match self.fast(&shown, "commit", &args).await {
+            Err(RemoteError::Conflict { path, current, .. }) => {
+                Err(conflict_of(&path, &base_version, &current))
+            }
+            r => r.map(|l| l.map(Lines)),
+        }
     }
 
     /// Where a content operation on `path` lands: its absolute path with a final symlink
@@ -458,12 +518,7 @@ impl ScriptRemote {
     ) -> Result<Lines> {
         let probe = self.probe().await?;
         let base_version = base.map(|v| v.0.clone()).unwrap_or_default();
-        let base = match base {
-            None => String::new(),
-            Some(v) if v.is_absent() => "absent".into(),
-            // A version made elsewhere never matches: the script answers the conflict.
-            Some(v) => version_fields(v, probe.precision).unwrap_or_else(|| "unknown".into()),
-        };
+        let base = commit_base(base, probe.precision);
         let mode = octal(create_mode);
         let temp = self.temp_name();
         let mut args: Vec<&[u8]> = vec![path.as_bytes(), base.as_bytes(), mode.as_bytes()];
@@ -480,6 +535,35 @@ impl ScriptRemote {
 }
 
 struct Lines(Vec<String>);
+
+/// A name [`ScriptRemote::temp_name`] made (`.sbxfs-exec-…tmp`, or a path ending in one): a
+/// commit's temp file, or an upload on its way into one, left out of listings and trees. It
+/// lives for the length of one commit, but a listing taken then would show it to every tool
+/// (`git status` printed it as untracked).
+pub(super) fn is_temp_name(name: &[u8]) -> bool {
+    let last = name.rsplit(|b| *b == b'/').next().unwrap_or(name);
+    last.starts_with(b".sbxfs-exec-") && last.ends_with(b".tmp")
+}
+
+/// A commit's new content, read: whole, or a patch over the file's own bytes.
+enum NewContent {
+    Whole(Bytes),
+    Patch {
+        cut: u64,
+        new_len: u64,
+        ranges: Vec<(u64, Bytes)>,
+    },
+}
+
+/// The version a commit requires, as the programs compare it: "" (none), `absent`, or the
+/// version fields (one made elsewhere never matches: the program answers the conflict).
+fn commit_base(base: Option<&Version>, precision: Precision) -> String {
+    match base {
+        None => String::new(),
+        Some(v) if v.is_absent() => "absent".into(),
+        Some(v) => version_fields(v, precision).unwrap_or_else(|| "unknown".into()),
+    }
+}
 
 /// A `CONFLICT` answer (its text: the current version fields, or "absent").
 fn conflict_of(path: &str, base: &str, current: &str) -> RemoteError {
@@ -668,6 +752,7 @@ impl Remote for ScriptRemote {
         if it.next().is_some() {
             return Err(malformed("extra list lines"));
         }
+        entries.retain(|e| !is_temp_name(&e.name.0));
         entries.sort_by(|a, b| a.name.0.cmp(&b.name.0));
         Ok(entries)
     }
@@ -718,6 +803,7 @@ impl Remote for ScriptRemote {
         if it.next().is_some() {
             return Err(malformed("extra tree lines"));
         }
+        entries.retain(|(p, _)| !is_temp_name(p.as_bytes()));
         // Symlink targets in one more round trip.
         let links: Vec<RemotePath> = entries
             .iter()
@@ -883,31 +969,13 @@ impl Remote for ScriptRemote {
         opts: CommitOptions,
     ) -> Result<Attr> {
         let mode = opts.create_mode.unwrap_or(0o644);
-        let content_fn = match content {
+        let content = match content {
             CommitContent::Whole(mut r) => {
                 let mut data = Vec::new();
                 r.read_to_end(&mut data)
                     .await
                     .map_err(|e| RemoteError::Io(path.display(), e.to_string()))?;
-                // A transport that moves files natively (an HTTP upload) puts the bytes in the
-                // workspace root (always inside it), and the script copies them into its temp.
-                let probe = self.probe().await?;
-                let up = self.temp_name();
-                let mut up_abs = probe.root.clone();
-                up_abs.push(b'/');
-                up_abs.extend_from_slice(up.as_bytes());
-                let data = Bytes::from(data);
-                match self.runner.put_file(&up_abs, data.clone()).await {
-                    // `up` is ours: `.sbxfs-exec-` and hex digits only.
-                    Some(Ok(())) => format!(
-                        "UP=$ROOT/{up}\ntrap 'rm -f -- \"$UP\"' EXIT\ncontent() {{\ncat -- \"$UP\" >\"$1\" || return 1\n}}\n"
-                    ),
-                    Some(Err(e)) => return Err(e),
-                    None => format!(
-                        "content() {{\nbase64 -d >\"$1\" <<'__SBX_DATA__' || return 1\n{}}}\n",
-                        heredoc_b64(&data)
-                    ),
-                }
+                NewContent::Whole(Bytes::from(data))
             }
             CommitContent::Patch {
                 cut,
@@ -919,6 +987,76 @@ impl Remote for ScriptRemote {
                 if new_len > i64::MAX as u64 {
                     return Err(RemoteError::FileTooBig(path.display()));
                 }
+                NewContent::Patch {
+                    cut,
+                    new_len,
+                    ranges,
+                }
+            }
+        };
+        // A transport that moves files natively (an HTTP upload) puts the bytes in the
+        // workspace root (always inside it), and the program copies them into its temp.
+        let uploaded = match &content {
+            NewContent::Whole(data) => {
+                let probe = self.probe().await?;
+                let up = self.temp_name();
+                let mut up_abs = probe.root.clone();
+                up_abs.push(b'/');
+                up_abs.extend_from_slice(up.as_bytes());
+                match self.runner.put_file(&up_abs, data.clone()).await {
+                    Some(Ok(())) => Some(up),
+                    Some(Err(e)) => return Err(e),
+                    None => None,
+                }
+            }
+            NewContent::Patch { .. } => None,
+        };
+        let (cut, len);
+        let offsets: Vec<String>;
+        let how: Vec<&[u8]> = match (&content, &uploaded) {
+            (_, Some(up)) => vec![b"up", up.as_bytes()],
+            (NewContent::Whole(data), None) => vec![b"data", data],
+            (
+                NewContent::Patch {
+                    cut: c,
+                    new_len,
+                    ranges,
+                },
+                None,
+            ) => {
+                (cut, len) = (c.to_string(), new_len.to_string());
+                offsets = ranges.iter().map(|(o, _)| o.to_string()).collect();
+                let mut how: Vec<&[u8]> = vec![b"patch", cut.as_bytes(), len.as_bytes()];
+                for ((_, bytes), o) in ranges.iter().zip(&offsets) {
+                    how.push(o.as_bytes());
+                    how.push(bytes);
+                }
+                how
+            }
+        };
+        if let Some(lines) = self
+            .commit_fast(path, opts.base.as_ref(), mode, opts.mtime_ns, &how)
+            .await?
+        {
+            return Self::one_attr(&lines.0, path);
+        }
+        let content_fn = match (content, uploaded) {
+            // `up` is ours: `.sbxfs-exec-` and hex digits only.
+            (_, Some(up)) => format!(
+                "UP=$ROOT/{up}\ntrap 'rm -f -- \"$UP\"' EXIT\ncontent() {{\ncat -- \"$UP\" >\"$1\" || return 1\n}}\n"
+            ),
+            (NewContent::Whole(data), None) => format!(
+                "content() {{\nbase64 -d >\"$1\" <<'__SBX_DATA__' || return 1\n{}}}\n",
+                heredoc_b64(&data)
+            ),
+            (
+                NewContent::Patch {
+                    cut,
+                    new_len,
+                    ranges,
+                },
+                None,
+            ) => {
                 // Cut to nothing: no base is read (a new file has none).
                 let mut f = if cut == 0 {
                     String::from("content() {\n: >\"$1\" || return 1\n")
@@ -1134,9 +1272,8 @@ impl Remote for ScriptRemote {
 
     async fn getxattr(&self, path: &RemotePath, name: &[u8]) -> Result<Vec<u8>> {
         check_xattr_name(name)?;
-        let lines = self
-            .call(&path.display(), &[b"get", path.as_bytes(), name], &[XATTR])
-            .await?;
+        let args: [&[u8]; 3] = [b"get", path.as_bytes(), name];
+        let lines = self.xattr_call(path, &args, &args).await?;
         match lines.first().map(|l| word(l)) {
             Some(("V", v)) => unb64(v),
             _ => Err(malformed("getxattr")),
@@ -1144,9 +1281,8 @@ impl Remote for ScriptRemote {
     }
 
     async fn listxattr(&self, path: &RemotePath) -> Result<Vec<Vec<u8>>> {
-        let lines = self
-            .call(&path.display(), &[b"list", path.as_bytes()], &[XATTR])
-            .await?;
+        let args: [&[u8]; 2] = [b"list", path.as_bytes()];
+        let lines = self.xattr_call(path, &args, &args).await?;
         lines
             .iter()
             .map(|l| match word(l) {
@@ -1173,10 +1309,11 @@ impl Remote for ScriptRemote {
         } else {
             b""
         };
-        self.call(
-            &path.display(),
+        // The scripts take the value in base64; fast.py's arguments all travel so already.
+        self.xattr_call(
+            path,
+            &[b"set", path.as_bytes(), name, value, flag],
             &[b"set", path.as_bytes(), name, v.as_bytes(), flag],
-            &[XATTR],
         )
         .await
         .map(drop)
@@ -1184,13 +1321,8 @@ impl Remote for ScriptRemote {
 
     async fn removexattr(&self, path: &RemotePath, name: &[u8]) -> Result<()> {
         check_xattr_name(name)?;
-        self.call(
-            &path.display(),
-            &[b"remove", path.as_bytes(), name],
-            &[XATTR],
-        )
-        .await
-        .map(drop)
+        let args: [&[u8]; 3] = [b"remove", path.as_bytes(), name];
+        self.xattr_call(path, &args, &args).await.map(drop)
     }
 
     async fn fallocate(
@@ -1243,22 +1375,41 @@ impl Remote for ScriptRemote {
         {
             return Err(RemoteError::FileTooBig(dst.display()));
         }
-        let pre = format!(
-            "at \"$1\"\n[ -e \"$P\" ] || [ -L \"$P\" ] || fail ENOENT \"$1\"\nat \"$5\"\nfollow\n[ -e \"$P\" ] || fail ENOENT \"$5\"\n[ -d \"$P\" ] && fail EISDIR \"$5\"\n\
-             [ -f \"$P\" ] || fail EINVAL \"$5: not a regular file\"\nSRC=$P\n\
-             sz=$(stat -L -c %s -- \"$SRC\") || fail EIO \"$5\"\n\
-             COPIED=$(( sz > {src_offset} ? (sz - {src_offset} < {len} ? sz - {src_offset} : {len}) : 0 ))\n"
+        let (so, l, d) = (
+            src_offset.to_string(),
+            len.to_string(),
+            dst_offset.to_string(),
         );
-        let lines = self
-            .commit_with(
-                dst,
-                dst_base.as_ref(),
-                0o644,
-                &content_fn,
-                &pre,
-                &[src.as_bytes()],
-            )
+        let how: [&[u8]; 5] = [
+            b"copy",
+            src.as_bytes(),
+            so.as_bytes(),
+            l.as_bytes(),
+            d.as_bytes(),
+        ];
+        let fast = self
+            .commit_fast(dst, dst_base.as_ref(), 0o644, None, &how)
             .await?;
+        let lines = match fast {
+            Some(lines) => lines,
+            None => {
+                let pre = format!(
+                    "at \"$1\"\n[ -e \"$P\" ] || [ -L \"$P\" ] || fail ENOENT \"$1\"\nat \"$5\"\nfollow\n[ -e \"$P\" ] || fail ENOENT \"$5\"\n[ -d \"$P\" ] && fail EISDIR \"$5\"\n\
+                     [ -f \"$P\" ] || fail EINVAL \"$5: not a regular file\"\nSRC=$P\n\
+                     sz=$(stat -L -c %s -- \"$SRC\") || fail EIO \"$5\"\n\
+                     COPIED=$(( sz > {src_offset} ? (sz - {src_offset} < {len} ? sz - {src_offset} : {len}) : 0 ))\n"
+                );
+                self.commit_with(
+                    dst,
+                    dst_base.as_ref(),
+                    0o644,
+                    &content_fn,
+                    &pre,
+                    &[src.as_bytes()],
+                )
+                .await?
+            }
+        };
         let copied = lines
             .0
             .iter()
