@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Everyday tools over `shell:` (no network: the sandbox is a local sh), with the agent over the
 # shell's stdin/stdout and, with --scripts, the exec-only scripts through one session (`?agent=no`)
-# and as a command per operation (`?agent=no&session=no`; minutes), next to
+# and as a command per operation (`?agent=no&session=no`; minutes; --session: the session only), next to
 # the same work on the local disk (each sbxfs cell with its ratio to it). Each row ends when the
 # sandbox has everything (`ctl flush`).
-# Prints a Markdown table. Usage: scripts/bench/shell.sh [--scripts]
+# Prints a Markdown table. Usage: scripts/bench/shell.sh [--scripts | --session]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
@@ -59,11 +59,17 @@ mkdir -p "$work/local"
 run local "$work/local"
 mount_shell agent ""
 labels=(local agent)
-if [ "${1:-}" = --scripts ]; then
+case ${1:-} in
+--scripts)
   mount_shell session "?agent=no"
   mount_shell per-op "?agent=no&session=no"
   labels+=(session per-op)
-fi
+  ;;
+--session)
+  mount_shell session "?agent=no"
+  labels+=(session)
+  ;;
+esac
 
 printf '| workload |'; for l in "${labels[@]}"; do printf ' %s |' "$l"; done; echo
 printf '|---|'; for _ in "${labels[@]}"; do printf -- '---|'; done; echo

@@ -420,14 +420,6 @@ def chmod_at(dfd, name, mode):
         fd_close(fd)
 
 
-def with_umask(f, *a, **k):
-    old = os.umask(0)
-    try:
-        return f(*a, **k)
-    finally:
-        os.umask(old)
-
-
 def libc():
     import ctypes
 
@@ -473,7 +465,10 @@ def ns_at(out, op, rel, dirs, name, a):
             m |= stat.S_ISGID
         chmod_at(dfd, name, m)
     elif op == "mkfifo":
-        with_umask(os.mkfifo, name, octal(a[0]), dir_fd=dfd)
+        # Made private, then given the mode asked for (the umask is the process's: the
+        # session's server runs other programs beside).
+        os.mkfifo(name, 0o600, dir_fd=dfd)
+        chmod_at(dfd, name, octal(a[0]))
     elif op == "socket":
         import socket
 
@@ -488,7 +483,8 @@ def ns_at(out, op, rel, dirs, name, a):
     elif op == "mknod":
         kind = stat.S_IFCHR if a[1] == b"c" else stat.S_IFBLK
         dev = os.makedev(int(a[2]), int(a[3]))
-        with_umask(os.mknod, name, octal(a[0]) | kind, dev, dir_fd=dfd)
+        os.mknod(name, 0o600 | kind, dev, dir_fd=dfd)
+        chmod_at(dfd, name, octal(a[0]))
     elif op == "unlink":
         st = lstat_at(dfd, name)
         if st is None:
