@@ -6,7 +6,8 @@
 //! directory resolves outside it, and follow a final symlink only for content operations
 //! (read, commit, list, scan) and only when it stays inside. Those checks and the operation
 //! are separate steps of one program, so a process in the sandbox racing them can win, as
-//! against any path-based tool (the agent holds directory descriptors instead).
+//! against any path-based tool (the agent holds directory descriptors instead, and so does
+//! fast.py, which runs every such operation where the sandbox has python).
 //!
 //! Where the probe finds python 3.6+, every operation on a path but grep and scan runs
 //! `scripts/fast.py` instead ([`super::pyfast`]: directory descriptors, so a symlink swapped
