@@ -787,7 +787,7 @@ async fn a_directory_swapped_for_a_symlink_mid_change_cannot_lead_outside() {
     let (dir, root) = workspace();
     let outside = dir.path().join("outside");
     fs::create_dir(&outside).unwrap();
-    for n in ["x", "y", "z", "m"] {
+    for n in ["x", "y", "z", "m", "e", "s"] {
         fs::write(outside.join(n), "keep").unwrap();
         fs::set_permissions(outside.join(n), fs::Permissions::from_mode(0o644)).unwrap();
     }
@@ -826,6 +826,7 @@ async fn a_directory_swapped_for_a_symlink_mid_change_cannot_lead_outside() {
         .unwrap();
     let r = remote_over(&root, Arc::new(session));
     let (mut ok, mut refused) = (0, 0);
+    let mut leaked = Vec::new();
     for i in 0..150 {
         let calls: Vec<Result<()>> = vec![
             r.create(&rp(b"d/x"), 0o666).await.map(drop),
@@ -858,6 +859,15 @@ async fn a_directory_swapped_for_a_symlink_mid_change_cannot_lead_outside() {
             r.unlink(&rp(b"d/x")).await,
             r.unlink(&rp(b"d/z")).await,
             r.unlink(&rp(b"d/m")).await,
+            // The queries on one file: an edit in place, and a window of lines.
+            r.commit(&rp(b"d/e"), bytes(b"keep"), Default::default())
+                .await
+                .map(drop),
+            r.edit(&rp(b"d/e"), "keep", "EDITED", false).await.map(drop),
+            r.commit(&rp(b"d/s"), bytes(b"inside\n"), Default::default())
+                .await
+                .map(drop),
+            scanned(&r, &mut leaked).await,
         ];
         for c in calls {
             match c {
@@ -881,4 +891,19 @@ async fn a_directory_swapped_for_a_symlink_mid_change_cannot_lead_outside() {
         "both sides of the swap were met: {ok} / {refused}"
     );
     assert_eq!(snapshot(&outside), before, "nothing outside changed");
+    assert!(leaked.is_empty(), "scan read outside: {leaked:?}");
+}
+
+/// `d/s`'s first line through `scan`; what it shows is never the file outside.
+async fn scanned(r: &Arc<dyn Remote>, leaked: &mut Vec<Vec<u8>>) -> Result<()> {
+    let req = sbxfs::search::scan::ScanRequest {
+        start_line: 1,
+        end_line: Some(1),
+        max_bytes: 100,
+    };
+    let w = r.scan(&rp(b"d/s"), req).await?;
+    if w.lines != [b"inside".to_vec()] {
+        leaked.push(w.lines.concat());
+    }
+    Ok(())
 }

@@ -1314,6 +1314,17 @@ fn cp_a_sets_modes_without_acl_calls(t: Transport) {
     assert_eq!(code, 0, "{err}");
     let (_, acl, _) = bash(&s.root, "getfacl -c copy/f1");
     assert!(acl.contains("user:5151:r--"), "{acl}");
+    // An access ACL is a mode too: the mount shows the new one at once, as after a chmod
+    // (it showed the old one until its attributes went stale).
+    let (code, out, err) = bash(
+        s.mnt(),
+        "chmod 600 copy/f2 && stat -c %a copy/f2 && setfacl -m u::rwx,g::rx,o::rx copy/f2 && stat -c %a copy/f2",
+    );
+    assert_eq!(
+        fs::metadata(s.root.join("copy/f2")).unwrap().mode() & 0o7777,
+        0o755
+    );
+    assert_eq!((code, out.as_str()), (0, "600\n755\n"), "{err}");
 }
 
 #[test]

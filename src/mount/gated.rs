@@ -515,7 +515,10 @@ impl GatedFs {
                     mode: Some(attr.mode & 0o7000 | bits),
                     ..SetAttrs::default()
                 };
-                return self.setattr(caller, node, set).await.map(|_| ());
+                let r = self.setattr(caller, node, set).await.map(|_| ());
+                // The kernel took no attributes from this reply, as it does from a chmod's.
+                self.core.invalidate_kernel_attr(node);
+                return r;
             }
         }
         self.core.setxattr(node, name, value, flags).await

@@ -2361,7 +2361,26 @@ impl FsCore {
         let r = self.note(self.remote().setxattr(&path, name, value, flags).await);
         // A failed call may still have landed (a lost answer): unknown, ask next time.
         self.xattrs_changed(node, r.is_ok().then_some(true));
+        self.after_acl(node, &path, name).await;
         r
+    }
+
+    /// An access ACL set or removed is a mode change too (`cp -a` and `setfacl` set modes
+    /// so): the node takes the sandbox's attributes again, as after a chmod, here and in the
+    /// kernel.
+    async fn after_acl(&self, node: NodeId, path: &RemotePath, name: &[u8]) {
+        if name != b"system.posix_acl_access" {
+            return;
+        }
+        if let Ok(a) = self.remote().stat(path).await {
+            self.own_change(node, &a);
+            self.handles.follow(node, &a);
+        }
+        if let Some((parent, _)) = self.node(node).ok().and_then(|n| n.links.first().cloned()) {
+            self.meta.invalidate(parent);
+            self.forget_prefetched(parent);
+        }
+        self.invalidate_kernel_attr(node);
     }
 
     pub async fn removexattr(&self, node: NodeId, name: &[u8]) -> Result<()> {
@@ -2370,6 +2389,7 @@ impl FsCore {
         self.bump();
         let r = self.note(self.remote().removexattr(&path, name).await);
         self.xattrs_changed(node, None);
+        self.after_acl(node, &path, name).await;
         r
     }
 

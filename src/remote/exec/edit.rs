@@ -119,35 +119,41 @@ async fn run_script(
         Some(l) if out.code == 0 && l.ends_with('\n') && l.matches('\n').count() == 1 => l,
         _ => return Err(malformed("gave no result line")),
     };
-    let v: serde_json::Value =
-        serde_json::from_str(line.trim_end()).map_err(|_| malformed("gave a malformed result"))?;
+    match answer(line.trim_end(), &shown(abs_path)) {
+        Some(Ok(n)) => Ok(ScriptAnswer::Count(n)),
+        Some(Err(e)) => Ok(ScriptAnswer::Failed(e)),
+        None => Err(malformed("gave a malformed result")),
+    }
+}
+
+/// edit.py's JSON answer (fast.py's `edit` gives the same): the replacements made, or the
+/// error it names; `None` when it is neither.
+pub(super) fn answer(json: &str, path: &str) -> Option<std::result::Result<usize, SearchError>> {
+    let v: serde_json::Value = serde_json::from_str(json).ok()?;
     if let Some(n) = v.get("count").and_then(serde_json::Value::as_u64) {
         if v.get("error").is_none() {
-            return Ok(ScriptAnswer::Count(n as usize));
+            return Some(Ok(n as usize));
         }
     }
-    let token = v
-        .get("error")
+    let token = v.get("error")?.as_str()?;
+    let message = v
+        .get("message")
         .and_then(serde_json::Value::as_str)
-        .ok_or_else(|| malformed("gave a result with neither count nor error"))?;
-    let message = v.get("message").and_then(serde_json::Value::as_str);
+        .unwrap_or_default();
     let count = v
         .get("count")
         .and_then(serde_json::Value::as_u64)
         .map(|n| n as usize);
-    let path = shown(abs_path);
-    let e = match token {
+    let path = path.to_string();
+    Some(Err(match token {
         "not_found" => SearchError::NotFound(path),
-        "read_failed" => SearchError::ReadFailed(path, message.unwrap_or_default().into()),
-        "write_failed" => SearchError::WriteFailed(path, message.unwrap_or_default().into()),
+        "read_failed" => SearchError::ReadFailed(path, message.into()),
+        "write_failed" => SearchError::WriteFailed(path, message.into()),
         "string_not_found" => SearchError::StringNotFound,
-        "multiple_occurrences" => SearchError::MultipleOccurrences(
-            count.ok_or_else(|| malformed("gave multiple_occurrences without a count"))?,
-        ),
-        "invalid_args" => SearchError::InvalidArgs(message.unwrap_or_default().into()),
-        _ => return Err(malformed("gave an unknown error")),
-    };
-    Ok(ScriptAnswer::Failed(e))
+        "multiple_occurrences" => SearchError::MultipleOccurrences(count?),
+        "invalid_args" => SearchError::InvalidArgs(message.into()),
+        _ => return None,
+    }))
 }
 
 /// What the fallback learns of the target before it replaces.

@@ -1436,19 +1436,18 @@ impl Remote for ScriptRemote {
         let start = req.start_line.to_string();
         let end = req.end_line.map(|e| e.to_string()).unwrap_or_default();
         let max = req.max_bytes.to_string();
-        let lines = self
-            .call(
-                &path.display(),
-                &[
-                    path.as_bytes(),
-                    start.as_bytes(),
-                    end.as_bytes(),
-                    max.as_bytes(),
-                    SCAN.as_bytes(),
-                ],
-                &[SCAN_RUN],
-            )
-            .await?;
+        let args: [&[u8]; 5] = [
+            path.as_bytes(),
+            start.as_bytes(),
+            end.as_bytes(),
+            max.as_bytes(),
+            SCAN.as_bytes(),
+        ];
+        // Where python runs, scan.sh reads the file fast.py opened by directory descriptors.
+        let lines = match self.fast(&path.display(), "scan", &args).await? {
+            Some(lines) => lines,
+            None => self.call(&path.display(), &args, &[SCAN_RUN]).await?,
+        };
         let window = match lines.first().map(|l| word(l)) {
             Some(("W", w)) => unb64(w)?,
             _ => return Err(malformed("scan")),
@@ -1499,6 +1498,25 @@ impl Remote for ScriptRemote {
         new: &str,
         replace_all: bool,
     ) -> Result<usize> {
+        // Where python runs, by directory descriptors (the file read and replaced in the
+        // directory walked to, which a swapped symlink cannot move out of the workspace).
+        let temp = self.temp_name();
+        let all: &[u8] = if replace_all { b"1" } else { b"0" };
+        let args: [&[u8]; 5] = [
+            path.as_bytes(),
+            old.as_bytes(),
+            new.as_bytes(),
+            all,
+            temp.as_bytes(),
+        ];
+        if let Some(lines) = self.fast(&path.display(), "edit", &args).await? {
+            let said = lines.iter().find_map(|l| l.strip_prefix("R "));
+            return match said.and_then(|j| super::edit::answer(j, &path.display())) {
+                Some(Ok(n)) => Ok(n),
+                Some(Err(e)) => Err(e.into()),
+                None => Err(malformed("edit")),
+            };
+        }
         let abs = match self.resolve(path).await {
             Ok(a) => a,
             Err(RemoteError::NotFound(p)) => return Err(SearchError::NotFound(p).into()),

@@ -111,12 +111,31 @@ def entry(out, dfd, name, st):
         out.append("X " + x)
 
 
+def open_root():
+    """The workspace root, walked from / one component at a time without following a symlink:
+    its path is canonical (the probe's), so a symlink met on it was swapped in since, by code
+    that can write one of its parents, and is refused rather than followed out."""
+    fd = fd_open(b"/", O_PATH | DIR)
+    try:
+        for c in ROOT.split(b"/"):
+            if c:
+                nfd = fd_open(c, O_PATH | DIR | os.O_NOFOLLOW, dir_fd=fd)
+                fd_close(fd)
+                fd = nfd
+    except OSError as e:
+        fd_close(fd)
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise Fail("EACCES", "the workspace root is no longer a directory on its path (a symlink swapped in)")
+        raise
+    return fd
+
+
 def resolve(rel, follow_last, missing_ok=False):
     """Walk `rel` from the root. Answers (dirs, name): the descriptors of the directories
     walked (the last one holds `name`), and the final component (None: the last descriptor is
     the target itself, a directory). `missing_ok`: a final name (or where a final symlink
     leads) that does not exist is answered too, to be created."""
-    dirs = [fd_open(ROOT, O_PATH | DIR)]
+    dirs = [open_root()]
     todo = [c for c in rel.split(b"/") if c]
     links = 0
     while todo:
@@ -671,7 +690,7 @@ def commit(out, a):
 def open_upload(up):
     """The file the transport uploaded into the workspace root (`.sbxfs-exec-…`): still a
     regular file of one link (not swapped for a link to a file outside)."""
-    dirs = [fd_open(ROOT, O_PATH | DIR)]
+    dirs = [open_root()]
     try:
         fd = fd_open(up, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dirs[0])
     finally:
@@ -684,7 +703,7 @@ def open_upload(up):
 
 
 def drop_upload(up):
-    dirs = [fd_open(ROOT, O_PATH | DIR)]
+    dirs = [open_root()]
     try:
         os.unlink(up, dir_fd=dirs[0])
     except OSError:
@@ -880,6 +899,147 @@ def xattr(out, a):
         close(dirs)
 
 
+# --- Queries on one file, by descriptor: `edit` (scripts/edit.py's rules and answer) and `scan`
+# (scripts/scan.sh run over the file opened here, as its standard input).
+
+MAX_EDIT_FILE_BYTES = 256 * 1024 * 1024
+
+
+def normalize(s):
+    return s.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def edit(out, a):
+    """REL OLD NEW ALL(0/1) TMPNAME: `R` and edit.py's JSON answer (a count or an error)."""
+    import json
+
+    def result(**fields):
+        out.append("R " + json.dumps(fields))
+
+    rel, flag, tmp = a[0], a[3], a[4]
+    try:
+        old, new = a[1].decode("utf-8"), a[2].decode("utf-8")
+    except UnicodeDecodeError:
+        return result(error="invalid_args", message="arguments must be UTF-8 text")
+    if flag not in (b"0", b"1"):
+        return result(error="invalid_args", message="replace_all must be 0 or 1")
+    if not old:
+        return result(error="invalid_args", message="the string to replace is empty")
+    try:
+        dirs, name = resolve(rel, True)
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            return result(error="not_found")
+        raise
+    try:
+        if name is None:
+            return result(error="read_failed", message="not a regular file, or too large")
+        dfd = dirs[-1]
+        try:
+            fd = fd_open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                return result(error="not_found")
+            return result(error="read_failed", message=os.strerror(e.errno or errno.EIO))
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_EDIT_FILE_BYTES:
+                return result(error="read_failed", message="not a regular file, or too large")
+            parts = []
+            while True:
+                b = os.read(fd, 1 << 20)
+                if not b:
+                    break
+                parts.append(b)
+        finally:
+            fd_close(fd)
+        try:
+            content = b"".join(parts).decode("utf-8")
+        except UnicodeDecodeError as e:
+            return result(error="read_failed", message=str(e))
+        content, old, new = normalize(content), normalize(old), normalize(new)
+        count = content.count(old)
+        if count == 0:
+            return result(error="string_not_found")
+        if count > 1 and flag != b"1":
+            return result(error="multiple_occurrences", count=count)
+        updated = content.replace(old, new) if flag == b"1" else content.replace(old, new, 1)
+        try:
+            t = fd_open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+            try:
+                write_at(t, updated.encode("utf-8"), 0)
+                os.fchmod(t, st.st_mode & 0o7777)
+                try:
+                    os.fchown(t, st.st_uid, st.st_gid)
+                except OSError:
+                    pass  # not root: the file becomes ours, as an editor's save would make it
+                os.fsync(t)
+            finally:
+                fd_close(t)
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except OSError as e:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+            return result(error="write_failed", message=os.strerror(e.errno or errno.EIO))
+        try:
+            d = fd_open(".", os.O_RDONLY | DIR, dir_fd=dfd)
+            try:
+                os.fsync(d)
+            finally:
+                fd_close(d)
+        except OSError:
+            pass
+        result(count=count if flag == b"1" else 1)
+    finally:
+        close(dirs)
+
+
+def scan(out, a):
+    """REL START END MAX SCRIPT: `W` and scan.sh's output (base64), the script reading the file
+    opened here through /dev/stdin (each open of it is of that file, whatever its name is
+    made to lead to meanwhile)."""
+    import subprocess
+
+    rel, args, script = a[0], a[1:4], a[4]
+
+    def said(text):
+        out.append("W " + b64(text))
+
+    try:
+        dirs, name = resolve(rel, True)
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            return said(b"ERR not_found no such file\n")
+        raise
+    try:
+        if name is None:
+            return said(b"ERR is_a_directory is a directory\n")
+        try:
+            fd = fd_open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dirs[-1])
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                return said(b"ERR not_found no such file\n")
+            return said(b"ERR io_error cannot read\n")
+    finally:
+        close(dirs)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return said(b"ERR io_error not a regular file\n")
+        run = subprocess.Popen(
+            [b"sh", b"-c", script, b"scan.sh", b"/dev/stdin"] + list(args),
+            stdin=fd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            close_fds=True,
+        )
+        text = run.communicate()[0]
+        said(text)
+    finally:
+        fd_close(fd)
+
+
 def main():
     global ROOT, PREC, OP
     items = list(ITEMS)
@@ -912,6 +1072,10 @@ def main():
             commit(out, args)
         elif OP == "xattr":
             xattr(out, args)
+        elif OP == "edit":
+            edit(out, args)
+        elif OP == "scan":
+            scan(out, args)
         else:
             raise Fail("EINVAL", "unknown operation")
     except Fail as f:
