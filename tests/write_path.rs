@@ -332,6 +332,18 @@ fn tar_and_rsync_keep_directory_times(t: Transport) {
         assert_eq!(shown, want, "{d} through the mount");
     }
     assert_eq!(fs::read_to_string(s.root.join("top/a/b/f3")).unwrap(), "23");
+    // A name made in a directory shows in its times at once, as on a local disk, before its
+    // push: `rsync -a` sets a directory's times only when they differ from the source's, and
+    // seeing them unchanged it left the sandbox's at the push time.
+    let (code, out, err) = bash(
+        s.mnt(),
+        "mkdir m1 && touch -d 2020-01-01 m1 && echo x > m1/f && stat -c %Y m1",
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.trim().parse::<i64>().unwrap() > want,
+        "a name made in m1 left its mtime at {out}"
+    );
     // Files keep their times and modes too (set right after each close, while its push is
     // still queued).
     for top in ["top", "synced"] {

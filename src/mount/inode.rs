@@ -316,6 +316,18 @@ impl InodeTable {
         self.update(id, |n| n.fetched = stale_instant());
     }
 
+    /// The mount changed the node at `epoch` without knowing its new attributes (a name made
+    /// or removed in a directory): stale, and an answer asked for before then is older than
+    /// the change and is not applied (a stat in flight while a push made a name in the
+    /// directory brought back its old mtime, kept for a TTL: `rsync -a` then skipped setting
+    /// the directory's times).
+    pub fn changed_here(&self, id: NodeId, epoch: u64) {
+        self.update(id, |n| {
+            n.fetched = stale_instant();
+            n.own_change = n.own_change.max(epoch);
+        });
+    }
+
     /// The node's attributes are trusted afresh from `at` (a revalidation found no change).
     pub fn mark_fetched(&self, id: NodeId, at: Instant) {
         self.update(id, |n| n.fetched = at);

@@ -136,7 +136,7 @@ impl MetaCache {
     ) -> Option<Option<Attr>> {
         let mut l = self.listings.lock().expect("listings lock");
         let x = l.get(&dir)?;
-        if self.clock.since(x.fetched) >= ttl && (!stale_ok || x.doubted.contains(name)) {
+        if x.doubted.contains(name) || (self.clock.since(x.fetched) >= ttl && !stale_ok) {
             return None;
         }
         Some(x.by_name.get(name).map(|&i| x.entries[i].1.clone()))
@@ -158,6 +158,7 @@ impl MetaCache {
     pub fn upsert(&self, dir: NodeId, name: &[u8], attr: Attr) {
         let mut l = self.listings.lock().expect("listings lock");
         if let Some(x) = l.get_mut(&dir) {
+            x.doubted.remove(name);
             match x.by_name.get(name) {
                 Some(&i) => Arc::make_mut(&mut x.entries)[i].1 = attr,
                 None => {
@@ -213,6 +214,15 @@ impl MetaCache {
     pub fn doubt(&self, dir: NodeId, name: &[u8]) {
         if let Some(x) = self.listings.lock().expect("listings lock").get_mut(&dir) {
             x.fetched = x.fetched.min(long_ago());
+            x.doubted.insert(name.to_vec());
+        }
+    }
+
+    /// The mount changed what `name` in `dir` is (a name made in that directory moved its
+    /// times) without knowing its new attributes: the listing, kept and as old as it was,
+    /// says nothing of that name any more until it is fetched again.
+    pub fn doubt_entry(&self, dir: NodeId, name: &[u8]) {
+        if let Some(x) = self.listings.lock().expect("listings lock").get_mut(&dir) {
             x.doubted.insert(name.to_vec());
         }
     }

@@ -195,6 +195,10 @@ pub struct NodeAttr {
 /// ([`FsCore::relist_stale`]).
 const RELIST_MAX: usize = 4096;
 
+/// Times a stat is asked again when each answer came back older than a change the mount made
+/// to the node meanwhile (a push making names in a directory, in a burst).
+const STAT_AGAIN: usize = 3;
+
 pub(super) fn now_ns() -> i64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -396,7 +400,7 @@ impl FsCore {
         if let Some(p) = self.inodes.path_of(dir) {
             self.prefetched.forget_under(&p);
         }
-        self.inodes.mark_stale(dir);
+        self.inodes.changed_here(dir, self.epoch());
         self.kernel_listing_stale(dir);
     }
 
@@ -462,7 +466,14 @@ impl FsCore {
     /// its own attributes (mtime, nlink), are stale, here and in the kernel.
     fn dir_attrs_stale(&self, dir: NodeId) {
         self.forget_prefetched(dir);
-        self.inodes.mark_stale(dir);
+        self.bump();
+        self.inodes.changed_here(dir, self.epoch());
+        // Its entry in its parent's listing holds the times from before: not an answer.
+        if let Some(n) = self.inodes.get(dir) {
+            for (parent, name) in &n.links {
+                self.meta.doubt_entry(*parent, name);
+            }
+        }
         // Its listing too: not every name the mount makes passes through the kernel (a
         // conflict copy, a name made by a query).
         self.kernel_listing_stale(dir);
@@ -514,22 +525,39 @@ impl FsCore {
     }
 
     async fn stat_node(&self, node: NodeId, path: &RemotePath) -> Result<Attr> {
-        let asked = self.epoch();
-        // The node's own attributes are the answer while the sandbox gives none.
-        let a = match self.ask(self.remote().stat(path), || true).await {
-            Ok(a) => a,
-            // Removed in the sandbox while open here: the open file is still what it was (as
-            // an unlinked file is on a local disk), and its readers read it to its end.
-            Err(RemoteError::NotFound(_)) if self.open_for_reading(node) => {
-                self.name_leaves(node);
-                return Ok(self.node(node)?.attr);
+        for _ in 0..STAT_AGAIN {
+            let asked = self.epoch();
+            // The node's own attributes are the answer while the sandbox gives none.
+            let a = match self.ask(self.remote().stat(path), || true).await {
+                Ok(a) => a,
+                // Removed in the sandbox while open here: the open file is still what it was
+                // (as an unlinked file is on a local disk), and its readers read it to its end.
+                Err(RemoteError::NotFound(_)) if self.open_for_reading(node) => {
+                    self.name_leaves(node);
+                    return Ok(self.node(node)?.attr);
+                }
+                Err(e) => return Err(e),
+            };
+            if self.rebind_at_name(node, &a, asked) {
+                return Ok(a);
             }
-            Err(e) => return Err(e),
-        };
-        if self.rebind_at_name(node, &a, asked) {
-            return Ok(a);
+            // Older than a change the mount made meanwhile. The node's own attributes answer
+            // when that change gave them; a name made in a directory did not (its times are
+            // the sandbox's to say): asked again.
+            if self.fresh(self.node(node)?.fetched) {
+                break;
+            }
         }
         Ok(self.node(node)?.attr)
+    }
+
+    /// A node whose answer was refused as older than the mount's own change to it, and whose
+    /// attributes that change did not give: asked again ([`Self::stat_node`]).
+    async fn restat_if_refused(&self, node: NodeId, path: &RemotePath, asked: u64) {
+        let Ok(n) = self.node(node) else { return };
+        if n.own_change > asked && !self.fresh(n.fetched) && !self.offline() {
+            let _ = self.stat_node(node, path).await;
+        }
     }
 
     /// The sandbox's answer about the node's name, asked for at epoch `asked`: applied to the
@@ -666,6 +694,15 @@ impl FsCore {
         if let Some(s) = self.staged_of(node) {
             s.overlay(&mut attr);
         }
+        if attr.kind == FileKind::Dir {
+            // Names made here and not pushed yet changed the directory as a local disk's
+            // would: its times are at least theirs (`rsync -a` compares them to decide
+            // whether to set the directory's times; the sandbox's were from before).
+            if let Some(t) = self.newest_unpushed_in(node) {
+                attr.mtime_ns = attr.mtime_ns.max(t);
+                attr.ctime_ns = attr.ctime_ns.max(t);
+            }
+        }
         if let Some(n) = self.inodes.get(node) {
             attr.ino = n.st_ino;
         }
@@ -750,6 +787,7 @@ impl FsCore {
             },
         };
         let node = self.remember_entry(parent, name, attr, asked);
+        self.restat_if_refused(node, &path, asked).await;
         let attr = self.with_staged(node, self.node(node)?.attr);
         Ok(NodeAttr { node, attr })
     }
@@ -2235,6 +2273,17 @@ impl FsCore {
 
     /// Entries for the files created in `dir` and not yet pushed (the sandbox's listing
     /// lacks them).
+    /// The change time of the newest file made in `dir` and not pushed yet.
+    fn newest_unpushed_in(&self, dir: NodeId) -> Option<i64> {
+        self.newfiles
+            .all()
+            .into_iter()
+            .filter_map(|id| self.inodes.get(id))
+            .filter(|n| n.links.iter().any(|(p, _)| *p == dir))
+            .map(|n| n.attr.ctime_ns)
+            .max()
+    }
+
     fn add_new_files(&self, dir: NodeId, out: &mut Vec<DirEntryOut>) {
         for id in self.newfiles.all() {
             let Some(n) = self.inodes.get(id) else {
