@@ -9,7 +9,7 @@
 //! against any path-based tool (the agent holds directory descriptors instead, and so does
 //! fast.py, which runs every such operation where the sandbox has python).
 //!
-//! Where the probe finds python 3.6+, every operation on a path but grep and scan runs
+//! Where the probe finds python 3.6+, every operation on a path but grep runs
 //! `scripts/fast.py` instead ([`super::pyfast`]: directory descriptors, so a symlink swapped
 //! into the path mid-call cannot lead out; xattr presence; paths past PATH_MAX), and
 //! on a sandbox whose `stat` knows whole seconds only, the scripts' `stat -c` goes through
