@@ -33,6 +33,9 @@ if [ "$__par" = 1 ]; then
   done
 fi
 cd "$P" || __fb cd
+# Where the cd led (a directory swapped for a symlink since the check leads elsewhere): the
+# search runs from this held directory, or not at all (the local search reads by descriptor).
+[ "$(pwd -P)" = "$P" ] || __fb moved
 # rg --files with the first NWALK arguments only.
 __files() {
   __o=$#
