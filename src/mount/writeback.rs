@@ -476,6 +476,27 @@ impl Failures {
         c.made += 1;
     }
 
+    /// A conflict copy removed through the mount: the user dealt with it, and `ctl status`
+    /// no longer lists it.
+    pub(in crate::mount) fn conflict_copy_gone(&self, copy: &RemotePath) {
+        let shown = copy.display();
+        let mut c = self.conflicts.lock().expect("conflicts lock");
+        // The last `made - reported` entries are not reported yet: the counts keep saying
+        // which are, whichever entry goes.
+        let unreported = usize::try_from(c.made - c.reported).unwrap_or(usize::MAX);
+        let first_unreported = c.latest.len().saturating_sub(unreported);
+        let gone: Vec<usize> = (0..c.latest.len())
+            .filter(|&i| c.latest[i].saved_as == shown)
+            .collect();
+        for i in gone.into_iter().rev() {
+            c.latest.remove(i);
+            c.made -= 1;
+            if i < first_unreported {
+                c.reported -= 1;
+            }
+        }
+    }
+
     pub fn conflicts(&self) -> Vec<ConflictCopy> {
         let c = self.conflicts.lock().expect("conflicts lock");
         c.latest.iter().cloned().collect()
@@ -520,5 +541,37 @@ impl Failures {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rp(s: &str) -> RemotePath {
+        RemotePath::new(s.as_bytes().to_vec()).unwrap()
+    }
+
+    #[test]
+    fn a_conflict_copy_removed_is_no_longer_listed_nor_reported() {
+        let f = Failures::default();
+        for n in 1..=3 {
+            f.note_conflict(&rp(&format!("f{n}")), &rp(&format!("f{n}.copy")));
+        }
+        assert_eq!(f.conflicts_unreported().len(), 3);
+        f.note_conflict(&rp("f4"), &rp("f4.copy"));
+        f.note_conflict(&rp("f5"), &rp("f5.copy"));
+        // One reported and one not yet, removed by the user through the mount.
+        f.conflict_copy_gone(&rp("f1.copy"));
+        f.conflict_copy_gone(&rp("f4.copy"));
+        let listed: Vec<String> = f.conflicts().into_iter().map(|c| c.saved_as).collect();
+        assert_eq!(listed, ["f2.copy", "f3.copy", "f5.copy"]);
+        let unreported: Vec<String> = f
+            .conflicts_unreported()
+            .into_iter()
+            .map(|c| c.saved_as)
+            .collect();
+        assert_eq!(unreported, ["f5.copy"]);
+        assert!(f.conflicts_unreported().is_empty());
     }
 }

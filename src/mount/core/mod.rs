@@ -2027,6 +2027,7 @@ impl FsCore {
             self.name_gone(parent, name);
         }
         r?;
+        self.failures.conflict_copy_gone(&path);
         self.made_links.forget(&self.sandbox_id(), path.as_bytes());
         if let Some(n) = self.inodes.unlink(parent, name) {
             self.inodes.lost_name(n, now_ns());
