@@ -431,31 +431,38 @@ impl ScriptRemote {
         )))
     }
 
-    /// A namespace operation (`args`: namespace.sh's, the operation's name first): through
-    /// fast.py's directory descriptors where python runs (a directory swapped for a symlink
-    /// during the call cannot turn it on a file outside the workspace, as it can between the
-    /// sh script's check and its use of the path), else the script.
-    async fn namespace(&self, what: &RemotePath, args: &[&[u8]]) -> Result<Vec<String>> {
-        let shown = what.display();
-        if let Some(lines) = self.fast(&shown, "ns", args).await? {
+    /// `op` through fast.py's directory descriptors where python runs (a directory swapped
+    /// for a symlink during the call cannot turn it on a file outside the workspace, as it can
+    /// between an sh script's check and its use of the path), else `script` with `sh_args`.
+    async fn fast_else_script(
+        &self,
+        path: &RemotePath,
+        op: &str,
+        args: &[&[u8]],
+        script: &str,
+        sh_args: &[&[u8]],
+    ) -> Result<Vec<String>> {
+        let shown = path.display();
+        if let Some(lines) = self.fast(&shown, op, args).await? {
             return Ok(lines);
         }
-        self.call(&shown, args, &[NAMESPACE]).await
+        self.call(&shown, sh_args, &[script]).await
     }
 
-    /// An extended-attribute operation: through fast.py (`fast`) where python runs, by the
-    /// held directory, else xattr.sh (`sh`: the value in base64).
+    /// A namespace operation (`args`: namespace.sh's, the operation's name first).
+    async fn namespace(&self, what: &RemotePath, args: &[&[u8]]) -> Result<Vec<String>> {
+        self.fast_else_script(what, "ns", args, NAMESPACE, args)
+            .await
+    }
+
+    /// An extended-attribute operation (`sh`: xattr.sh's arguments, the value in base64).
     async fn xattr_call(
         &self,
         path: &RemotePath,
         fast: &[&[u8]],
         sh: &[&[u8]],
     ) -> Result<Vec<String>> {
-        let shown = path.display();
-        if let Some(lines) = self.fast(&shown, "xattr", fast).await? {
-            return Ok(lines);
-        }
-        self.call(&shown, sh, &[XATTR]).await
+        self.fast_else_script(path, "xattr", fast, XATTR, sh).await
     }
 
     /// A commit through fast.py (`how`: how the new content is made, see its `commit`), the
@@ -1444,10 +1451,9 @@ impl Remote for ScriptRemote {
             SCAN.as_bytes(),
         ];
         // Where python runs, scan.sh reads the file fast.py opened by directory descriptors.
-        let lines = match self.fast(&path.display(), "scan", &args).await? {
-            Some(lines) => lines,
-            None => self.call(&path.display(), &args, &[SCAN_RUN]).await?,
-        };
+        let lines = self
+            .fast_else_script(path, "scan", &args, SCAN_RUN, &args)
+            .await?;
         let window = match lines.first().map(|l| word(l)) {
             Some(("W", w)) => unb64(w)?,
             _ => return Err(malformed("scan")),
